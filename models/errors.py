@@ -1,0 +1,48 @@
+"""One exception root; each subclass carries the line an operator needs: cause and fix."""
+
+from __future__ import annotations
+
+
+class VigilError(Exception):
+    """An error a person reads: `cause` says what is wrong, `fix` what to do about it."""
+
+    exit_code = 1
+
+    def __init__(self, cause: str, fix: str | None = None) -> None:
+        self.cause = cause
+        self.fix = fix
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        return f"{self.cause}; {self.fix}" if self.fix else self.cause
+
+
+class BadInput(VigilError):
+    exit_code = 2
+
+
+class NotFound(VigilError):
+    exit_code = 3
+
+
+class Refused(VigilError):
+    """The store is fine but the request cannot be honoured now (unproven wake, ...)."""
+
+    exit_code = 4
+
+
+class StoreNotReady(VigilError):
+    """Schema not at head, file not a database, state dir owned by someone else."""
+
+    exit_code = 5
+
+
+class LostRace(Exception):
+    """A guarded UPDATE matched no row: another step moved the row or the fence changed.
+
+    Not a VigilError: it is control flow for workflows, never shown to a person as is.
+    """
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what

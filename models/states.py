@@ -1,0 +1,124 @@
+"""Every state column's Enum and the one table of transitions each allows."""
+
+from __future__ import annotations
+
+import enum
+
+
+class HostKind(str, enum.Enum):
+    instance = "instance"  # serves HTTP on a unix socket
+    worker = "worker"  # serves nothing
+
+
+class Desired(str, enum.Enum):
+    up = "up"
+    down = "down"
+
+
+class GenState(str, enum.Enum):
+    spawning = "spawning"  # intent written; the build may or may not have been exec'd
+    running = "running"  # leader pid + create_time recorded; not serving yet
+    current = "current"  # serves the host (at most one per host: partial unique index)
+    retiring = "retiring"  # being ended (stop, drain, abandoned spawn, failed wake)
+    proven = "proven"  # leader exited and containment empty: nothing of it is left
+
+
+class WakeState(str, enum.Enum):
+    queued = "queued"
+    leased = "leased"  # lease acquired, fence recorded on the row
+    spawning = "spawning"  # generation intent written (write-ahead of exec)
+    checking = "checking"  # pid recorded, health being checked
+    reaping = "reaping"  # interrupted by a crash: its generation is being ended, then retried
+    unproven = "unproven"  # failed and its processes are not proven gone: keeps the lease
+    done = "done"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class StopState(str, enum.Enum):
+    queued = "queued"
+    signalled = "signalled"  # generation and fence recorded; TERM/KILL/proof in progress
+    done = "done"
+    cancelled = "cancelled"
+
+
+class AttemptStep(str, enum.Enum):
+    queued = "queued"
+    admitted = "admitted"  # successor registered as a member (overlap) / mode decided
+    raised = "raised"  # parent limit raised (or nothing to raise)
+    published = "published"  # build written as referenced
+    spawning = "spawning"  # successor generation intent written
+    spawned = "spawned"  # successor pid recorded
+    healthy = "healthy"
+    settled = "settled"
+    stopping_old = "stopping_old"  # hold mode: the old current is being stopped
+    switched = "switched"  # successor is current; old one retiring
+    drained = "drained"  # retiring generation proven
+    ended = "ended"
+
+
+class Outcome(str, enum.Enum):
+    done = "done"
+    failed = "failed"  # the build's own fault
+    abandoned = "abandoned"  # stale: gate refused (superseded, lease lost, digest...)
+    cancelled = "cancelled"  # the attempt's lifecycle ended it (stop, shutdown)
+    down = "down"  # hold swap whose new build failed: the host is down
+
+
+class MemberRole(str, enum.Enum):
+    spawning = "spawning"
+    successor = "successor"
+    retiring = "retiring"
+
+
+class Mode(str, enum.Enum):
+    overlap = "overlap"
+    hold = "hold"
+
+
+class Cause(str, enum.Enum):
+    release = "release"
+    retry = "retry"
+    restart = "restart"
+    config = "config"
+
+
+TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
+    GenState: {
+        GenState.spawning: frozenset({GenState.running, GenState.retiring}),
+        GenState.running: frozenset({GenState.current, GenState.retiring}),
+        GenState.current: frozenset({GenState.retiring}),
+        GenState.retiring: frozenset({GenState.proven}),
+        GenState.proven: frozenset(),
+    },
+    WakeState: {
+        WakeState.queued: frozenset({WakeState.leased, WakeState.done, WakeState.failed, WakeState.cancelled}),
+        WakeState.leased: frozenset({WakeState.spawning, WakeState.cancelled, WakeState.failed}),
+        WakeState.spawning: frozenset(
+            {WakeState.checking, WakeState.unproven, WakeState.failed, WakeState.reaping}
+        ),
+        WakeState.checking: frozenset(
+            {WakeState.done, WakeState.unproven, WakeState.failed, WakeState.reaping}
+        ),
+        WakeState.reaping: frozenset({WakeState.leased, WakeState.cancelled}),
+        WakeState.unproven: frozenset({WakeState.failed}),
+        WakeState.done: frozenset(),
+        WakeState.failed: frozenset(),
+        WakeState.cancelled: frozenset(),
+    },
+    StopState: {
+        StopState.queued: frozenset({StopState.signalled, StopState.done, StopState.cancelled}),
+        StopState.signalled: frozenset({StopState.done}),
+        StopState.done: frozenset(),
+        StopState.cancelled: frozenset(),
+    },
+}
+
+OPEN_WAKE = (WakeState.queued, WakeState.leased, WakeState.spawning, WakeState.checking,
+             WakeState.reaping, WakeState.unproven)
+OPEN_STOP = (StopState.queued, StopState.signalled)
+LIVE_GEN = (GenState.spawning, GenState.running, GenState.current, GenState.retiring)
+
+
+def allowed(old: enum.Enum, new: enum.Enum) -> bool:
+    return new in TRANSITIONS[type(old)][old]

@@ -1,0 +1,188 @@
+"""Engine and transactions: SQLite pragmas in one connect hook, IMMEDIATE write
+transactions, transient errors retried with tenacity, and the guarded-UPDATE helper."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, create_engine, event, exists, update
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
+
+from models.errors import LostRace, StoreNotReady
+from models.states import allowed
+from models.tables import Event, Lease
+
+T = TypeVar("T")
+DB_FILE = "vigil.db"
+
+
+def utcnow() -> datetime:
+    """Naive UTC: the store keeps every timestamp in UTC without a zone."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Lock contention and serialization failures: retry, never report as a failure."""
+    if isinstance(exc, OperationalError):
+        msg = str(exc.orig).lower()
+        if "database is locked" in msg or "database is busy" in msg:
+            return True
+    if isinstance(exc, DBAPIError):
+        code = getattr(exc.orig, "sqlstate", None)
+        if code in ("40001", "40P01"):  # serialization failure, deadlock detected
+            return True
+    return False
+
+
+transient_retry = retry(
+    retry=retry_if_exception(is_transient),
+    wait=wait_exponential(multiplier=0.005, max=0.25),
+    stop=stop_after_delay(60),
+    reraise=True,
+)
+
+
+def normalize_url(url: str) -> str:
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def prepare_state_dir(state_dir: Path) -> Path:
+    """Create the state directory 0700 (and refuse one owned by someone else)."""
+    state_dir = state_dir.absolute()
+    if state_dir.exists():
+        st = state_dir.stat()
+        if not stat.S_ISDIR(st.st_mode):
+            raise StoreNotReady(
+                f"state directory {state_dir} is not a directory",
+                "pass --state-dir (or VIGIL_HOME) naming a directory",
+            )
+        if st.st_uid != os.geteuid():
+            raise StoreNotReady(
+                f"state directory {state_dir} is owned by uid {st.st_uid}, not by you "
+                f"(uid {os.geteuid()})",
+                "run vigil as its owner or choose another --state-dir",
+            )
+    else:
+        state_dir.mkdir(parents=True, mode=0o700)
+    os.chmod(state_dir, 0o700)
+    return state_dir
+
+
+def sqlite_url(state_dir: Path) -> str:
+    path = state_dir / DB_FILE
+    if not path.exists():
+        # Created 0600 before SQLite opens it; its -wal and -shm files copy the mode.
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    return f"sqlite:///{path}"
+
+
+class Store:
+    """One database: SQLite (one box) or PostgreSQL (several boxes)."""
+
+    def __init__(self, url: str, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> None:
+        self.url = normalize_url(url)
+        self.engine: Engine = make_engine(self.url, synchronous, busy_timeout_ms)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def write(self, fn: Callable[[Session], T]) -> T:
+        """Run fn in one short write transaction; lock contention is retried."""
+        return transient_retry(self._run)(fn, False)
+
+    def read(self, fn: Callable[[Session], T]) -> T:
+        return transient_retry(self._run)(fn, True)
+
+    def _run(self, fn: Callable[[Session], T], readonly: bool) -> T:
+        with self._sessions() as session:
+            if readonly:
+                session.connection(execution_options={"vigil_readonly": True})
+            try:
+                result = fn(session)
+                session.commit()
+                return result
+            except BaseException:
+                session.rollback()
+                raise
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def make_engine(url: str, synchronous: str, busy_timeout_ms: int) -> Engine:
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+        # Let SQLAlchemy's begin event, not the driver, decide when transactions start.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA synchronous={synchronous}")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        except sqlite3.DatabaseError as exc:
+            raise StoreNotReady(
+                f"{url.removeprefix('sqlite:///')} is not a vigil database ({exc})",
+                "point --state-dir or --db at a vigil database, or move the file away",
+            ) from None
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        # Writers take the lock up front, so two writers never deadlock on an upgrade.
+        readonly = conn.get_execution_options().get("vigil_readonly")
+        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+def guarded_update(
+    session: Session,
+    model: Any,
+    where: list[Any],
+    values: dict[str, Any],
+    what: str,
+    *,
+    state_col: str | None = None,
+    expected: Any = None,
+) -> None:
+    """One compare-and-set: UPDATE model SET values WHERE where [AND state = expected].
+    Raises LostRace when no row matched (another step moved it, or the fence changed)."""
+    if state_col is not None:
+        new = values.get(state_col)
+        if new is not None and expected is not None and new != expected:
+            assert allowed(expected, new), f"illegal transition {expected} -> {new} ({what})"
+        where = [*where, getattr(model, state_col) == expected]
+    result = session.execute(update(model).where(*where).values(**values))
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        raise LostRace(what)
+
+
+def fenced(host: str, holder: str, fence: int) -> Any:
+    """The clause every write of a host's workflow carries: the lease is still ours."""
+    return exists().where(Lease.host == host, Lease.holder == holder, Lease.fence == fence)
+
+
+def emit(session: Session, kind: str, host: str | None, generation_id: int | None = None,
+         **detail: Any) -> None:
+    """An event row, written in the transaction of the transition it reports."""
+    session.add(Event(at=utcnow(), host=host, generation_id=generation_id, kind=kind,
+                      detail=json.dumps(detail, default=str, sort_keys=True)))

@@ -1,0 +1,245 @@
+"""The schema, as typed SQLAlchemy models. They describe tables and serve reads; state
+changes go through guarded UPDATEs (see models/store.py), never load-mutate-flush."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from models.states import (
+    AttemptStep,
+    Cause,
+    Desired,
+    GenState,
+    HostKind,
+    MemberRole,
+    Mode,
+    Outcome,
+    StopState,
+    WakeState,
+)
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def state_enum(cls: type[enum.Enum], name: str) -> Enum:
+    """Stored as text with a CHECK constraint listing the Enum's values."""
+    return Enum(
+        cls,
+        name=name,
+        native_enum=False,
+        create_constraint=True,
+        length=16,
+        values_callable=lambda e: [m.value for m in e],
+        validate_strings=True,
+    )
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class RetryColumns:
+    """Every obligation table carries these, so backoff survives restarts."""
+
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime, index=True)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    since: Mapped[datetime] = mapped_column(DateTime)
+
+
+class Agent(Base):
+    __tablename__ = "agents"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    box: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    create_time: Mapped[float | None] = mapped_column(Float)
+    state_dir: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime)
+    stopped_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+class Build(Base):
+    __tablename__ = "builds"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(Text, unique=True)  # staged copy under <state>/builds
+    source: Mapped[str] = mapped_column(Text)  # where the operator staged it from
+    published_at: Mapped[datetime | None] = mapped_column(DateTime)  # referenced before exec
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime)  # file removed by gc
+
+
+class Host(Base):
+    __tablename__ = "hosts"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    kind: Mapped[HostKind] = mapped_column(state_enum(HostKind, "host_kind"))
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"))
+    args: Mapped[str] = mapped_column(Text, default="[]")  # JSON list
+    env: Mapped[str] = mapped_column(Text, default="{}")  # JSON object
+    cwd: Mapped[str | None] = mapped_column(Text)
+    drain_timeout: Mapped[float] = mapped_column(Float, default=10.0)
+    health_timeout: Mapped[float] = mapped_column(Float, default=10.0)
+    memory_tier_mb: Mapped[int | None] = mapped_column(Integer)
+    desired: Mapped[Desired] = mapped_column(state_enum(Desired, "desired"), default=Desired.down)
+    raised: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    fence_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    box: Mapped[str | None] = mapped_column(String(255))  # placement (several boxes)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class Generation(Base):
+    __tablename__ = "generations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)  # n
+    uuid: Mapped[str] = mapped_column(String(36), unique=True)  # VIGIL_GENERATION marker
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), index=True)
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"))
+    state: Mapped[GenState] = mapped_column(state_enum(GenState, "gen_state"))
+    fence: Mapped[int] = mapped_column(Integer)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    create_time: Mapped[float | None] = mapped_column(Float)
+    cgroup: Mapped[str | None] = mapped_column(Text)
+    socket: Mapped[str | None] = mapped_column(Text)
+    agent_id: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    current_at: Mapped[datetime | None] = mapped_column(DateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+    end_reason: Mapped[str | None] = mapped_column(Text)
+    __table_args__ = (
+        # The store itself holds "at most one current generation per host".
+        Index(
+            "ux_generations_one_current",
+            "host",
+            unique=True,
+            sqlite_where=text("state = 'current'"),
+            postgresql_where=text("state = 'current'"),
+        ),
+        {"sqlite_autoincrement": True},  # n never goes back, even after deletes
+    )
+
+
+class Lease(Base):
+    __tablename__ = "leases"
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    fence: Mapped[int] = mapped_column(Integer)
+    acquired_at: Mapped[datetime] = mapped_column(DateTime)
+    expires_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class Wake(RetryColumns, Base):
+    __tablename__ = "wakes"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), index=True)
+    state: Mapped[WakeState] = mapped_column(state_enum(WakeState, "wake_state"))
+    cause: Mapped[str] = mapped_column(String(16), default="wake")
+    fence: Mapped[int | None] = mapped_column(Integer)
+    generation_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"))
+    reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+class Stop(RetryColumns, Base):
+    __tablename__ = "stops"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), index=True)
+    state: Mapped[StopState] = mapped_column(state_enum(StopState, "stop_state"))
+    fence: Mapped[int | None] = mapped_column(Integer)
+    generation_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"))
+    signalled_at: Mapped[datetime | None] = mapped_column(DateTime)  # last SIGTERM sent
+    reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+class Release(RetryColumns, Base):
+    """An owed lease release: deleted with the lease in one transaction when it succeeds."""
+
+    __tablename__ = "releases"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), index=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    fence: Mapped[int] = mapped_column(Integer)
+
+
+class Restore(RetryColumns, Base):
+    """A parent memory limit still to be put back to the current generation's tier."""
+
+    __tablename__ = "restores"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), index=True)
+    fence: Mapped[int] = mapped_column(Integer)
+
+
+class Attempt(RetryColumns, Base):
+    """One try at moving a host to a build; each step is written before it is taken."""
+
+    __tablename__ = "attempts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), index=True)
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"))
+    digest: Mapped[str] = mapped_column(String(64))
+    cause: Mapped[Cause] = mapped_column(state_enum(Cause, "cause"))
+    mode: Mapped[Mode] = mapped_column(state_enum(Mode, "mode"))  # asked for
+    effective_mode: Mapped[Mode] = mapped_column(state_enum(Mode, "effective_mode"))  # will run
+    revision: Mapped[int] = mapped_column(Integer)  # per-host; the newest one wins the gate
+    canary: Mapped[bool] = mapped_column(Boolean, default=False)
+    step: Mapped[AttemptStep] = mapped_column(state_enum(AttemptStep, "attempt_step"))
+    fence: Mapped[int | None] = mapped_column(Integer)
+    successor_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"))
+    retiring_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"))
+    outcome: Mapped[Outcome | None] = mapped_column(state_enum(Outcome, "outcome"))
+    reason: Mapped[str | None] = mapped_column(Text)
+    executed: Mapped[bool | None] = mapped_column(Boolean)
+    drain_seconds: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+class Member(RetryColumns, Base):
+    """A generation in a host's operation set; a member until its termination is proven."""
+
+    __tablename__ = "members"
+    generation_id: Mapped[int] = mapped_column(ForeignKey("generations.id"), primary_key=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), index=True)
+    role: Mapped[MemberRole] = mapped_column(state_enum(MemberRole, "member_role"))
+    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"))
+    fence: Mapped[int] = mapped_column(Integer)
+    unproven: Mapped[bool] = mapped_column(Boolean, default=False)
+    retried_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime, index=True)
+    host: Mapped[str | None] = mapped_column(String(63), index=True)
+    generation_id: Mapped[int | None] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[str] = mapped_column(Text, default="{}")  # JSON object
+
+
+OBLIGATION_TABLES = (Wake, Stop, Release, Restore, Attempt, Member)

@@ -1,0 +1,38 @@
+"""SQL views operators read with the sqlite3 shell or psql. Created by migrations."""
+
+from models.states import OPEN_STOP, OPEN_WAKE, WakeState
+
+
+def _in(values: tuple) -> str:  # type: ignore[type-arg]
+    return ", ".join(f"'{v.value}'" for v in values)
+
+
+_WAKE_RUNNING = tuple(s for s in OPEN_WAKE if s is not WakeState.unproven)
+
+# Columns: kind, host, generation, since, attempts, next_attempt_at, last_error.
+PENDING_OBLIGATIONS = f"""
+CREATE VIEW pending_obligations AS
+SELECT 'wake' AS kind, host, generation_id AS generation, since, attempts,
+       next_attempt_at, last_error FROM wakes WHERE state IN ({_in(_WAKE_RUNNING)})
+UNION ALL
+SELECT 'unproven_wake', host, generation_id, since, attempts, next_attempt_at, last_error
+  FROM wakes WHERE state = 'unproven'
+UNION ALL
+SELECT 'stop', host, generation_id, since, attempts, next_attempt_at, last_error
+  FROM stops WHERE state IN ({_in(OPEN_STOP)})
+UNION ALL
+SELECT 'release', host, CAST(NULL AS INTEGER), since, attempts, next_attempt_at, last_error
+  FROM releases
+UNION ALL
+SELECT 'restore', host, CAST(NULL AS INTEGER), since, attempts, next_attempt_at, last_error
+  FROM restores
+UNION ALL
+SELECT 'attempt', host, successor_id, since, attempts, next_attempt_at, last_error
+  FROM attempts WHERE outcome IS NULL
+UNION ALL
+SELECT CASE WHEN unproven THEN 'unproven_member' ELSE 'member' END, host, generation_id,
+       since, attempts, next_attempt_at, last_error
+  FROM members
+"""
+
+DROP_PENDING_OBLIGATIONS = "DROP VIEW IF EXISTS pending_obligations"

@@ -1,0 +1,77 @@
+"""The small interfaces through which workflows touch the outside world.
+
+`runners` implements them for real (psutil, cgroup v2, unix sockets); tests may fake
+them only to cause faults that cannot be caused for real.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+
+@dataclass(frozen=True)
+class SpawnSpec:
+    """Everything needed to exec one generation."""
+
+    generation_uuid: str
+    host: str
+    argv: list[str]  # [staged build path, *args]
+    env: dict[str, str] = field(default_factory=dict)  # the host's own env
+    cwd: str | None = None
+    socket_path: str | None = None  # instances only: passed as VIGIL_SOCKET
+    log_path: str | None = None  # stdout and stderr are appended here
+    cgroup: str | None = None  # containment directory chosen before the spawn
+
+
+@dataclass(frozen=True)
+class Spawned:
+    pid: int
+    create_time: float
+
+
+@dataclass(frozen=True)
+class ProcRef:
+    """A generation's identity on the box: leader pid + start time, and its containment."""
+
+    generation_uuid: str
+    pid: int | None
+    create_time: float | None
+    cgroup: str | None
+
+
+class ProcessPort(Protocol):
+    def containment_for(self, generation_uuid: str) -> str | None:
+        """The cgroup directory a new generation will live in, or None (marker mode)."""
+
+    def spawn(self, spec: SpawnSpec) -> Spawned:
+        """Exec the build inside its containment. Raises SpawnError."""
+
+    def leader_alive(self, ref: ProcRef) -> bool:
+        """True when pid and create_time match and the process is not a zombie."""
+
+    def live_members(self, ref: ProcRef) -> list[int]:
+        """Pids of live (non-zombie) processes in the generation's containment."""
+
+    def terminate(self, ref: ProcRef) -> None:
+        """SIGTERM the leader if its identity still matches; a gone process is fine."""
+
+    def kill_all(self, ref: ProcRef) -> None:
+        """SIGKILL everything in the containment (and the leader if it still matches)."""
+
+    def proven(self, ref: ProcRef) -> bool:
+        """Leader exited (or is a zombie) and no live process is left in the containment."""
+
+    def release(self, ref: ProcRef) -> None:
+        """Drop the containment's leftovers (an empty cgroup dir) after a proof."""
+
+
+class HealthPort(Protocol):
+    def check(self, socket_path: str, timeout: float, alive: Callable[[], bool]) -> str | None:
+        """Poll `GET /` on the unix socket until a status < 500 (returns None) or the
+        timeout passes or `alive()` turns False (returns the reason as a string)."""
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+    def sleep(self, seconds: float) -> None: ...
