@@ -8,7 +8,7 @@ import os
 import sqlite3
 import stat
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,7 +27,7 @@ DB_FILE = "vigil.db"
 
 def utcnow() -> datetime:
     """Naive UTC: the store keeps every timestamp in UTC without a zone."""
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -181,7 +181,7 @@ def fenced(host: str, holder: str, fence: int) -> Any:
     return exists().where(Lease.host == host, Lease.holder == holder, Lease.fence == fence)
 
 
-def emit(session: Session, kind: str, host: str | None, generation_id: int | None = None,
+def emit(session: Session, kind: str, host: str | None, generation_id: int | None = None, /,
          **detail: Any) -> None:
     """An event row, written in the transaction of the transition it reports."""
     session.add(Event(at=utcnow(), host=host, generation_id=generation_id, kind=kind,

@@ -6,8 +6,9 @@ them only to cause faults that cannot be caused for real.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,15 @@ class SpawnSpec:
     socket_path: str | None = None  # instances only: passed as VIGIL_SOCKET
     log_path: str | None = None  # stdout and stderr are appended here
     cgroup: str | None = None  # containment directory chosen before the spawn
+
+
+class SpawnError(Exception):
+    """The build could not be started. `build_fault` is False when the box, not the build,
+    failed (cgroup, log file): such a failure never counts against the build."""
+
+    def __init__(self, reason: str, *, build_fault: bool = True) -> None:
+        super().__init__(reason)
+        self.build_fault = build_fault
 
 
 @dataclass(frozen=True)
@@ -75,3 +85,18 @@ class HealthPort(Protocol):
 class Clock(Protocol):
     def now(self) -> float: ...
     def sleep(self, seconds: float) -> None: ...
+
+
+class Files(Protocol):
+    """The filesystem side effects a workflow asks for."""
+
+    def point_link(self, link: str, target: str) -> None:
+        """Atomically make `link` a symlink to `target` (rename over the old link)."""
+
+    def remove_link(self, link: str, only_if_target: str | None = None) -> None:
+        """Remove `link` (only when it points at `only_if_target`, if given)."""
+
+    def read_link(self, link: str) -> str | None: ...
+
+    def digest(self, path: str) -> str:
+        """sha256 of the file, hex. Raises OSError when it cannot be read."""

@@ -2,12 +2,11 @@
 agents, and the pending_obligations view.
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-29 16:00:07.553429
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 # Frozen copy of the view as this revision creates it; later revisions carry their own.
 PENDING_OBLIGATIONS = '''CREATE VIEW pending_obligations AS

@@ -1,0 +1,273 @@
+"""The agent daemon: one per state directory. Recovers, then runs the reconciler under
+APScheduler: a round on every new intent (doorbell), when the next row falls due, and on
+a slow safety interval; a liveness sweep of current generations on a short one."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy import update
+
+from models.errors import Refused
+from models.schema import require_head
+from models.store import emit, utcnow
+from models.tables import Agent as AgentRow
+from workflows.context import Context, Result
+from workflows.lease import renew
+from workflows.members import retire_dead_currents
+from workflows.obligations import Due, due, next_due, run_one
+from workflows.recovery import recover
+
+log = logging.getLogger("vigil.agent")
+
+DOORBELL = "agent.sock"
+LOCK = "agent.lock"
+AGENT_ID = "agent-id"
+
+
+def agent_id(state_dir: Path) -> str:
+    """Stable per box: written once in the state directory."""
+    path = state_dir / AGENT_ID
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        new = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(new + "\n")
+        os.replace(tmp, path)
+        return new
+
+
+def ring(state_dir: Path) -> None:
+    """Tell a running agent that a new intent was written. Best effort: the agent's safety
+    scan finds the row anyway."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        s.sendto(b"!", str(state_dir / DOORBELL))
+    except OSError:
+        pass
+    finally:
+        s.close()
+
+
+def running_agent_pid(state_dir: Path) -> int | None:
+    """The pid holding the agent lock, or None when no agent runs on this state dir."""
+    path = state_dir / LOCK
+    if not path.exists():
+        return None
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            text = f.read().strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return None
+
+
+class Reconciler:
+    """One due row per host per round, rotating which host goes first, at most
+    `max_hosts` hosts in flight."""
+
+    def __init__(self, ctx: Context, scheduler: BackgroundScheduler, max_hosts: int = 8) -> None:
+        self.ctx = ctx
+        self.scheduler = scheduler
+        self.max_hosts = max_hosts
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_hosts, thread_name_prefix="drive")
+        self.inflight: set[str] = set()
+        self.cursor = ""
+        self._lock = threading.Lock()
+        self._running = False
+        self._dirty = False
+        self.rounds = 0
+
+    def kick(self) -> None:
+        if self.ctx.shutting_down.is_set():
+            return
+        self.scheduler.add_job(self.round, misfire_grace_time=None)
+
+    def round(self) -> None:
+        with self._lock:
+            if self._running:
+                self._dirty = True
+                return
+            self._running = True
+        try:
+            while True:
+                self._dirty = False
+                self._dispatch()
+                with self._lock:
+                    if not self._dirty:
+                        self._running = False
+                        return
+        except BaseException:
+            with self._lock:
+                self._running = False
+            raise
+
+    def _dispatch(self) -> None:
+        if self.ctx.shutting_down.is_set():
+            return
+        self.rounds += 1
+        rows = sorted(due(self.ctx, utcnow()), key=lambda d: d.host)
+        # Rotate: hosts after the cursor go first, so no host is always last.
+        rows = [d for d in rows if d.host > self.cursor] + [d for d in rows if d.host <= self.cursor]
+        first = True
+        for d in rows:
+            with self._lock:
+                if d.host in self.inflight:
+                    continue
+                if len(self.inflight) >= self.max_hosts:
+                    break
+                self.inflight.add(d.host)
+            if first:
+                self.cursor, first = d.host, False
+            self.pool.submit(self._drive, d)
+        with self._lock:
+            busy = set(self.inflight)
+        when = next_due(self.ctx, busy)
+        if when is not None:
+            at = when.replace(tzinfo=UTC)
+            if at > datetime.now(UTC):
+                self.scheduler.add_job(self.round, "date", run_date=at, id="due",
+                                       replace_existing=True, misfire_grace_time=None)
+
+    def _drive(self, d: Due) -> None:
+        try:
+            result, error = run_one(self.ctx, d)
+            level = logging.INFO if result is not Result.poked else logging.WARNING
+            log.log(level, "drive kind=%s id=%s host=%s result=%s%s", d.kind, d.id, d.host,
+                    result.value, f" error={error!r}" if error else "")
+        except Exception:
+            log.exception("drive kind=%s id=%s host=%s crashed", d.kind, d.id, d.host)
+        finally:
+            with self._lock:
+                self.inflight.discard(d.host)
+            self.kick()
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class AgentDaemon:
+    def __init__(self, ctx: Context, *, safety_interval: float = 10.0,
+                 monitor_interval: float = 1.0, max_hosts: int = 8) -> None:
+        self.ctx = ctx
+        self.safety_interval = safety_interval
+        self.monitor_interval = monitor_interval
+        self.max_hosts = max_hosts
+        self.stop = threading.Event()
+        self._lock_file = None
+        self.recovered = threading.Event()
+
+    def _take_lock(self) -> None:
+        path = self.ctx.state_dir / LOCK
+        f = open(path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            other = f.read().strip() or "unknown"
+            f.close()
+            raise Refused(f"another agent (pid {other}) is already running on {self.ctx.state_dir}",
+                          f"stop it first (kill {other}) or pass another --state-dir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._lock_file = f  # held until the process ends, even by SIGKILL
+
+    def _register(self) -> None:
+        me = psutil.Process()
+
+        def step(s):  # type: ignore[no-untyped-def]
+            row = s.get(AgentRow, self.ctx.agent_id)
+            values = dict(box=socket.gethostname(), pid=me.pid, create_time=me.create_time(),
+                          state_dir=str(self.ctx.state_dir), started_at=utcnow(),
+                          heartbeat_at=utcnow(), stopped_at=None)
+            if row is None:
+                s.add(AgentRow(id=self.ctx.agent_id, **values))
+            else:
+                s.execute(update(AgentRow).where(AgentRow.id == self.ctx.agent_id).values(**values))
+            emit(s, "agent_started", None, agent=self.ctx.agent_id, pid=me.pid)
+
+        self.ctx.store.write(step)
+
+    def _doorbell(self, reconciler: Reconciler) -> threading.Thread:
+        path = self.ctx.state_dir / DOORBELL
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(str(path))
+        os.chmod(path, 0o600)
+        sock.settimeout(0.5)
+
+        def loop() -> None:
+            while not self.stop.is_set():
+                try:
+                    sock.recv(64)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                reconciler.kick()
+            sock.close()
+
+        t = threading.Thread(target=loop, name="doorbell", daemon=True)
+        t.start()
+        return t
+
+    def safety(self, reconciler: Reconciler) -> None:
+        """Liveness sweep: reap our children, retire dead currents, renew leases."""
+        reap = getattr(self.ctx.proc, "reap", None)
+        if reap is not None:
+            reap()
+        if retire_dead_currents(self.ctx):
+            reconciler.kick()
+        renew(self.ctx)
+        self.ctx.store.write(lambda s: s.execute(update(AgentRow).where(
+            AgentRow.id == self.ctx.agent_id).values(heartbeat_at=utcnow())))
+
+    def run(self) -> int:
+        self._take_lock()
+        require_head(self.ctx.store.engine)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop.set())
+        self._register()
+        counts = recover(self.ctx)
+        log.info("recovered agent=%s adopted=%d retired=%d", self.ctx.agent_id,
+                 counts["adopted"], counts["retired"])
+        scheduler = BackgroundScheduler(timezone=UTC,
+                                        job_defaults={"coalesce": True, "max_instances": 1,
+                                                      "misfire_grace_time": None})
+        reconciler = Reconciler(self.ctx, scheduler, self.max_hosts)
+        scheduler.add_job(reconciler.round, "interval", seconds=self.safety_interval, id="scan")
+        scheduler.add_job(self.safety, "interval", seconds=self.monitor_interval, id="safety",
+                          args=[reconciler])
+        self._doorbell(reconciler)
+        scheduler.start()
+        reconciler.round()  # finish what was in flight before the first interval
+        self.recovered.set()
+        log.info("ready agent=%s state_dir=%s", self.ctx.agent_id, self.ctx.state_dir)
+        self.stop.wait()
+        log.info("stopping agent=%s", self.ctx.agent_id)
+        self.ctx.shutting_down.set()
+        scheduler.shutdown(wait=False)
+        reconciler.shutdown()
+        self.ctx.store.write(lambda s: s.execute(update(AgentRow).where(
+            AgentRow.id == self.ctx.agent_id).values(stopped_at=utcnow())))
+        return 0

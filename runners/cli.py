@@ -1,0 +1,330 @@
+"""`vigil`: the one command. Everything but `vigil agent` writes intents to the store or
+reads it, so it works whether the agent is up or down."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import select
+
+from models import schema
+from models.errors import BadInput, VigilError
+from models.states import HostKind
+from models.store import Store
+from models.tables import Event, Generation, Stop, Wake
+from runners.agent import AgentDaemon, agent_id, ring, running_agent_pid
+from runners.files import stage_build
+from runners.setup import make_context, open_store
+from workflows import crash
+from workflows.hosts import add_host, remove_host, status
+from workflows.stop import request_stop
+from workflows.wake import request_wake
+
+out = Console()
+
+
+class Env:
+    def __init__(self, state_dir: str, db: str | None) -> None:
+        self.state_dir = Path(state_dir).absolute()
+        self.db = db
+        self._store: Store | None = None
+
+    def store(self, *, create: bool = False, at_head: bool = True) -> Store:
+        if self._store is None:
+            self._store = open_store(self.state_dir, self.db, create=create)
+            if at_head:
+                schema.require_head(self._store.engine)
+        return self._store
+
+
+def _json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@click.group()
+@click.option("--state-dir", envvar="VIGIL_HOME", default=".vigil", show_default=True,
+              help="State directory (env VIGIL_HOME).")
+@click.option("--db", envvar="VIGIL_DB", default=None,
+              help="Database URL overriding the SQLite file in the state dir (env VIGIL_DB).")
+@click.pass_context
+def cli(ctx: click.Context, state_dir: str, db: str | None) -> None:
+    """vigil: a crash-safe process activator."""
+    ctx.obj = Env(state_dir, db)
+
+
+@cli.group()
+def db() -> None:
+    """Schema: Alembic owns it."""
+
+
+@db.command("upgrade")
+@click.pass_obj
+def db_upgrade(env: Env) -> None:
+    """Create the store or move it to the newest schema."""
+    store = env.store(create=True, at_head=False)
+    before = schema.current_revision(store.engine)
+    schema.upgrade(store.engine)
+    click.echo(f"database at {schema.head_revision()} (was {before or 'empty'})")
+
+
+@db.command("current")
+@click.pass_obj
+def db_current(env: Env) -> None:
+    store = env.store(at_head=False)
+    cur, head = schema.current_revision(store.engine), schema.head_revision()
+    click.echo(f"{cur or 'empty'} (head {head}{', up to date' if cur == head else ''})")
+
+
+@cli.group()
+def host() -> None:
+    """Define the apps vigil runs."""
+
+
+@host.command("add")
+@click.argument("name")
+@click.option("--build", "build_path", required=True, help="Executable to stage for the host.")
+@click.option("--kind", type=click.Choice([k.value for k in HostKind]), default="instance",
+              show_default=True)
+@click.option("--arg", "args", multiple=True, help="Argument for the build (repeatable).")
+@click.option("--env", "envs", multiple=True, help="K=V environment entry (repeatable).")
+@click.option("--cwd", default=None, help="Working directory of the app.")
+@click.option("--drain-timeout", type=float, default=10.0, show_default=True)
+@click.option("--health-timeout", type=float, default=10.0, show_default=True)
+@click.pass_obj
+def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
+             envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float) -> None:
+    """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
+    from workflows.hosts import check_name
+
+    check_name(name)
+    pairs: dict[str, str] = {}
+    for item in envs:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--env {item!r} is not K=V", "write it as --env NAME=value")
+        pairs[key] = value
+    if cwd is not None and not os.path.isdir(cwd):
+        raise BadInput(f"--cwd {cwd} is not a directory", "pass an existing directory")
+    store = env.store()
+    path, digest = stage_build(build_path, env.state_dir)
+    store.write(lambda s: add_host(
+        s, name, kind=HostKind(kind), build_path=path, digest=digest,
+        source=str(Path(build_path).absolute()), args=list(args), env=pairs,
+        cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
+        health_timeout=health_timeout))
+    click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
+
+
+@host.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def host_list(env: Env, as_json: bool) -> None:
+    rows = env.store().read(lambda s: status(s))
+    if as_json:
+        _json(rows)
+        return
+    t = Table("host", "kind", "state", "build")
+    for r in rows:
+        t.add_row(r["host"], r["kind"], r["state"], (r["build_digest"] or "")[:12])
+    out.print(t)
+
+
+@host.command("rm")
+@click.argument("name")
+@click.pass_obj
+def host_rm(env: Env, name: str) -> None:
+    env.store().write(lambda s: remove_host(s, name))
+    click.echo(f"host {name} removed")
+
+
+def _wait_row(env: Env, model: Any, row_id: int, timeout: float) -> Any:
+    store = env.store()
+    deadline = time.monotonic() + timeout
+    warned = False
+    while True:
+        row = store.read(lambda s: s.get(model, row_id))
+        if row.state.value in ("done", "failed", "cancelled", "unproven"):
+            return row
+        if not warned and running_agent_pid(env.state_dir) is None:
+            click.echo(f"vigil: no agent is running on {env.state_dir}; the intent waits for "
+                       "`vigil agent`", err=True)
+            warned = True
+        if time.monotonic() > deadline:
+            raise VigilError(f"timed out after {timeout:.0f}s: {model.__tablename__[:-1]} "
+                             f"#{row_id} is still {row.state.value} ({row.last_error or 'no error yet'})",
+                             "watch `vigil obligations`; the agent keeps working on it")
+        time.sleep(0.05)
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--wait", is_flag=True, help="Block until the agent has woken it or it failed.")
+@click.option("--timeout", type=float, default=300.0, show_default=True)
+@click.pass_obj
+def wake(env: Env, name: str, wait: bool, timeout: float) -> None:
+    """Start a host's current build."""
+    req = env.store().write(lambda s: request_wake(s, name))
+    if req.id is None:
+        click.echo(f"host {name} is already awake")
+        return
+    ring(env.state_dir)
+    if not wait:
+        click.echo(f"wake #{req.id} of {name} queued")
+        return
+    row = _wait_row(env, Wake, req.id, timeout)
+    if row.state.value != "done":
+        detail = " (its processes are not proven gone yet)" if row.state.value == "unproven" else ""
+        raise VigilError(f"wake of {name} {row.state.value}: {row.reason}{detail}",
+                         f"see `vigil events {name}` and the app's log {env.state_dir}/logs/{name}.log")
+    gen = env.store().read(lambda s: s.get(Generation, row.generation_id))
+    click.echo(f"host {name} awake: generation g{gen.id} pid {gen.pid}")
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--wait", is_flag=True, help="Block until it is proven stopped.")
+@click.option("--timeout", type=float, default=300.0, show_default=True)
+@click.pass_obj
+def stop(env: Env, name: str, wait: bool, timeout: float) -> None:
+    """Stop a host: SIGTERM, drain, SIGKILL, proof, lease given back."""
+    req = env.store().write(lambda s: request_stop(s, name))
+    ring(env.state_dir)
+    if not wait:
+        click.echo(f"stop #{req.id} of {name} queued")
+        return
+    row = _wait_row(env, Stop, req.id, timeout)
+    click.echo(f"host {name} stopped ({row.reason or 'proven gone'})")
+
+
+@cli.command("status")
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def status_cmd(env: Env, name: str | None, as_json: bool) -> None:
+    rows = env.store().read(lambda s: status(s, name))
+    if as_json:
+        _json(rows)
+        return
+    t = Table("host", "state", "gen", "pid", "build", "since", "socket")
+    for r in rows:
+        t.add_row(r["host"], r["state"], f"g{r['generation']}" if r["generation"] else "",
+                  str(r["pid"] or ""), (r["build_digest"] or "")[:12], r["since"] or "",
+                  r["socket"] or "")
+    out.print(t)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def obligations(env: Env, as_json: bool) -> None:
+    """Every open obligation (the pending_obligations view)."""
+    store = env.store()
+    cols = ["kind", "host", "generation", "since", "attempts", "next_attempt_at", "last_error"]
+    with store.engine.connect() as conn:
+        rows = [dict(zip(cols, r, strict=True)) for r in conn.exec_driver_sql(
+            f"SELECT {', '.join(cols)} FROM pending_obligations ORDER BY since")]
+    if as_json:
+        _json(rows)
+        return
+    t = Table(*cols)
+    for r in rows:
+        t.add_row(*[str(r[c]) if r[c] is not None else "" for c in cols])
+    out.print(t)
+
+
+@cli.command()
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--limit", type=int, default=50, show_default=True)
+@click.pass_obj
+def events(env: Env, name: str | None, as_json: bool, limit: int) -> None:
+    """Recent event rows, oldest first."""
+    def q(s):  # type: ignore[no-untyped-def]
+        stmt = select(Event).order_by(Event.id.desc()).limit(limit)
+        if name:
+            stmt = stmt.where(Event.host == name)
+        return list(reversed(s.execute(stmt).scalars().all()))
+
+    rows = env.store().read(q)
+    data = [{"id": e.id, "at": e.at.isoformat() + "Z", "host": e.host, "generation": e.generation_id,
+             "kind": e.kind, "detail": json.loads(e.detail)} for e in rows]
+    if as_json:
+        _json(data)
+        return
+    for d in data:
+        extra = " ".join(f"{k}={v}" for k, v in d["detail"].items())
+        gen = f" g{d['generation']}" if d["generation"] else ""
+        click.echo(f"{d['at']} {d['kind']} {d['host'] or '-'}{gen} {extra}".rstrip())
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def check(env: Env, as_json: bool) -> None:
+    """Exit 0 when DESIGN §5's invariants hold; else print each violation and exit 1."""
+    from runners.check import run_checks
+
+    store = env.store()
+    violations = run_checks(store, env.state_dir)
+    if as_json:
+        _json([v.__dict__ for v in violations])
+    else:
+        for v in violations:
+            click.echo(f"{v.name}: {v.message}")
+        if not violations:
+            click.echo("ok: every invariant holds")
+    sys.exit(1 if violations else 0)
+
+
+@cli.command()
+def crashpoints() -> None:
+    """Every registered crash point, one a line."""
+    import workflows.obligations  # noqa: F401  (imports every workflow, registering its points)
+    import workflows.recovery  # noqa: F401
+
+    for name in sorted(crash.REGISTERED):
+        click.echo(name)
+
+
+@cli.command()
+@click.option("--safety-interval", type=float, default=10.0, show_default=True,
+              help="Seconds between full scans when nothing rings.")
+@click.option("--log-level", default="INFO", show_default=True)
+@click.pass_obj
+def agent(env: Env, safety_interval: float, log_level: str) -> None:
+    """Run the agent: recover, then keep every obligation moving until it is proven done."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    store = env.store()
+    ctx = make_context(env.state_dir, store, agent_id(env.state_dir))
+    sys.exit(AgentDaemon(ctx, safety_interval=safety_interval).run())
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except VigilError as exc:
+        click.echo(f"vigil: error: {exc.line()}", err=True)
+        sys.exit(exc.exit_code)
+    except SystemExit:
+        raise
+
+
+if __name__ == "__main__":
+    main()

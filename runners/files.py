@@ -1,0 +1,69 @@
+"""The filesystem port: atomic symlink swaps, build staging and digests."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from models.errors import BadInput
+
+
+class LocalFiles:
+    def point_link(self, link: str, target: str) -> None:
+        # A new symlink renamed over the old one: readers see the old or the new, never none.
+        tmp = f"{link}.tmp{os.getpid()}"
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+
+    def remove_link(self, link: str, only_if_target: str | None = None) -> None:
+        if only_if_target is not None and self.read_link(link) != only_if_target:
+            return
+        try:
+            os.unlink(link)
+        except FileNotFoundError:
+            pass
+
+    def read_link(self, link: str) -> str | None:
+        try:
+            return os.readlink(link)
+        except OSError:
+            return None
+
+    def digest(self, path: str) -> str:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+
+
+def staging_root(state_dir: Path) -> Path:
+    return state_dir / "builds"
+
+
+def stage_build(src: str, state_dir: Path) -> tuple[str, str]:
+    """Copy an executable into the staging root, named by its sha256; returns (path, digest)."""
+    path = Path(src)
+    if not path.exists():
+        raise BadInput(f"build {src} does not exist", "pass the path of an executable file")
+    if not path.is_file():
+        raise BadInput(f"build {src} is not a regular file", "pass the path of an executable file")
+    if not os.access(path, os.X_OK):
+        raise BadInput(f"build {src} is not executable", f"run `chmod +x {src}`")
+    digest = LocalFiles().digest(str(path))
+    dest_dir = staging_root(state_dir) / digest
+    dest = dest_dir / path.name
+    if not dest.exists():
+        dest_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = dest_dir / f".{path.name}.tmp{os.getpid()}"
+        shutil.copyfile(path, tmp)
+        os.chmod(tmp, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+        os.replace(tmp, dest)
+    return str(dest), digest

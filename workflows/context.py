@@ -1,0 +1,69 @@
+"""What every workflow step is handed: the store, who we are, and the ports."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from models.store import Store
+from workflows.ports import Files, HealthPort, ProcessPort
+
+
+class Result(str, enum.Enum):
+    """How one try at an obligation ended (DESIGN §4.11)."""
+
+    gone = "gone"  # the row is no longer there (or no longer names the current incarnation)
+    progress = "progress"  # it moved: resolved or advanced to its next state
+    poked = "poked"  # nothing changed; keep the backoff
+
+
+class Poke(Exception):
+    """Nothing could be done this time; the message becomes the row's last_error."""
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@dataclass
+class Context:
+    store: Store
+    agent_id: str
+    state_dir: Path
+    proc: ProcessPort
+    health: HealthPort
+    files: Files
+    clock: SystemClock = field(default_factory=SystemClock)
+    lease_ttl: float = 30.0
+    proof_wait: float = 2.0  # how long a proof may poll for the kernel to finish a kill
+    shutting_down: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    def socket_for(self, host: str, n: int) -> str:
+        return str(self.run_dir / host / f"g{n}.sock")
+
+    def link_for(self, host: str) -> str:
+        return str(self.run_dir / f"{host}.sock")
+
+    def log_for(self, host: str) -> str:
+        return str(self.state_dir / "logs" / f"{host}.log")
+
+    def wait_until(self, cond, timeout: float, interval: float = 0.02) -> bool:  # type: ignore[no-untyped-def]
+        """Poll cond() until it holds or timeout seconds pass."""
+        deadline = self.clock.now() + timeout
+        while True:
+            if cond():
+                return True
+            if self.clock.now() >= deadline:
+                return False
+            self.clock.sleep(interval)

@@ -1,0 +1,58 @@
+"""Ending a generation: SIGTERM, its own drain up to a deadline, SIGKILL to everything in
+its containment, then the termination proof. Shared by stop, failed wakes and members."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from models.states import GenState
+from models.store import guarded_update, utcnow
+from models.tables import Generation
+from workflows.context import Context
+from workflows.crash import crashpoint
+from workflows.ports import ProcRef
+
+
+def ref_of(gen: Generation) -> ProcRef:
+    return ProcRef(generation_uuid=gen.uuid, pid=gen.pid, create_time=gen.create_time,
+                   cgroup=gen.cgroup)
+
+
+def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
+                   points: tuple[str, str] | None = None) -> str | None:
+    """Drive the generation's processes to their end. `drain_until` (epoch seconds) is how
+    long the leader may drain after SIGTERM; None means kill at once (a failed start).
+    `points` names the crash points after the TERM and after the KILL.
+    Returns None when proven terminated, else why not (the caller keeps its obligation)."""
+    ref = ref_of(gen)
+    if drain_until is not None and ctx.proc.leader_alive(ref):
+        ctx.proc.terminate(ref)
+        if points:
+            crashpoint(points[0])
+        remaining = max(0.0, drain_until - ctx.clock.now())
+        ctx.wait_until(lambda: not ctx.proc.leader_alive(ref), remaining, interval=0.02)
+    if not ctx.proc.proven(ref):
+        ctx.proc.kill_all(ref)
+        if points:
+            crashpoint(points[1])
+    if ctx.wait_until(lambda: ctx.proc.proven(ref), ctx.proof_wait, interval=0.02):
+        return None
+    left = ctx.proc.live_members(ref)
+    leader = "leader alive" if ctx.proc.leader_alive(ref) else "leader exited"
+    return f"generation g{gen.id} not proven gone: {leader}, live pids {left}"
+
+
+def mark_proven(s: Session, gen_id: int, reason: str | None = None) -> None:
+    values: dict[str, object] = {"state": GenState.proven, "ended_at": utcnow()}
+    if reason:
+        values["end_reason"] = reason
+    guarded_update(s, Generation, [Generation.id == gen_id], values,
+                   f"generation g{gen_id} retiring -> proven",
+                   state_col="state", expected=GenState.retiring)
+
+
+def mark_retiring(s: Session, gen_id: int, expected: GenState, reason: str) -> None:
+    guarded_update(s, Generation, [Generation.id == gen_id],
+                   {"state": GenState.retiring, "end_reason": reason},
+                   f"generation g{gen_id} {expected.value} -> retiring",
+                   state_col="state", expected=expected)

@@ -1,0 +1,105 @@
+"""Host definitions and the read model operators see (`vigil status`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models.errors import BadInput, NotFound, Refused
+from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, GenState, HostKind, WakeState
+from models.store import emit, utcnow
+from models.tables import Build, Generation, Host, Lease, Stop, Wake
+from workflows.lease import still_needed
+
+NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
+def check_name(name: str) -> None:
+    if not NAME.fullmatch(name):
+        raise BadInput(f"invalid host name {name!r}",
+                       "use 1-63 characters: lowercase letters, digits and '-', not starting with '-'")
+
+
+def record_build(s: Session, path: str, digest: str, source: str) -> Build:
+    b = s.execute(select(Build).where(Build.path == path)).scalar_one_or_none()
+    if b is None:
+        b = Build(path=path, digest=digest, source=source, created_at=utcnow())
+        s.add(b)
+        s.flush()
+    elif b.deleted_at is not None:
+        s.execute(Build.__table__.update().where(Build.id == b.id).values(deleted_at=None))
+    return b
+
+
+def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: str, source: str,
+             args: list[str], env: dict[str, str], cwd: str | None, drain_timeout: float,
+             health_timeout: float, memory_tier_mb: int | None = None, box: str | None = None) -> None:
+    check_name(name)
+    if drain_timeout <= 0 or health_timeout <= 0:
+        raise BadInput("timeouts must be positive numbers of seconds", "e.g. --drain-timeout 10")
+    if s.get(Host, name) is not None:
+        raise BadInput(f"host {name} already exists", f"remove it first with `vigil host rm {name}`")
+    build = record_build(s, build_path, digest, source)
+    s.add(Host(name=name, kind=kind, build_id=build.id, args=json.dumps(args), env=json.dumps(env),
+               cwd=cwd, drain_timeout=drain_timeout, health_timeout=health_timeout,
+               memory_tier_mb=memory_tier_mb, box=box, created_at=utcnow()))
+    emit(s, "host_added", name, build=digest[:12], kind=kind.value)
+
+
+def remove_host(s: Session, name: str) -> None:
+    if s.get(Host, name) is None:
+        raise NotFound(f"no host named {name!r}", "see `vigil host list`")
+    why = still_needed(s, name)
+    if why is not None or s.get(Lease, name) is not None:
+        raise Refused(f"host {name} cannot be removed: {why or 'it still holds its lease'}",
+                      f"stop it first with `vigil stop {name} --wait`")
+    s.execute(Host.__table__.delete().where(Host.name == name))
+    emit(s, "host_removed", name)
+
+
+def host_state(s: Session, name: str) -> str:
+    def has(model: Any, *where: Any) -> bool:
+        return s.execute(select(model.id).where(model.host == name, *where).limit(1)).first() is not None
+
+    if has(Wake, Wake.state == WakeState.unproven):
+        return "unproven"
+    if has(Stop, Stop.state.in_(OPEN_STOP)):
+        return "stopping"
+    if has(Generation, Generation.state == GenState.current):
+        return "awake"
+    if has(Wake, Wake.state.in_(OPEN_WAKE)):
+        return "waking"
+    if has(Generation, Generation.state.in_(LIVE_GEN)):
+        return "retiring"
+    return "asleep"
+
+
+def status(s: Session, name: str | None = None) -> list[dict[str, Any]]:
+    q = select(Host).order_by(Host.name)
+    if name is not None:
+        if s.get(Host, name) is None:
+            raise NotFound(f"no host named {name!r}", "see `vigil host list`")
+        q = q.where(Host.name == name)
+    out = []
+    for h in s.execute(q).scalars():
+        gen = s.execute(select(Generation).where(Generation.host == h.name,
+                                                 Generation.state == GenState.current)).scalar_one_or_none()
+        build = s.get(Build, gen.build_id if gen else h.build_id)
+        lease = s.get(Lease, h.name)
+        out.append({
+            "host": h.name,
+            "kind": h.kind.value,
+            "state": host_state(s, h.name),
+            "desired": h.desired.value,
+            "generation": gen.id if gen else None,
+            "pid": gen.pid if gen else None,
+            "build_digest": build.digest if build else None,
+            "socket": gen.socket if gen else None,
+            "since": (gen.current_at.isoformat() + "Z") if gen and gen.current_at else None,
+            "lease": {"holder": lease.holder, "fence": lease.fence} if lease else None,
+        })
+    return out

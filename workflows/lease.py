@@ -1,0 +1,128 @@
+"""A host's lease: only its holder acts on the host, and every write checks the fence."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import delete, exists, func, select, update
+from sqlalchemy.orm import Session
+
+from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, GenState
+from models.store import emit, guarded_update, utcnow
+from models.tables import Attempt, Generation, Host, Lease, Member, Release, Restore, Stop, Wake
+from workflows.context import Context, Poke, Result
+from workflows.crash import crashpoint, define
+
+RELEASE_DONE = define("release.done", "the lease row and the owed release are deleted")
+
+
+def acquire(s: Session, ctx: Context, host: str) -> int:
+    """Take (or re-take) the host's lease with a new fence, inside the caller's transaction.
+    Any owed release naming an older fence becomes stale: the fence moved on."""
+    now = utcnow()
+    lease = s.get(Lease, host)
+    if lease is not None and lease.holder != ctx.agent_id and lease.expires_at > now:
+        raise Poke(f"lease of {host} is held by agent {lease.holder} until {lease.expires_at}")
+    seq = s.execute(select(Host.fence_seq).where(Host.name == host)).scalar_one()
+    guarded_update(s, Host, [Host.name == host, Host.fence_seq == seq], {"fence_seq": seq + 1},
+                   f"fence counter of {host}")
+    fence = seq + 1
+    expires = now + timedelta(seconds=ctx.lease_ttl)
+    if lease is None:
+        s.add(Lease(host=host, holder=ctx.agent_id, fence=fence, acquired_at=now, expires_at=expires))
+    else:
+        guarded_update(s, Lease, [Lease.host == host, Lease.fence == lease.fence],
+                       {"holder": ctx.agent_id, "fence": fence, "acquired_at": now,
+                        "expires_at": expires}, f"lease of {host}")
+    emit(s, "leased", host, fence=fence)
+    return fence
+
+
+def held_fence(s: Session, ctx: Context, host: str) -> int | None:
+    lease = s.get(Lease, host)
+    return lease.fence if lease is not None and lease.holder == ctx.agent_id else None
+
+
+def still_needed(s: Session, host: str) -> str | None:
+    """Why the host must keep its lease (retain until proven), or None when it may go."""
+    gen = s.execute(select(Generation.id, Generation.state).where(
+        Generation.host == host, Generation.state.in_(LIVE_GEN))).first()
+    if gen is not None:
+        return f"generation g{gen.id} is {gen.state.value}"
+    checks = [
+        (Wake, Wake.state.in_(OPEN_WAKE), "a wake is open"),
+        (Stop, Stop.state.in_(OPEN_STOP), "a stop is open"),
+        (Member, None, "its operation set is not empty"),
+        (Restore, None, "a parent-limit restore is pending"),
+        (Attempt, Attempt.outcome.is_(None), "a deploy attempt is open"),
+    ]
+    for model, cond, why in checks:
+        where = [model.host == host] + ([cond] if cond is not None else [])
+        if s.execute(select(exists().where(*where))).scalar():
+            return why
+    if s.execute(select(Host.raised).where(Host.name == host)).scalar():
+        return "its parent limit is still raised"
+    return None
+
+
+def owe_release(s: Session, ctx: Context, host: str) -> bool:
+    """Write the owed release when nothing retains the lease any more."""
+    fence = held_fence(s, ctx, host)
+    if fence is None or still_needed(s, host) is not None:
+        return False
+    now = utcnow()
+    s.add(Release(host=host, holder=ctx.agent_id, fence=fence, since=now, next_attempt_at=now))
+    return True
+
+
+def drive_release(ctx: Context, release_id: int) -> Result:
+    """The same conditional delete every time: holder and fence must match."""
+
+    def step(s: Session) -> Result:
+        row = s.get(Release, release_id)
+        if row is None:
+            return Result.gone
+        lease = s.get(Lease, row.host)
+        if lease is None or lease.holder != row.holder or lease.fence != row.fence:
+            s.delete(row)  # an older incarnation: the lease moved on, nothing to give back
+            return Result.gone
+        why = still_needed(s, row.host)
+        if why is not None:
+            raise Poke(f"lease of {row.host} still needed: {why}")
+        s.execute(delete(Lease).where(Lease.host == row.host, Lease.holder == row.holder,
+                                      Lease.fence == row.fence))
+        s.delete(row)
+        emit(s, "released", row.host, fence=row.fence)
+        return Result.progress
+
+    result = ctx.store.write(step)
+    crashpoint(RELEASE_DONE)
+    return result
+
+
+def renew(ctx: Context) -> int:
+    """Push the expiry of every lease this agent holds; returns how many."""
+
+    def step(s: Session) -> int:
+        expires = utcnow() + timedelta(seconds=ctx.lease_ttl)
+        result = s.execute(update(Lease).where(Lease.holder == ctx.agent_id)
+                           .values(expires_at=expires))
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+    return ctx.store.write(step)
+
+
+def count_current(s: Session, host: str) -> int:
+    return s.execute(select(func.count()).select_from(Generation).where(
+        Generation.host == host, Generation.state == GenState.current)).scalar_one()
+
+
+def release_owed(ctx: Context, host: str) -> None:
+    """Give the lease back now if a release was just owed; the sweep retries it otherwise."""
+    ids = ctx.store.read(lambda s: s.execute(
+        select(Release.id).where(Release.host == host)).scalars().all())
+    for rid in ids:
+        try:
+            drive_release(ctx, rid)
+        except Poke:
+            pass

@@ -1,0 +1,89 @@
+"""Operation-set members: generations that are not current but not proven gone yet.
+
+A current generation whose leader died becomes a `retiring` member; the sweep kills what is
+left of it and proves it gone, and only then does it leave the set.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models.states import OPEN_WAKE, Desired, GenState, MemberRole, WakeState
+from models.store import emit, guarded_update, utcnow
+from models.tables import Generation, Host, Lease, Member, Wake
+from workflows.context import Context, Poke, Result
+from workflows.crash import crashpoint, define
+from workflows.ending import end_generation, mark_proven, ref_of
+from workflows.lease import owe_release, release_owed
+
+EXITED = define("member.exited", "a dead current generation is retiring and a member")
+PROVEN = define("member.proven", "a member is proven gone and has left the set")
+
+
+def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool) -> None:
+    """current -> retiring member (one transaction); queue a restart wake if wanted."""
+    guarded_update(s, Generation, [Generation.id == gen.id],
+                   {"state": GenState.retiring, "end_reason": why},
+                   f"generation g{gen.id} current -> retiring", state_col="state",
+                   expected=GenState.current)
+    now = utcnow()
+    lease = s.get(Lease, gen.host)
+    s.add(Member(generation_id=gen.id, host=gen.host, role=MemberRole.retiring,
+                 fence=lease.fence if lease is not None else gen.fence, unproven=True,
+                 since=now, next_attempt_at=now))
+    emit(s, "exited", gen.host, gen.id, pid=gen.pid, reason=why)
+    host = s.get(Host, gen.host)
+    if restart and host is not None and host.desired is Desired.up:
+        queued = s.execute(select(Wake.id).where(Wake.host == gen.host,
+                                                 Wake.state.in_(OPEN_WAKE))).first()
+        if queued is None:
+            s.add(Wake(host=gen.host, state=WakeState.queued, cause="restart", since=now,
+                       next_attempt_at=now, created_at=now))
+
+
+def retire_dead_currents(ctx: Context) -> int:
+    """The liveness sweep: every current generation this agent owns whose leader is gone."""
+    gens = ctx.store.read(lambda s: s.execute(
+        select(Generation).join(Lease, Lease.host == Generation.host).where(
+            Generation.state == GenState.current, Lease.holder == ctx.agent_id)).scalars().all())
+    dead = [g for g in gens if not ctx.proc.leader_alive(ref_of(g))]
+    for gen in dead:
+        ctx.store.write(lambda s, g=gen: retire(s, ctx, g, "leader exited", restart=True))
+        crashpoint(EXITED)
+        if gen.socket:
+            ctx.files.remove_link(ctx.link_for(gen.host), only_if_target=gen.socket)
+    return len(dead)
+
+
+def drive_member(ctx: Context, gen_id: int) -> Result:
+    m = ctx.store.read(lambda s: s.get(Member, gen_id))
+    if m is None:
+        return Result.gone
+    gen = ctx.store.read(lambda s: s.get(Generation, gen_id))
+    host = ctx.store.read(lambda s: s.get(Host, m.host))
+    assert gen is not None and host is not None
+    if m.role is not MemberRole.retiring:
+        raise Poke(f"member g{gen_id} is {m.role.value}: its attempt drives it")
+    if gen.state is GenState.retiring:
+        since = m.since.replace(tzinfo=UTC).timestamp()
+        problem = end_generation(ctx, gen, drain_until=since + host.drain_timeout)
+        if problem is not None:
+            ctx.store.write(lambda s: s.execute(Member.__table__.update().where(
+                Member.generation_id == gen_id).values(unproven=True, retried_at=utcnow())))
+            raise Poke(problem)
+
+    def step(s: Session) -> None:
+        if s.get(Generation, gen_id).state is GenState.retiring:  # type: ignore[union-attr]
+            mark_proven(s, gen_id)
+        s.delete(s.get(Member, gen_id))
+        emit(s, "proven", m.host, gen_id, after="member left the set")
+        owe_release(s, ctx, m.host)
+
+    ctx.store.write(step)
+    ctx.proc.release(ref_of(gen))
+    crashpoint(PROVEN)
+    release_owed(ctx, m.host)
+    return Result.progress

@@ -1,0 +1,134 @@
+"""Every kind of obligation in one place: where its open rows are, what drives them, and
+the per-row pacing (DESIGN §4.11): exponential backoff from 100 ms doubling to 5 s,
+persisted on the row so it survives restarts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import String, func, literal, select, union_all, update
+from sqlalchemy.orm import Session
+from tenacity import RetryCallState, wait_exponential
+
+from models.states import OPEN_STOP, OPEN_WAKE
+from models.store import utcnow
+from models.tables import Lease, Member, Release, Stop, Wake
+from workflows.context import Context, Poke, Result
+from workflows.lease import drive_release
+from workflows.members import drive_member
+from workflows.stop import drive_stop
+from workflows.wake import drive_wake
+
+BACKOFF = wait_exponential(multiplier=0.1, min=0.1, max=5.0)
+
+
+def backoff(attempts: int) -> float:
+    """Delay before the next try after `attempts` fruitless ones: 0.1, 0.2, 0.4 ... 5 s."""
+    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+    state.attempt_number = max(1, attempts)
+    return float(BACKOFF(state))
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    model: Any
+    key: Any  # the primary-key column
+    open: Any  # SQL condition for "still open", or None when every row is open
+    drive: Callable[[Context, int], Result]
+
+
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind("stop", Stop, Stop.id, Stop.state.in_(OPEN_STOP), drive_stop),
+        Kind("wake", Wake, Wake.id, Wake.state.in_(OPEN_WAKE), drive_wake),
+        Kind("member", Member, Member.generation_id, None, drive_member),
+        Kind("release", Release, Release.id, None, drive_release),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Due:
+    kind: str
+    id: int
+    host: str
+    at: datetime
+
+
+def _open_rows(ctx: Context) -> Any:
+    """Open rows of every kind on hosts this agent may act on (its own or unleased)."""
+    selects = []
+    for k in KINDS.values():
+        q = select(literal(k.name, String).label("kind"), k.key.label("id"),
+                   k.model.host.label("host"), k.model.next_attempt_at.label("at"))
+        if k.open is not None:
+            q = q.where(k.open)
+        selects.append(q)
+    return union_all(*selects).subquery()
+
+
+def due(ctx: Context, now: datetime) -> list[Due]:
+    """The earliest due row of each host (one row per host per round)."""
+    rows = _open_rows(ctx)
+
+    def q(s: Session) -> list[Due]:
+        mine = select(Lease.host).where(Lease.holder != ctx.agent_id, Lease.expires_at > now)
+        result = s.execute(select(rows).where(rows.c.at <= now, rows.c.host.not_in(mine))
+                           .order_by(rows.c.at, rows.c.id)).all()
+        first: dict[str, Due] = {}
+        for r in result:
+            first.setdefault(r.host, Due(r.kind, r.id, r.host, r.at))
+        return list(first.values())
+
+    return ctx.store.read(q)
+
+
+def next_due(ctx: Context, busy: set[str]) -> datetime | None:
+    rows = _open_rows(ctx)
+
+    def q(s: Session) -> datetime | None:
+        stmt = select(func.min(rows.c.at))
+        if busy:
+            stmt = stmt.where(rows.c.host.not_in(busy))
+        return s.execute(stmt).scalar()
+
+    return ctx.store.read(q)
+
+
+def open_count(ctx: Context) -> int:
+    rows = _open_rows(ctx)
+    return ctx.store.read(lambda s: s.execute(select(func.count()).select_from(rows)).scalar_one())
+
+
+def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
+    """Drive one row and persist its pacing. Never raises for the row's own trouble."""
+    kind = KINDS[item.kind]
+    try:
+        result, error = kind.drive(ctx, item.id), None
+    except Poke as exc:
+        result, error = Result.poked, str(exc)
+    except Exception as exc:  # a step lost a race or the store failed: retry later
+        result, error = Result.poked, f"{type(exc).__name__}: {exc}"
+    now = utcnow()
+    if result is Result.poked:
+        values = {"attempts": kind.model.attempts + 1, "last_error": error,
+                  "next_attempt_at": now + timedelta(seconds=backoff(_attempts(ctx, kind, item.id) + 1))}
+    elif result is Result.progress:
+        values = {"attempts": 0, "last_error": None, "next_attempt_at": now}
+    else:
+        return result, error
+    try:
+        ctx.store.write(lambda s: s.execute(update(kind.model).where(kind.key == item.id).values(**values)))
+    except Exception as exc:  # pacing is advisory; the row stays open and due
+        error = f"{error}; pacing not written: {exc}"
+    return result, error
+
+
+def _attempts(ctx: Context, kind: Kind, key: int) -> int:
+    return ctx.store.read(lambda s: s.execute(select(kind.model.attempts).where(kind.key == key))
+                          .scalar() or 0)

@@ -1,0 +1,50 @@
+"""What the agent does on start, before it takes new work: adopt the current generations
+that still run and serve (never restart them), retire the ones that do not. Everything
+else in flight is finished by the ordinary obligation drivers, which read each row's last
+written step (a wake found mid-spawn is reaped and retried; a stop re-signals and proves)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from models.states import GenState
+from models.store import emit
+from models.tables import Generation, Host, Lease
+from workflows.context import Context
+from workflows.crash import crashpoint, define
+from workflows.ending import ref_of
+from workflows.lease import renew
+from workflows.members import retire
+
+ADOPTED = define("recover.adopted", "one current generation was adopted or retired on start")
+
+
+def recover(ctx: Context) -> dict[str, int]:
+    renew(ctx)
+    rows = ctx.store.read(lambda s: s.execute(
+        select(Generation, Host).join(Host, Host.name == Generation.host)
+        .join(Lease, Lease.host == Generation.host)
+        .where(Generation.state == GenState.current, Lease.holder == ctx.agent_id)).all())
+    adopted = retired = 0
+    for gen, host in rows:
+        ref = ref_of(gen)
+        alive = ctx.proc.leader_alive(ref)
+        problem = None if alive else "leader is gone"
+        if alive and gen.socket:
+            problem = ctx.health.check(gen.socket, min(host.health_timeout, 5.0),
+                                       alive=lambda r=ref: ctx.proc.leader_alive(r))
+        if problem is None:
+            ctx.store.write(lambda s, g=gen: emit(s, "adopted", g.host, g.id, pid=g.pid))
+            if gen.socket:  # the link may not have been repointed before the crash
+                ctx.files.point_link(ctx.link_for(gen.host), gen.socket)
+            adopted += 1
+        else:
+            ctx.store.write(lambda s, g=gen, p=problem: retire(
+                s, ctx, g, f"not adopted on start: {p}", restart=True))
+            if gen.socket:
+                ctx.files.remove_link(ctx.link_for(gen.host), only_if_target=gen.socket)
+            retired += 1
+        crashpoint(ADOPTED)
+    counts = {"adopted": adopted, "retired": retired}
+    ctx.store.write(lambda s: emit(s, "recovered", None, agent=ctx.agent_id, **counts))
+    return counts

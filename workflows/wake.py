@@ -1,0 +1,335 @@
+"""Wake: lease, prove no leftover, spawn on its own socket, health, make current, link.
+
+Each step is one short transaction guarded by the expected state and the lease fence;
+the generation row (write-ahead intent) exists before anything is exec'd. A failed wake
+is first written `unproven` (it keeps the lease and refuses new wakes), then killed and
+proven; only the proof closes it and owes the lease back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid as uuidlib
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models.errors import NotFound, Refused
+from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, WakeState
+from models.store import emit, fenced, guarded_update, utcnow
+from models.tables import Build, Generation, Host, Stop, Wake
+from workflows.context import Context, Poke, Result
+from workflows.crash import crashpoint, define
+from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
+from workflows.lease import acquire, owe_release, release_owed
+from workflows.ports import SpawnError, SpawnSpec
+
+LEASED = define("wake.leased", "the lease is taken and its fence written on the wake")
+INTENT = define("wake.intent", "the generation row is written (spawning); nothing exec'd yet")
+SPAWNED = define("wake.spawned", "the build is exec'd; its pid is not recorded yet")
+RECORDED = define("wake.recorded", "pid and create_time are recorded; health not checked yet")
+CURRENT = define("wake.current", "the generation is current; the canonical link not repointed yet")
+FAILING = define("wake.failing", "the failed wake is written unproven; its processes not killed yet")
+KILLED = define("wake.killed", "the failed generation was sent SIGKILL; no proof written yet")
+PROVEN = define("wake.proven", "the failed generation is proven gone and the lease release owed")
+REAPING = define("wake.reaping", "an interrupted wake is written reaping; nothing killed yet")
+REAPED = define("wake.reaped", "the interrupted generation is proven; the wake is back to leased")
+
+
+@dataclass(frozen=True)
+class WakeRequest:
+    id: int | None  # None: the host is already awake, nothing was queued
+    state: str
+
+
+def unproven_wake(s: Session, host: str) -> Wake | None:
+    return s.execute(select(Wake).where(Wake.host == host, Wake.state == WakeState.unproven)
+                     .limit(1)).scalar_one_or_none()
+
+
+def refuse_if_unproven(s: Session, host: str) -> None:
+    w = unproven_wake(s, host)
+    if w is not None:
+        gen = s.get(Generation, w.generation_id) if w.generation_id else None
+        pid = f" (pid {gen.pid})" if gen is not None and gen.pid else ""
+        raise Refused(
+            f"host {host}: the last wake failed and generation g{w.generation_id}{pid} is not "
+            f"proven gone ({w.last_error or w.reason})",
+            "the agent keeps retrying the proof: watch `vigil obligations`; if the process "
+            "is stuck, end it yourself",
+        )
+
+
+def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
+    """The CLI's intent (one transaction): refused while a failed wake is unproven."""
+    h = s.get(Host, host)
+    if h is None:
+        raise NotFound(f"no host named {host!r}", "see `vigil host list`, or add it with `vigil host add`")
+    refuse_if_unproven(s, host)
+    s.execute(Host.__table__.update().where(Host.name == host).values(desired=Desired.up))
+    open_wake = s.execute(select(Wake).where(Wake.host == host, Wake.state.in_(OPEN_WAKE))
+                          .order_by(Wake.id).limit(1)).scalar_one_or_none()
+    if open_wake is not None:
+        return WakeRequest(open_wake.id, open_wake.state.value)
+    stopping = s.execute(select(Stop.id).where(Stop.host == host, Stop.state.in_(OPEN_STOP))).first()
+    current = s.execute(select(Generation.id).where(
+        Generation.host == host, Generation.state == GenState.current)).first()
+    if current is not None and stopping is None:
+        return WakeRequest(None, "awake")
+    now = utcnow()
+    w = Wake(host=host, state=WakeState.queued, cause=cause, since=now, next_attempt_at=now,
+             created_at=now)
+    s.add(w)
+    s.flush()
+    emit(s, "wake_requested", host, wake=w.id, cause=cause)
+    return WakeRequest(w.id, w.state.value)
+
+
+def drive_wake(ctx: Context, wake_id: int) -> Result:
+    """Advance one wake as far as it can go now."""
+    w = ctx.store.read(lambda s: s.get(Wake, wake_id))
+    if w is None or w.state not in OPEN_WAKE:
+        return Result.gone
+    if w.state in (WakeState.spawning, WakeState.checking):
+        # Found mid-flight by a driver that did not start it: the agent died (or a step
+        # failed) between spawn and current. Whatever ran is ended, then the wake retried.
+        _to_reaping(ctx, w)
+        w = ctx.store.read(lambda s: s.get(Wake, wake_id))
+    if w.state is WakeState.unproven:
+        return _prove_failed(ctx, w)
+    if w.state is WakeState.reaping:
+        _reap(ctx, w)
+        w = ctx.store.read(lambda s: s.get(Wake, wake_id))
+    if w.state is WakeState.queued:
+        if not _lease(ctx, w):
+            return Result.progress
+        w = ctx.store.read(lambda s: s.get(Wake, wake_id))
+    if w.state is WakeState.leased:
+        return _start(ctx, w)
+    return Result.progress
+
+
+def _lease(ctx: Context, w: Wake) -> bool:
+    """queued -> leased. False when the wake ended here (already awake, or refused)."""
+
+    def step(s: Session) -> bool:
+        stop = s.execute(select(Stop.id).where(Stop.host == w.host, Stop.state.in_(OPEN_STOP))).first()
+        if stop is not None:
+            raise Poke(f"waiting for stop #{stop.id} of {w.host} to finish")
+        where = [Wake.id == w.id]
+        if unproven_wake(s, w.host) is not None:
+            guarded_update(s, Wake, where, {"state": WakeState.failed, "ended_at": utcnow(),
+                                            "reason": "refused: an earlier failed wake is unproven"},
+                           f"wake #{w.id}", state_col="state", expected=WakeState.queued)
+            return False
+        current = s.execute(select(Generation.id).where(
+            Generation.host == w.host, Generation.state == GenState.current)).first()
+        if current is not None:
+            guarded_update(s, Wake, where, {"state": WakeState.done, "ended_at": utcnow(),
+                                            "generation_id": current.id, "reason": "already awake"},
+                           f"wake #{w.id}", state_col="state", expected=WakeState.queued)
+            return False
+        fence = acquire(s, ctx, w.host)
+        guarded_update(s, Wake, where, {"state": WakeState.leased, "fence": fence, "attempts": 0},
+                       f"wake #{w.id} queued -> leased", state_col="state", expected=WakeState.queued)
+        return True
+
+    ok = ctx.store.write(step)
+    if ok:
+        crashpoint(LEASED)
+    return ok
+
+
+def _start(ctx: Context, w: Wake) -> Result:
+    """leased -> spawning -> checking -> done, or -> unproven on the build's failure."""
+    assert w.fence is not None
+    if ctx.shutting_down.is_set():
+        raise Poke("agent shutting down")
+
+    def leftovers(s: Session) -> tuple[Host, Build]:
+        live = s.execute(select(Generation.id, Generation.state).where(
+            Generation.host == w.host, Generation.state.in_(LIVE_GEN))).first()
+        if live is not None:
+            raise Poke(f"generation g{live.id} of {w.host} is {live.state.value}, not proven gone")
+        h = s.get(Host, w.host)
+        assert h is not None
+        b = s.get(Build, h.build_id)
+        assert b is not None
+        return h, b
+
+    # Prove the host holds no leftover process before spawning anything new.
+    host, build = ctx.store.read(leftovers)
+    try:
+        digest = ctx.files.digest(build.path)
+    except OSError as exc:
+        digest = f"unreadable: {exc.strerror}"
+    if digest != build.digest:
+        return _refuse_build(ctx, w, f"staged build {build.path} does not match its digest "
+                                     f"({digest[:16]} != {build.digest[:16]}): restage it with `vigil host add`")
+
+    gen_uuid = str(uuidlib.uuid4())
+    cgroup = ctx.proc.containment_for(gen_uuid)
+
+    def intent(s: Session) -> Generation:
+        now = utcnow()
+        g = Generation(uuid=gen_uuid, host=w.host, build_id=build.id, state=GenState.spawning,
+                       fence=w.fence, cgroup=cgroup, agent_id=ctx.agent_id, created_at=now)
+        s.add(g)
+        s.flush()
+        if host.kind is HostKind.instance:
+            g.socket = ctx.socket_for(w.host, g.id)
+        # Publish before exec: the build is referenced in the store before any of it runs.
+        s.execute(Build.__table__.update().where(Build.id == build.id, Build.published_at.is_(None))
+                  .values(published_at=now))
+        guarded_update(s, Wake, [Wake.id == w.id, fenced(w.host, ctx.agent_id, w.fence)],
+                       {"state": WakeState.spawning, "generation_id": g.id},
+                       f"wake #{w.id} leased -> spawning", state_col="state", expected=WakeState.leased)
+        s.flush()
+        return g
+
+    gen = ctx.store.write(intent)
+    crashpoint(INTENT)
+    os.makedirs(os.path.dirname(ctx.log_for(w.host)), exist_ok=True)
+    if gen.socket:
+        os.makedirs(os.path.dirname(gen.socket), mode=0o700, exist_ok=True)
+    spec = SpawnSpec(generation_uuid=gen.uuid, host=w.host, argv=[build.path, *json.loads(host.args)],
+                     env={**json.loads(host.env), "VIGIL_HOME": str(ctx.state_dir)}, cwd=host.cwd, socket_path=gen.socket,
+                     log_path=ctx.log_for(w.host), cgroup=cgroup)
+    try:
+        spawned = ctx.proc.spawn(spec)
+    except SpawnError as exc:  # it did not start
+        return _fail(ctx, w, gen, WakeState.spawning, GenState.spawning, f"spawn failed: {exc}")
+    crashpoint(SPAWNED)
+
+    def recorded(s: Session) -> None:
+        guarded_update(s, Generation, [Generation.id == gen.id],
+                       {"state": GenState.running, "pid": spawned.pid,
+                        "create_time": spawned.create_time},
+                       f"generation g{gen.id} spawning -> running", state_col="state",
+                       expected=GenState.spawning)
+        guarded_update(s, Wake, [Wake.id == w.id, fenced(w.host, ctx.agent_id, w.fence)],
+                       {"state": WakeState.checking}, f"wake #{w.id} spawning -> checking",
+                       state_col="state", expected=WakeState.spawning)
+
+    ctx.store.write(recorded)
+    crashpoint(RECORDED)
+    gen.pid, gen.create_time = spawned.pid, spawned.create_time
+    ref = ref_of(gen)
+    if gen.socket:
+        problem = ctx.health.check(gen.socket, host.health_timeout,
+                                   alive=lambda: ctx.proc.leader_alive(ref))
+    else:
+        problem = None if ctx.proc.leader_alive(ref) else "worker exited right after its start"
+    if problem is not None:
+        return _fail(ctx, w, gen, WakeState.checking, GenState.running, problem)
+
+    def current(s: Session) -> None:
+        guarded_update(s, Generation, [Generation.id == gen.id],
+                       {"state": GenState.current, "current_at": utcnow()},
+                       f"generation g{gen.id} running -> current", state_col="state",
+                       expected=GenState.running)
+        guarded_update(s, Wake, [Wake.id == w.id, fenced(w.host, ctx.agent_id, w.fence)],
+                       {"state": WakeState.done, "ended_at": utcnow()},
+                       f"wake #{w.id} checking -> done", state_col="state",
+                       expected=WakeState.checking)
+        emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
+
+    ctx.store.write(current)
+    crashpoint(CURRENT)
+    if gen.socket:
+        ctx.files.point_link(ctx.link_for(w.host), gen.socket)
+    return Result.progress
+
+
+def _refuse_build(ctx: Context, w: Wake, reason: str) -> Result:
+    """Nothing ran: the wake fails at once and the lease is owed back."""
+
+    def step(s: Session) -> None:
+        guarded_update(s, Wake, [Wake.id == w.id], {"state": WakeState.failed, "reason": reason,
+                                                    "ended_at": utcnow()},
+                       f"wake #{w.id} leased -> failed", state_col="state", expected=WakeState.leased)
+        emit(s, "wake_failed", w.host, reason=reason, executed=False)
+        owe_release(s, ctx, w.host)
+
+    ctx.store.write(step)
+    release_owed(ctx, w.host)
+    return Result.progress
+
+
+def _fail(ctx: Context, w: Wake, gen: Generation, wake_from: WakeState, gen_from: GenState,
+          reason: str) -> Result:
+    """Write the failure first (unproven: keeps the lease, refuses wakes), then kill, prove."""
+
+    def step(s: Session) -> None:
+        mark_retiring(s, gen.id, gen_from, reason)
+        guarded_update(s, Wake, [Wake.id == w.id, fenced(w.host, ctx.agent_id, w.fence or 0)],
+                       {"state": WakeState.unproven, "reason": reason, "last_error": reason,
+                        "since": utcnow()},
+                       f"wake #{w.id} -> unproven", state_col="state", expected=wake_from)
+        emit(s, "wake_failed", w.host, gen.id, reason=reason)
+
+    ctx.store.write(step)
+    crashpoint(FAILING)
+    w2 = ctx.store.read(lambda s: s.get(Wake, w.id))
+    return _prove_failed(ctx, w2)
+
+
+def _prove_failed(ctx: Context, w: Wake) -> Result:
+    gen = ctx.store.read(lambda s: s.get(Generation, w.generation_id))
+    assert gen is not None
+    if gen.state is not GenState.proven:
+        problem = end_generation(ctx, gen, drain_until=None, points=(None, KILLED))
+        if problem is not None:
+            raise Poke(problem)
+
+    def step(s: Session) -> None:
+        if s.get(Generation, gen.id).state is not GenState.proven:  # type: ignore[union-attr]
+            mark_proven(s, gen.id)
+        guarded_update(s, Wake, [Wake.id == w.id], {"state": WakeState.failed, "ended_at": utcnow()},
+                       f"wake #{w.id} unproven -> failed", state_col="state",
+                       expected=WakeState.unproven)
+        emit(s, "proven", w.host, gen.id, after="failed wake")
+        owe_release(s, ctx, w.host)
+
+    ctx.store.write(step)
+    ctx.proc.release(ref_of(gen))
+    crashpoint(PROVEN)
+    release_owed(ctx, w.host)
+    return Result.progress
+
+
+def _to_reaping(ctx: Context, w: Wake) -> None:
+    def step(s: Session) -> None:
+        gen = s.get(Generation, w.generation_id) if w.generation_id else None
+        if gen is not None and gen.state in (GenState.spawning, GenState.running):
+            mark_retiring(s, gen.id, gen.state, "wake interrupted before it was current")
+        guarded_update(s, Wake, [Wake.id == w.id], {"state": WakeState.reaping},
+                       f"wake #{w.id} {w.state.value} -> reaping", state_col="state",
+                       expected=w.state)
+        emit(s, "wake_interrupted", w.host, w.generation_id, step=w.state.value)
+
+    ctx.store.write(step)
+    crashpoint(REAPING)
+
+
+def _reap(ctx: Context, w: Wake) -> None:
+    """End the interrupted generation, then send the wake back to leased to try again."""
+    gen = ctx.store.read(lambda s: s.get(Generation, w.generation_id)) if w.generation_id else None
+    if gen is not None and gen.state is not GenState.proven:
+        problem = end_generation(ctx, gen, drain_until=None)
+        if problem is not None:
+            raise Poke(problem)
+
+    def step(s: Session) -> None:
+        if gen is not None and s.get(Generation, gen.id).state is GenState.retiring:  # type: ignore[union-attr]
+            mark_proven(s, gen.id, "wake interrupted before it was current")
+        guarded_update(s, Wake, [Wake.id == w.id], {"state": WakeState.leased, "attempts": 0},
+                       f"wake #{w.id} reaping -> leased", state_col="state",
+                       expected=WakeState.reaping)
+
+    ctx.store.write(step)
+    if gen is not None:
+        ctx.proc.release(ref_of(gen))
+    crashpoint(REAPED)
