@@ -1,22 +1,28 @@
-"""Alembic owns the schema: these helpers ask where a database is and move it to head."""
+"""Alembic owns the schema: these helpers ask where a database is and move it to head.
+
+HEAD names the newest revision so that every command can check the schema without
+importing Alembic (a test keeps it equal to Alembic's own head)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
-from sqlalchemy.exc import DatabaseError
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import DatabaseError, OperationalError, ProgrammingError
 
 from models.errors import StoreNotReady
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+HEAD = "0001"
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 
 def alembic_config(url: str) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -24,6 +30,9 @@ def alembic_config(url: str) -> Config:
 
 
 def head_revision() -> str:
+    """Alembic's own head, read from the migration scripts."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
     assert head is not None
     return head
@@ -32,27 +41,33 @@ def head_revision() -> str:
 def current_revision(engine: Engine) -> str | None:
     try:
         with engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
     except StoreNotReady:
         raise
+    except (OperationalError, ProgrammingError) as exc:
+        if "alembic_version" in str(exc.orig):  # no such table: an empty database
+            return None
+        raise _unreadable(engine, exc) from None
     except DatabaseError as exc:
-        raise StoreNotReady(
-            f"cannot read the schema version of {engine.url!r}: {exc.orig}",
-            "point --state-dir or --db at a vigil database",
-        ) from None
+        raise _unreadable(engine, exc) from None
+
+
+def _unreadable(engine: Engine, exc: DatabaseError) -> StoreNotReady:
+    return StoreNotReady(f"cannot read the schema version of {engine.url.render_as_string()}: "
+                         f"{exc.orig}", "point --state-dir or --db at a vigil database")
 
 
 def require_head(engine: Engine) -> None:
-    current, head = current_revision(engine), head_revision()
-    if current != head:
+    current = current_revision(engine)
+    if current != HEAD:
         where = "an empty database" if current is None else f"revision {current}"
-        raise StoreNotReady(
-            f"the database is at {where}, this vigil needs revision {head}",
-            "run `vigil db upgrade`",
-        )
+        raise StoreNotReady(f"the database is at {where}, this vigil needs revision {HEAD}",
+                            "run `vigil db upgrade`")
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    from alembic import command
+
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
@@ -60,6 +75,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 def downgrade(engine: Engine, revision: str) -> None:
+    from alembic import command
+
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn

@@ -11,9 +11,7 @@ import os
 import signal
 import socket
 import threading
-import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 
 import psutil
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -23,6 +21,7 @@ from models.errors import Refused
 from models.schema import require_head
 from models.store import emit, utcnow
 from models.tables import Agent as AgentRow
+from runners.doorbell import DOORBELL, LOCK
 from workflows.context import Context, Result
 from workflows.lease import renew
 from workflows.members import retire_dead_currents
@@ -31,50 +30,6 @@ from workflows.recovery import recover
 
 log = logging.getLogger("vigil.agent")
 
-DOORBELL = "agent.sock"
-LOCK = "agent.lock"
-AGENT_ID = "agent-id"
-
-
-def agent_id(state_dir: Path) -> str:
-    """Stable per box: written once in the state directory."""
-    path = state_dir / AGENT_ID
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        new = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(new + "\n")
-        os.replace(tmp, path)
-        return new
-
-
-def ring(state_dir: Path) -> None:
-    """Tell a running agent that a new intent was written. Best effort: the agent's safety
-    scan finds the row anyway."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        s.sendto(b"!", str(state_dir / DOORBELL))
-    except OSError:
-        pass
-    finally:
-        s.close()
-
-
-def running_agent_pid(state_dir: Path) -> int | None:
-    """The pid holding the agent lock, or None when no agent runs on this state dir."""
-    path = state_dir / LOCK
-    if not path.exists():
-        return None
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            text = f.read().strip()
-            return int(text) if text.isdigit() else -1
-        fcntl.flock(f, fcntl.LOCK_UN)
-        return None
 
 
 class Reconciler:

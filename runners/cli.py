@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 from sqlalchemy import select
 
 from models import schema
@@ -21,7 +19,7 @@ from models.errors import BadInput, VigilError
 from models.states import HostKind
 from models.store import Store
 from models.tables import Event, Generation, Stop, Wake
-from runners.agent import AgentDaemon, agent_id, ring, running_agent_pid
+from runners.doorbell import agent_id, ring, running_agent_pid
 from runners.files import stage_build
 from runners.setup import make_context, open_store
 from workflows import crash
@@ -29,7 +27,17 @@ from workflows.hosts import add_host, remove_host, status
 from workflows.stop import request_stop
 from workflows.wake import request_wake
 
-out = Console()
+
+def table(*columns: str) -> Any:
+    from rich.table import Table  # rich is imported only when a table is printed
+
+    return Table(*columns)
+
+
+def show(t: Any) -> None:
+    from rich.console import Console
+
+    Console().print(t)
 
 
 class Env:
@@ -73,14 +81,14 @@ def db_upgrade(env: Env) -> None:
     store = env.store(create=True, at_head=False)
     before = schema.current_revision(store.engine)
     schema.upgrade(store.engine)
-    click.echo(f"database at {schema.head_revision()} (was {before or 'empty'})")
+    click.echo(f"database at {schema.HEAD} (was {before or 'empty'})")
 
 
 @db.command("current")
 @click.pass_obj
 def db_current(env: Env) -> None:
     store = env.store(at_head=False)
-    cur, head = schema.current_revision(store.engine), schema.head_revision()
+    cur, head = schema.current_revision(store.engine), schema.HEAD
     click.echo(f"{cur or 'empty'} (head {head}{', up to date' if cur == head else ''})")
 
 
@@ -132,10 +140,10 @@ def host_list(env: Env, as_json: bool) -> None:
     if as_json:
         _json(rows)
         return
-    t = Table("host", "kind", "state", "build")
+    t = table("host", "kind", "state", "build")
     for r in rows:
         t.add_row(r["host"], r["kind"], r["state"], (r["build_digest"] or "")[:12])
-    out.print(t)
+    show(t)
 
 
 @host.command("rm")
@@ -214,12 +222,12 @@ def status_cmd(env: Env, name: str | None, as_json: bool) -> None:
     if as_json:
         _json(rows)
         return
-    t = Table("host", "state", "gen", "pid", "build", "since", "socket")
+    t = table("host", "state", "gen", "pid", "build", "since", "socket")
     for r in rows:
         t.add_row(r["host"], r["state"], f"g{r['generation']}" if r["generation"] else "",
                   str(r["pid"] or ""), (r["build_digest"] or "")[:12], r["since"] or "",
                   r["socket"] or "")
-    out.print(t)
+    show(t)
 
 
 @cli.command()
@@ -235,10 +243,10 @@ def obligations(env: Env, as_json: bool) -> None:
     if as_json:
         _json(rows)
         return
-    t = Table(*cols)
+    t = table(*cols)
     for r in rows:
         t.add_row(*[str(r[c]) if r[c] is not None else "" for c in cols])
-    out.print(t)
+    show(t)
 
 
 @cli.command()
@@ -306,6 +314,8 @@ def agent(env: Env, safety_interval: float, log_level: str) -> None:
                         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    from runners.agent import AgentDaemon
+
     store = env.store()
     ctx = make_context(env.state_dir, store, agent_id(env.state_dir))
     sys.exit(AgentDaemon(ctx, safety_interval=safety_interval).run())

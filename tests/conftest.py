@@ -1,0 +1,178 @@
+"""Shared harness: a private state dir per test, the real CLI and the real agent as
+subprocesses, bounded polling, and a teardown that ends every process the test started,
+by pid (the agent, then every process carrying this state dir's marker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from models.store import Store
+from workflows.hosts import status
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+HELLO = ROOT / "examples" / "hello" / "hello.py"
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05,
+             what: str = "condition") -> Any:
+    """Poll until cond() is truthy; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def pid_dead(pid: int) -> bool:
+    """Exited or a zombie (PID 1 here does not reap orphans)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def marked_pids(state_dir: Path) -> list[int]:
+    """Live processes spawned for this state dir (by the VIGIL_HOME marker)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if p.environ().get("VIGIL_HOME") == str(state_dir):
+                out.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+class Vigil:
+    """One box: a state dir, the CLI and the agent."""
+
+    def __init__(self, state_dir: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.state_dir = state_dir
+        self.env = {**os.environ, "VIGIL_HOME": str(state_dir), **(extra_env or {})}
+        self.env.pop("VIGIL_CRASH_AT", None)
+        self.agents: list[subprocess.Popen[bytes]] = []
+        self._store: Store | None = None
+
+    # -- CLI ---------------------------------------------------------------------------
+    def run(self, *args: str, check: bool = True, env: dict[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        cp = subprocess.run([sys.executable, "-m", "runners.cli", *args], capture_output=True,
+                            text=True, env={**self.env, **(env or {})}, timeout=timeout, cwd=ROOT)
+        if check and cp.returncode != 0:
+            raise AssertionError(f"vigil {' '.join(args)} exited {cp.returncode}:\n{cp.stdout}{cp.stderr}")
+        return cp
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "--json").stdout)
+
+    # -- direct reads (fast: no subprocess) ------------------------------------------------
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store(f"sqlite:///{self.state_dir / 'vigil.db'}")
+        return self._store
+
+    def status(self, host: str) -> dict[str, Any]:
+        return self.store.read(lambda s: status(s, host))[0]
+
+    def obligations(self) -> list[dict[str, Any]]:
+        with self.store.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.exec_driver_sql("SELECT * FROM pending_obligations")]
+
+    def add_host(self, name: str, build: Path = HELLO, *extra: str) -> None:
+        self.run("host", "add", name, "--build", str(build), *extra)
+
+    # -- agent -------------------------------------------------------------------------
+    def start_agent(self, crash_at: str | None = None, *extra: str) -> subprocess.Popen[bytes]:
+        env = dict(self.env)
+        if crash_at:
+            env["VIGIL_CRASH_AT"] = crash_at
+        log = open(self.state_dir / "agent.out", "ab")
+        p = subprocess.Popen([sys.executable, "-m", "runners.cli", "agent", "--safety-interval", "1",
+                              *extra], env=env, stdout=log, stderr=log, cwd=ROOT)
+        log.close()
+        self.agents.append(p)
+        return p
+
+    def wait_ready(self, p: subprocess.Popen[bytes], timeout: float = 20) -> None:
+        wait_for(lambda: p.poll() is not None or b"level=INFO logger=vigil.agent ready" in self.agent_log(),
+                 timeout, what="agent ready")
+        assert p.poll() is None, f"agent exited {p.returncode}:\n{self.agent_log().decode()[-3000:]}"
+
+    def agent_log(self) -> bytes:
+        try:
+            return (self.state_dir / "agent.out").read_bytes()
+        except FileNotFoundError:
+            return b""
+
+    def stop_agent(self, p: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if p.poll() is None:
+            p.send_signal(sig)
+        return p.wait(timeout)
+
+    def quiesce(self, timeout: float = 30) -> None:
+        """No open obligation left (the agent has finished everything in flight)."""
+        wait_for(lambda: not self.obligations(), timeout, interval=0.1,
+                 what=f"quiescence (open: {self.obligations()})")
+
+    def check(self) -> None:
+        cp = self.run("check", check=False)
+        assert cp.returncode == 0, f"vigil check failed:\n{cp.stdout}{cp.stderr}"
+
+    # -- teardown ----------------------------------------------------------------------
+    def cleanup(self) -> None:
+        if self._store is not None:
+            self._store.dispose()
+        for p in self.agents:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        for pid in marked_pids(self.state_dir):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in marked_pids(self.state_dir):
+            wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"pid {pid} to die")
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short directory: unix socket paths must stay under 108 bytes."""
+    d = Path(tempfile.mkdtemp(prefix="vg", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(params=["auto"])
+def containment(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def vigil(short_tmp: Path, containment: str) -> Iterator[Vigil]:
+    v = Vigil(short_tmp / "state", {"VIGIL_CONTAINMENT": containment})
+    v.run("db", "upgrade")
+    try:
+        yield v
+    finally:
+        v.cleanup()
