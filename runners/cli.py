@@ -156,13 +156,14 @@ def host_rm(env: Env, name: str) -> None:
 
 def _wait_row(env: Env, model: Any, row_id: int, timeout: float) -> Any:
     store = env.store()
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     warned = False
     while True:
         row = store.read(lambda s: s.get(model, row_id))
         if row.state.value in ("done", "failed", "cancelled", "unproven"):
             return row
-        if not warned and running_agent_pid(env.state_dir) is None:
+        if not warned and time.monotonic() - started > 3 and running_agent_pid(env.state_dir) is None:
             click.echo(f"vigil: no agent is running on {env.state_dir}; the intent waits for "
                        "`vigil agent`", err=True)
             warned = True
