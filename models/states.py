@@ -106,6 +106,22 @@ TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
         WakeState.failed: frozenset(),
         WakeState.cancelled: frozenset(),
     },
+    AttemptStep: {
+        AttemptStep.queued: frozenset({AttemptStep.admitted, AttemptStep.ended}),
+        AttemptStep.admitted: frozenset({AttemptStep.raised, AttemptStep.stopping_old, AttemptStep.ended}),
+        AttemptStep.raised: frozenset({AttemptStep.published, AttemptStep.ended}),
+        AttemptStep.published: frozenset({AttemptStep.spawning, AttemptStep.ended}),
+        AttemptStep.spawning: frozenset({AttemptStep.spawned, AttemptStep.stopping_old, AttemptStep.ended}),
+        AttemptStep.spawned: frozenset({AttemptStep.healthy, AttemptStep.stopping_old, AttemptStep.ended}),
+        AttemptStep.healthy: frozenset({AttemptStep.settled, AttemptStep.switched, AttemptStep.stopping_old,
+                                        AttemptStep.ended}),
+        AttemptStep.settled: frozenset({AttemptStep.switched, AttemptStep.stopping_old, AttemptStep.ended}),
+        # hold: the old generation is proven gone, then the new build is published and spawned
+        AttemptStep.stopping_old: frozenset({AttemptStep.published, AttemptStep.ended}),
+        AttemptStep.switched: frozenset({AttemptStep.drained, AttemptStep.ended}),
+        AttemptStep.drained: frozenset({AttemptStep.ended}),
+        AttemptStep.ended: frozenset(),
+    },
     StopState: {
         StopState.queued: frozenset({StopState.signalled, StopState.done, StopState.cancelled}),
         StopState.signalled: frozenset({StopState.done}),

@@ -15,16 +15,18 @@ import click
 from sqlalchemy import select
 
 from models import schema
-from models.errors import BadInput, VigilError
-from models.states import HostKind
+from models.errors import BadInput, NotFound, VigilError
+from models.states import Cause, HostKind, Mode, Outcome
 from models.store import Store
-from models.tables import Event, Generation, Stop, Wake
+from models.tables import Attempt, Event, Generation, Host, Stop, Wake
 from runners.doorbell import agent_id, ring, running_agent_pid
 from runners.files import stage_build
 from runners.setup import make_context, open_store
 from workflows import crash
-from workflows.hosts import add_host, remove_host, status
+from workflows.builds import collect
+from workflows.hosts import add_host, record_build, remove_host, status
 from workflows.stop import request_stop
+from workflows.swap import last_failed_build, request_deploy
 from workflows.wake import request_wake
 
 
@@ -212,6 +214,87 @@ def stop(env: Env, name: str, wait: bool, timeout: float) -> None:
         return
     row = _wait_row(env, Stop, req.id, timeout)
     click.echo(f"host {name} stopped ({row.reason or 'proven gone'})")
+
+
+@cli.command()
+@click.argument("name")
+@click.argument("build_path", metavar="BUILD")
+@click.option("--mode", type=click.Choice([m.value for m in Mode]), default="overlap", show_default=True)
+@click.option("--canary", is_flag=True, help="The successor must stay up for the settle window.")
+@click.option("--cause", type=click.Choice([c.value for c in Cause if c is not Cause.retry]),
+              default="release", show_default=True)
+@click.option("--wait", is_flag=True, help="Show the steps as they happen; exit 0 when done.")
+@click.option("--timeout", type=float, default=600.0, show_default=True)
+@click.pass_obj
+def deploy(env: Env, name: str, build_path: str, mode: str, canary: bool, cause: str, wait: bool,
+           timeout: float) -> None:
+    """Move a host to a new build (overlap: zero downtime; hold: stop, then start)."""
+    store = env.store()
+    if store.read(lambda s: s.get(Host, name)) is None:
+        raise NotFound(f"no host named {name!r}", "see `vigil host list`")
+    path, digest = stage_build(build_path, env.state_dir)
+
+    def intent(s):  # type: ignore[no-untyped-def]
+        build = record_build(s, path, digest, str(Path(build_path).absolute()))
+        return request_deploy(s, name, build, mode=Mode(mode), canary=canary, cause=Cause(cause)).id
+
+    _attempt(env, name, store.write(intent), wait, timeout)
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--wait", is_flag=True)
+@click.option("--timeout", type=float, default=600.0, show_default=True)
+@click.pass_obj
+def retry(env: Env, name: str, wait: bool, timeout: float) -> None:
+    """Re-arm the host's last failed build: a new attempt with cause `retry`."""
+    store = env.store()
+
+    def intent(s):  # type: ignore[no-untyped-def]
+        build = last_failed_build(s, name)
+        return request_deploy(s, name, build, mode=Mode.overlap, canary=False, cause=Cause.retry).id
+
+    _attempt(env, name, store.write(intent), wait, timeout)
+
+
+def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -> None:
+    ring(env.state_dir)
+    if not wait:
+        click.echo(f"attempt #{attempt_id} of {name} queued")
+        return
+    store = env.store()
+    started = time.monotonic()
+    seen = None
+    while True:
+        a = store.read(lambda s: s.get(Attempt, attempt_id))
+        if a.step.value != seen:
+            seen = a.step.value
+            click.echo(f"{time.monotonic() - started:7.2f}s  {seen}")
+        if a.outcome is not None:
+            break
+        if time.monotonic() - started > timeout:
+            raise VigilError(f"timed out after {timeout:.0f}s: attempt #{attempt_id} is at "
+                             f"{a.step.value} ({a.last_error or 'no error yet'})",
+                             "watch `vigil obligations`; the agent keeps working on it")
+        time.sleep(0.05)
+    drain = f", drain {a.drain_seconds:.2f}s" if a.drain_seconds is not None else ""
+    line = (f"attempt #{a.id} {a.outcome.value} (mode {a.effective_mode.value}, executed "
+            f"{str(a.executed).lower()}{drain}): {a.reason}")
+    if a.outcome is not Outcome.done:
+        raise VigilError(line, f"see `vigil events {name}` and {env.state_dir}/logs/{name}.log")
+    click.echo(line)
+
+
+@cli.command()
+@click.pass_obj
+def gc(env: Env) -> None:
+    """Delete staged builds that no host, live generation or open attempt references."""
+    import shutil
+
+    doomed = env.store().write(collect)
+    for b in doomed:
+        shutil.rmtree(Path(b.path).parent, ignore_errors=True)
+    click.echo(f"{len(doomed)} build(s) deleted")
 
 
 @cli.command("status")

@@ -9,6 +9,7 @@ from models.errors import StoreNotReady
 from models.store import Store, prepare_state_dir, sqlite_url
 from runners.files import LocalFiles
 from runners.health import HttpHealth
+from runners.limits import CgroupMemoryLimit
 from runners.process import ProcessBackend
 from workflows.context import Context
 
@@ -29,5 +30,7 @@ def open_store(state_dir: Path, db: str | None, *, create: bool = False) -> Stor
 
 def make_context(state_dir: Path, store: Store, agent_id: str, **kw: object) -> Context:
     proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"))
+    settle = float(os.environ.get("VIGIL_SETTLE_SECONDS", "10"))
     return Context(store=store, agent_id=agent_id, state_dir=state_dir.absolute(), proc=proc,
-                   health=HttpHealth(), files=LocalFiles(), **kw)  # type: ignore[arg-type]
+                   health=HttpHealth(), files=LocalFiles(), limits=CgroupMemoryLimit(proc.base),
+                   settle_seconds=settle, **kw)  # type: ignore[arg-type]

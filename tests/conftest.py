@@ -101,6 +101,11 @@ class Vigil:
     def add_host(self, name: str, build: Path = HELLO, *extra: str) -> None:
         self.run("host", "add", name, "--build", str(build), *extra)
 
+    def app_pids(self) -> list[int]:
+        """Live marked processes that are not one of this box's agents: what the apps left."""
+        agents = {p.pid for p in self.agents}
+        return [pid for pid in marked_pids(self.state_dir) if pid not in agents]
+
     # -- agent -------------------------------------------------------------------------
     def start_agent(self, crash_at: str | None = None, *extra: str) -> subprocess.Popen[bytes]:
         env = dict(self.env)
@@ -116,6 +121,17 @@ class Vigil:
     def wait_ready(self, p: subprocess.Popen[bytes], timeout: float = 20) -> None:
         wait_for(lambda: p.poll() is not None or b"level=INFO logger=vigil.agent ready" in self.agent_log(),
                  timeout, what="agent ready")
+        assert p.poll() is None, f"agent exited {p.returncode}:\n{self.agent_log().decode()[-3000:]}"
+
+    def ready_count(self) -> int:
+        """How many agents have logged `ready` in this box's (appended) agent log."""
+        return self.agent_log().count(b"level=INFO logger=vigil.agent ready")
+
+    def wait_ready_after(self, p: subprocess.Popen[bytes], before: int, timeout: float = 20) -> None:
+        """Like wait_ready for a restarted agent: the log is appended, so an earlier agent's
+        `ready` line is already there; wait for one more than `before` (ready_count())."""
+        wait_for(lambda: p.poll() is not None or self.ready_count() > before, timeout,
+                 what="restarted agent ready")
         assert p.poll() is None, f"agent exited {p.returncode}:\n{self.agent_log().decode()[-3000:]}"
 
     def agent_log(self) -> bytes:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.store import Store
-from workflows.ports import Files, HealthPort, ProcessPort
+from workflows.ports import Files, HealthPort, LimitPort, ProcessPort
 
 
 class Result(str, enum.Enum):
@@ -40,9 +40,11 @@ class Context:
     proc: ProcessPort
     health: HealthPort
     files: Files
+    limits: LimitPort | None = None
     clock: SystemClock = field(default_factory=SystemClock)
     lease_ttl: float = 30.0
     proof_wait: float = 2.0  # how long a proof may poll for the kernel to finish a kill
+    settle_seconds: float = 10.0  # canary settle window
     shutting_down: threading.Event = field(default_factory=threading.Event)
 
     @property

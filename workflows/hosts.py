@@ -10,9 +10,18 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.errors import BadInput, NotFound, Refused
-from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, GenState, HostKind, WakeState
+from models.states import (
+    LIVE_GEN,
+    OPEN_STOP,
+    OPEN_WAKE,
+    AttemptStep,
+    GenState,
+    HostKind,
+    Outcome,
+    WakeState,
+)
 from models.store import emit, utcnow
-from models.tables import Build, Generation, Host, Lease, Stop, Wake
+from models.tables import Attempt, Build, Generation, Host, Lease, Stop, Wake
 from workflows.lease import still_needed
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
@@ -69,12 +78,18 @@ def host_state(s: Session, name: str) -> str:
         return "unproven"
     if has(Stop, Stop.state.in_(OPEN_STOP)):
         return "stopping"
+    if has(Attempt, Attempt.outcome.is_(None), Attempt.step != AttemptStep.queued):
+        return "deploying"
     if has(Generation, Generation.state == GenState.current):
         return "awake"
     if has(Wake, Wake.state.in_(OPEN_WAKE)):
         return "waking"
     if has(Generation, Generation.state.in_(LIVE_GEN)):
         return "retiring"
+    last = s.execute(select(Attempt.outcome).where(Attempt.host == name, Attempt.outcome.is_not(None))
+                     .order_by(Attempt.id.desc()).limit(1)).scalar()
+    if last is Outcome.down:
+        return "down"
     return "asleep"
 
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from models.states import OPEN_WAKE, Desired, GenState, MemberRole, WakeState
 from models.store import emit, guarded_update, utcnow
-from models.tables import Generation, Host, Lease, Member, Wake
+from models.tables import Generation, Host, Lease, Member, Restore, Wake
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, ref_of
@@ -21,6 +21,7 @@ from workflows.lease import owe_release, release_owed
 
 EXITED = define("member.exited", "a dead current generation is retiring and a member")
 PROVEN = define("member.proven", "a member is proven gone and has left the set")
+RESTORED = define("restore.done", "the parent limit is restored and the raised mark cleared")
 
 
 def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool) -> None:
@@ -78,12 +79,68 @@ def drive_member(ctx: Context, gen_id: int) -> Result:
     def step(s: Session) -> None:
         if s.get(Generation, gen_id).state is GenState.retiring:  # type: ignore[union-attr]
             mark_proven(s, gen_id)
-        s.delete(s.get(Member, gen_id))
+        leave_set(s, ctx, m.host, gen_id)
         emit(s, "proven", m.host, gen_id, after="member left the set")
-        owe_release(s, ctx, m.host)
 
     ctx.store.write(step)
     ctx.proc.release(ref_of(gen))
     crashpoint(PROVEN)
+    run_restores(ctx, m.host)
     release_owed(ctx, m.host)
     return Result.progress
+
+
+def leave_set(s: Session, ctx: Context, host: str, gen_id: int) -> None:
+    """A proven member leaves. The last one out owes the parent-limit restore (if raised);
+    with nothing left to retain it, the lease release is owed too."""
+    s.execute(Member.__table__.delete().where(Member.generation_id == gen_id))
+    h = s.get(Host, host)
+    others = s.execute(select(Member.generation_id).where(Member.host == host)).first()
+    pending = s.execute(select(Restore.id).where(Restore.host == host)).first()
+    if h is not None and h.raised and others is None and pending is None:
+        lease = s.get(Lease, host)
+        now = utcnow()
+        s.add(Restore(host=host, fence=lease.fence if lease is not None else 0, since=now,
+                      next_attempt_at=now))
+    owe_release(s, ctx, host)
+
+
+def drive_restore(ctx: Context, restore_id: int) -> Result:
+    """Put the parent limit back to the current generation's tier; only a restore that
+    succeeded clears the `raised` mark. A failure keeps the row for the sweep."""
+    r = ctx.store.read(lambda s: s.get(Restore, restore_id))
+    if r is None:
+        return Result.gone
+    host = ctx.store.read(lambda s: s.get(Host, r.host))
+    if host is None:
+        return Result.gone
+    if ctx.store.read(lambda s: s.execute(select(Member.generation_id).where(
+            Member.host == r.host)).first()) is not None:
+        raise Poke(f"members of {r.host} are still in the set; the last one out restores")
+    if host.raised and host.memory_tier_mb and ctx.limits is not None:
+        try:
+            ctx.limits.set_limit(r.host, host.memory_tier_mb)
+        except OSError as exc:
+            raise Poke(f"parent limit restore of {r.host} failed: {exc}") from None
+
+    def step(s: Session) -> None:
+        s.execute(Host.__table__.update().where(Host.name == r.host).values(raised=False))
+        s.execute(Restore.__table__.delete().where(Restore.id == restore_id))
+        emit(s, "restored", r.host, tier_mb=host.memory_tier_mb)
+        owe_release(s, ctx, r.host)
+
+    ctx.store.write(step)
+    crashpoint(RESTORED)
+    release_owed(ctx, r.host)
+    return Result.progress
+
+
+def run_restores(ctx: Context, host: str) -> None:
+    """Try the host's pending restores now; the sweep retries any that fail."""
+    ids = ctx.store.read(lambda s: s.execute(select(Restore.id).where(Restore.host == host))
+                         .scalars().all())
+    for rid in ids:
+        try:
+            drive_restore(ctx, rid)
+        except Poke:
+            pass

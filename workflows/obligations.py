@@ -15,11 +15,12 @@ from tenacity import RetryCallState, wait_exponential
 
 from models.states import OPEN_STOP, OPEN_WAKE
 from models.store import utcnow
-from models.tables import Lease, Member, Release, Stop, Wake
+from models.tables import Attempt, Lease, Member, Release, Restore, Stop, Wake
 from workflows.context import Context, Poke, Result
 from workflows.lease import drive_release
-from workflows.members import drive_member
+from workflows.members import drive_member, drive_restore
 from workflows.stop import drive_stop
+from workflows.swap import drive_attempt
 from workflows.wake import drive_wake
 
 BACKOFF = wait_exponential(multiplier=0.1, min=0.1, max=5.0)
@@ -47,6 +48,8 @@ KINDS: dict[str, Kind] = {
         Kind("stop", Stop, Stop.id, Stop.state.in_(OPEN_STOP), drive_stop),
         Kind("wake", Wake, Wake.id, Wake.state.in_(OPEN_WAKE), drive_wake),
         Kind("member", Member, Member.generation_id, None, drive_member),
+        Kind("attempt", Attempt, Attempt.id, Attempt.outcome.is_(None), drive_attempt),
+        Kind("restore", Restore, Restore.id, None, drive_restore),
         Kind("release", Release, Release.id, None, drive_release),
     )
 }

@@ -100,3 +100,13 @@ class Files(Protocol):
 
     def digest(self, path: str) -> str:
         """sha256 of the file, hex. Raises OSError when it cannot be read."""
+
+
+class LimitPort(Protocol):
+    """A host's parent memory limit (DESIGN §4 rule 4)."""
+
+    def available(self) -> bool:
+        """True when the box has a memory controller that can limit the host's parent."""
+
+    def set_limit(self, host: str, megabytes: int) -> None:
+        """Set the host's parent limit. Raises OSError when it could not be written."""

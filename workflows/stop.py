@@ -7,15 +7,15 @@ SIGKILL again and re-reading the proof, until it holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC
+from datetime import UTC, datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.errors import NotFound
-from models.states import OPEN_STOP, Desired, GenState, StopState, WakeState
+from models.states import OPEN_STOP, AttemptStep, Desired, GenState, Outcome, StopState, WakeState
 from models.store import emit, fenced, guarded_update, utcnow
-from models.tables import Generation, Host, Stop, Wake
+from models.tables import Attempt, Generation, Host, Member, Stop, Wake
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, ref_of
@@ -47,11 +47,20 @@ def request_stop(s: Session, host: str) -> StopRequest:
     for state in (WakeState.queued, WakeState.leased):
         s.execute(Wake.__table__.update().where(Wake.host == host, Wake.state == state)
                   .values(state=WakeState.cancelled, ended_at=now, reason="cancelled by a stop"))
+    _cancel_queued(s, host, now)
     st = Stop(host=host, state=StopState.queued, since=now, next_attempt_at=now, created_at=now)
     s.add(st)
     s.flush()
     emit(s, "stop_requested", host, stop=st.id)
     return StopRequest(st.id, st.state.value)
+
+
+def _cancel_queued(s: Session, host: str, now: datetime) -> None:
+    """Attempts that have not started yet end here: nothing of them ran."""
+    s.execute(Attempt.__table__.update().where(
+        Attempt.host == host, Attempt.outcome.is_(None), Attempt.step == AttemptStep.queued)
+        .values(outcome=Outcome.cancelled, step=AttemptStep.ended, executed=False,
+                reason="cancelled by a stop", ended_at=now))
 
 
 def drive_stop(ctx: Context, stop_id: int) -> Result:
@@ -79,6 +88,16 @@ def _signal(ctx: Context, st: Stop) -> bool:
         for state in (WakeState.queued, WakeState.leased):  # a wake requested after the stop
             s.execute(Wake.__table__.update().where(Wake.host == st.host, Wake.state == state)
                       .values(state=WakeState.cancelled, ended_at=now, reason="cancelled by a stop"))
+        _cancel_queued(s, st.host, now)
+        # The barrier: attempts in flight see this stop at their next gate and end;
+        # members must all leave (proven) before the current generation is stopped.
+        attempt = s.execute(select(Attempt.id, Attempt.step).where(
+            Attempt.host == st.host, Attempt.outcome.is_(None))).first()
+        if attempt is not None:
+            raise Poke(f"waiting for attempt #{attempt.id} ({attempt.step.value}) to end")
+        member = s.execute(select(Member.generation_id).where(Member.host == st.host)).first()
+        if member is not None:
+            raise Poke(f"waiting for member g{member.generation_id} to be proven gone")
         gen = s.execute(select(Generation).where(Generation.host == st.host,
                                                  Generation.state == GenState.current)).scalar_one_or_none()
         if gen is None:

@@ -1,10 +1,28 @@
-"""Wake and stop round trips through the real CLI and the real agent."""
+"""Wake and stop round trips through the real CLI and the real agent, in both containment
+modes (a cgroup v2 directory per generation, and the session + environment marker)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import sys
+import time
+from pathlib import Path
 
-from tests.conftest import Vigil, pid_dead, wait_for
+import pytest
+
+from runners.process import detect_cgroup_base
+from tests.conftest import FIXTURES, Vigil, pid_dead, wait_for
+
+CGROUP = detect_cgroup_base("auto")
+
+
+@pytest.fixture(params=["cgroup", "marker"])
+def containment(request: pytest.FixtureRequest) -> str:
+    if request.param == "cgroup" and CGROUP is None:
+        pytest.skip("no delegated cgroup v2 with cgroup.kill on this box")
+    return str(request.param)
 
 
 def get(sock_path: str) -> bytes:
@@ -19,21 +37,120 @@ def get(sock_path: str) -> bytes:
     return data
 
 
+def awake(vigil: Vigil, host: str) -> dict:
+    st = vigil.status(host)
+    assert st["state"] == "awake" and st["pid"], st
+    return st
+
+
+def stopped_clean(vigil: Vigil, host: str, *pids: int) -> None:
+    """Every pid is gone, nothing is open, the invariants hold and the lease is back."""
+    for pid in pids:
+        assert pid_dead(pid), f"pid {pid} still alive after the stop"
+    vigil.quiesce(10)
+    st = vigil.status(host)
+    assert st["state"] == "asleep" and st["lease"] is None, st
+    assert vigil.app_pids() == []
+    vigil.check()
+
+
 def test_wake_serve_stop_round_trip(vigil: Vigil) -> None:
     vigil.add_host("hello")
     agent = vigil.start_agent()
     vigil.wait_ready(agent)
     vigil.run("wake", "hello", "--wait")
-    st = vigil.status("hello")
-    assert st["state"] == "awake" and st["pid"]
+    st = awake(vigil, "hello")
     reply = get(str(vigil.state_dir / "run" / "hello.sock"))
     assert b"200 OK" in reply and f"pid={st['pid']}".encode() in reply
     vigil.check()
     vigil.run("stop", "hello", "--wait")
-    assert pid_dead(st["pid"])
-    assert vigil.status("hello")["state"] == "asleep"
-    assert vigil.obligations() == []
+    stopped_clean(vigil, "hello", st["pid"])
+    assert agent.poll() is None
+
+
+def test_double_forked_grandchild_ignoring_term_is_proven_gone(vigil: Vigil, short_tmp: Path) -> None:
+    # The staged copy lives under <state>/builds, so run the fixture from the repository
+    # (it finds hello.py relative to its own path) through a one-line exec wrapper.
+    build = short_tmp / "dfork"
+    build.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FIXTURES / "double_fork.py"}"\n')
+    build.chmod(0o755)
+    pidfile = short_tmp / "grandchild.pid"
+    vigil.add_host("df", build, "--env", f"FIXTURE_PIDFILE={pidfile}", "--drain-timeout", "2")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "df", "--wait")
+    st = awake(vigil, "df")
+    grandchild = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), 10,
+                              what="the grandchild's pidfile"))
+    assert grandchild != st["pid"] and not pid_dead(grandchild)
+    assert grandchild in vigil.app_pids()
     vigil.check()
-    # asleep again: the lease was given back
-    assert vigil.status("hello")["lease"] is None
-    wait_for(lambda: agent.poll() is None, 1)
+    vigil.run("stop", "df", "--wait")
+    stopped_clean(vigil, "df", st["pid"], grandchild)
+
+
+def test_leader_hanging_on_term_is_killed_after_drain_timeout(vigil: Vigil) -> None:
+    # ignore_term.py serves no socket: it is a worker.
+    vigil.add_host("hang", FIXTURES / "ignore_term.py", "--kind", "worker", "--drain-timeout", "1")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "hang", "--wait")
+    st = awake(vigil, "hang")
+    started = time.monotonic()
+    vigil.run("stop", "hang", "--wait")
+    took = time.monotonic() - started
+    assert took >= 0.9, f"stop took {took:.2f}s: the 1 s drain was not honoured"
+    assert took < 8, f"stop took {took:.2f}s"
+    stopped_clean(vigil, "hang", st["pid"])
+
+
+def test_worker_round_trip(vigil: Vigil) -> None:
+    vigil.add_host("wk", FIXTURES / "worker.py", "--kind", "worker")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "wk", "--wait")
+    st = awake(vigil, "wk")
+    assert st["socket"] is None and not pid_dead(st["pid"])
+    assert not (vigil.state_dir / "run" / "wk.sock").exists()
+    vigil.check()
+    vigil.run("stop", "wk", "--wait")
+    stopped_clean(vigil, "wk", st["pid"])
+
+
+def test_agent_restart_adopts_the_running_app(vigil: Vigil) -> None:
+    vigil.add_host("hello")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "hello", "--wait")
+    st = awake(vigil, "hello")
+    assert vigil.stop_agent(agent) == 0
+    assert not pid_dead(st["pid"]), "a clean agent exit must leave the app running"
+    before = vigil.ready_count()
+    agent2 = vigil.start_agent()
+    vigil.wait_ready_after(agent2, before)
+    after = awake(vigil, "hello")
+    assert (after["generation"], after["pid"]) == (st["generation"], st["pid"])
+    kinds = [(e["kind"], e["generation"]) for e in vigil.json("events", "hello")]
+    assert ("adopted", st["generation"]) in kinds
+    reply = get(str(vigil.state_dir / "run" / "hello.sock"))
+    assert f"pid={st['pid']}".encode() in reply
+    vigil.check()
+
+
+def test_app_killed_under_a_running_agent_is_restarted(vigil: Vigil) -> None:
+    vigil.add_host("hello")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "hello", "--wait")
+    old = awake(vigil, "hello")
+    os.kill(old["pid"], signal.SIGKILL)
+    wait_for(lambda: vigil.status("hello")["pid"] not in (None, old["pid"]), 15,
+             what="the liveness sweep to restart the app")
+    vigil.quiesce(15)
+    new = awake(vigil, "hello")
+    assert new["generation"] != old["generation"]
+    assert pid_dead(old["pid"])
+    assert f"pid={new['pid']}".encode() in get(str(vigil.state_dir / "run" / "hello.sock"))
+    kinds = [(e["kind"], e["generation"]) for e in vigil.json("events", "hello")]
+    assert ("exited", old["generation"]) in kinds
+    vigil.check()

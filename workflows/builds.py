@@ -1,0 +1,35 @@
+"""Staged builds: which ones something still references, and garbage collection."""
+
+from __future__ import annotations
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from models.states import GenState
+from models.store import emit, utcnow
+from models.tables import Attempt, Build, Generation, Host
+
+
+def referenced_ids(s: Session) -> set[int]:
+    """A host's configured build, any generation not proven gone, any open attempt."""
+    ids = set(s.execute(select(Host.build_id)).scalars())
+    ids |= set(s.execute(select(Generation.build_id).where(
+        Generation.state != GenState.proven)).scalars())
+    ids |= set(s.execute(select(Attempt.build_id).where(Attempt.outcome.is_(None))).scalars())
+    return ids
+
+
+def collect(s: Session) -> list[Build]:
+    """Mark every unreferenced staged build deleted (in this transaction) and return them;
+    the caller removes their files. A referenced build is never returned."""
+    keep = referenced_ids(s)
+    q = select(Build).where(Build.deleted_at.is_(None))
+    if keep:
+        q = q.where(or_(Build.id.not_in(keep)))
+    doomed = list(s.execute(q).scalars())
+    now = utcnow()
+    for b in doomed:
+        s.execute(Build.__table__.update().where(Build.id == b.id, Build.deleted_at.is_(None))
+                  .values(deleted_at=now))
+        emit(s, "build_deleted", None, build=b.digest[:12], path=b.path)
+    return doomed

@@ -1,0 +1,572 @@
+"""Deploy attempts: an overlap swap (successor beside the current, then an atomic switch)
+or a hold swap (stop the current, then start the new build). Every step is written on the
+attempt row before it is taken; a driver that finds an attempt mid-way (the agent died)
+abandons it before the switch and finishes it at or after the switch (DESIGN §4-5)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid as uuidlib
+from datetime import UTC
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from models.errors import BadInput, NotFound
+from models.states import (
+    OPEN_STOP,
+    OPEN_WAKE,
+    AttemptStep,
+    Cause,
+    Desired,
+    GenState,
+    HostKind,
+    MemberRole,
+    Mode,
+    Outcome,
+    WakeState,
+)
+from models.store import emit, guarded_update, utcnow
+from models.tables import Attempt, Build, Generation, Host, Member, Stop, Wake
+from workflows.classify import BuildFailed, Cancelled, Stale, StepEnd, classify
+from workflows.context import Context, Poke, Result
+from workflows.crash import crashpoint, define
+from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
+from workflows.lease import held_fence
+from workflows.members import drive_member, leave_set, run_restores
+from workflows.ports import SpawnError, SpawnSpec
+
+ADMITTED = define("swap.admitted", "the attempt is admitted (overlap: its successor is a member)")
+RAISED = define("swap.raised", "the parent limit is raised (or there is none); nothing spawned")
+PUBLISHED = define("swap.published", "the build is written as referenced; nothing spawned")
+SPAWNING = define("swap.spawning", "the gate passed and the spawn is written; nothing exec'd yet")
+EXECD = define("swap.execd", "the successor is exec'd; its pid is not recorded yet")
+SPAWNED = define("swap.spawned", "the successor's pid is recorded; health not checked yet")
+HEALTHY = define("swap.healthy", "the successor answered its health check")
+SETTLED = define("swap.settled", "the canary settle window passed")
+SWITCHED = define("swap.switched", "the successor is current and linked; the old one is retiring")
+DRAIN_TERMED = define("swap.drain_termed", "the retiring generation was sent SIGTERM")
+DRAIN_KILLED = define("swap.drain_killed", "the retiring generation's containment was sent SIGKILL")
+DRAINED = define("swap.drained", "the retiring generation is proven and left the set; done")
+ENDED = define("swap.ended", "an attempt that did not switch is ended; its successor not reaped yet")
+OLD_STOPPING = define("swap.old_stopping", "hold: the old current is a retiring member, unlinked")
+OLD_STOPPED = define("swap.old_stopped", "hold: the old generation is proven gone")
+
+_EXECUTED_FROM = {AttemptStep.spawning, AttemptStep.spawned, AttemptStep.healthy,
+                  AttemptStep.settled, AttemptStep.switched, AttemptStep.drained}
+
+
+def request_deploy(s: Session, host: str, build: Build, *, mode: Mode, canary: bool,
+                   cause: Cause) -> Attempt:
+    """The CLI's intent: one attempt row (write-ahead: cause, build, digest, both modes,
+    the host's next scheduler revision, canary)."""
+    h = s.get(Host, host)
+    if h is None:
+        raise NotFound(f"no host named {host!r}", "see `vigil host list`")
+    effective = Mode.hold if h.kind is HostKind.worker else mode
+    revision = (s.execute(select(func.max(Attempt.revision)).where(Attempt.host == host))
+                .scalar() or 0) + 1
+    now = utcnow()
+    a = Attempt(host=host, build_id=build.id, digest=build.digest, cause=cause, mode=mode,
+                effective_mode=effective, revision=revision, canary=canary,
+                step=AttemptStep.queued, since=now, next_attempt_at=now, created_at=now)
+    s.add(a)
+    s.flush()
+    emit(s, "deploy_requested", host, attempt=a.id, build=build.digest[:12], mode=mode.value,
+         effective_mode=effective.value, cause=cause.value, canary=canary)
+    return a
+
+
+def last_failed_build(s: Session, host: str) -> Build:
+    """The build `vigil retry` re-arms: the newest attempt of the host that failed."""
+    a = s.execute(select(Attempt).where(Attempt.host == host, Attempt.outcome.in_(
+        (Outcome.failed, Outcome.down))).order_by(Attempt.id.desc()).limit(1)).scalar_one_or_none()
+    if a is None:
+        raise BadInput(f"host {host} has no failed deploy to retry", "deploy a build with `vigil deploy`")
+    b = s.get(Build, a.build_id)
+    assert b is not None
+    return b
+
+
+def drive_attempt(ctx: Context, attempt_id: int) -> Result:
+    a = _load(ctx, attempt_id)
+    if a is None or a.outcome is not None:
+        return Result.gone
+    try:
+        if a.effective_mode is Mode.overlap:
+            _overlap(ctx, a)
+        else:
+            _hold(ctx, a)
+    except (Stale, Cancelled, BuildFailed, SpawnError) as exc:
+        _end(ctx, attempt_id, exc)
+    return Result.progress
+
+
+def _load(ctx: Context, attempt_id: int) -> Attempt | None:
+    return ctx.store.read(lambda s: s.get(Attempt, attempt_id))
+
+
+# -- the gate --------------------------------------------------------------------------
+
+
+def gate(s: Session, ctx: Context, a: Attempt) -> None:
+    """Re-checked before every step that acts: the newest attempt, the lease, not stopping."""
+    if ctx.shutting_down.is_set():
+        raise Cancelled("the agent is shutting down")
+    stop = s.execute(select(Stop.id).where(Stop.host == a.host, Stop.state.in_(OPEN_STOP))).first()
+    if stop is not None:
+        raise Cancelled(f"host {a.host} is being stopped (stop #{stop.id})")
+    newest = s.execute(select(func.max(Attempt.revision)).where(Attempt.host == a.host)).scalar()
+    if newest is not None and newest > a.revision:
+        raise Stale(f"superseded by a newer attempt (revision {newest} > {a.revision})")
+    if a.fence is not None and held_fence(s, ctx, a.host) != a.fence:
+        raise Stale(f"lease of {a.host} lost (fence {a.fence} is no longer held)")
+
+
+def _step(s: Session, a: Attempt, new: AttemptStep, **values: object) -> None:
+    guarded_update(s, Attempt, [Attempt.id == a.id, Attempt.outcome.is_(None)],
+                   {"step": new, **values}, f"attempt #{a.id} {a.step.value} -> {new.value}",
+                   state_col="step", expected=a.step)
+    a.step = new
+
+
+def _verify(ctx: Context, a: Attempt) -> Build:
+    """The bytes first: an artifact that is not the one chosen never reaches admission."""
+    build = ctx.store.read(lambda s: s.get(Build, a.build_id))
+    assert build is not None
+    root = os.path.realpath(ctx.state_dir / "builds") + os.sep
+    if not os.path.realpath(build.path).startswith(root):
+        raise Stale(f"build {build.path} is outside the staging root {root}")
+    try:
+        digest = ctx.files.digest(build.path)
+    except OSError as exc:
+        raise Stale(f"staged build {build.path} unreadable: {exc.strerror}") from None
+    if digest != a.digest:
+        raise Stale(f"staged build {build.path} does not match its digest "
+                    f"({digest[:12]} != {a.digest[:12]})")
+    return build
+
+
+def _asleep(s: Session, ctx: Context, a: Attempt, h: Host) -> bool:
+    """A host with nothing current: the build is set for its next start (a documented
+    choice), and a host that should be up gets a wake. True when the attempt ended here."""
+    if s.execute(select(Generation.id).where(Generation.host == a.host,
+                                             Generation.state == GenState.current)).first():
+        return False
+    waking = s.execute(select(Wake.id).where(Wake.host == a.host, Wake.state.in_(OPEN_WAKE))).first()
+    if waking is not None:
+        raise Poke(f"waiting for wake #{waking.id} of {a.host}")
+    s.execute(Host.__table__.update().where(Host.name == a.host).values(build_id=a.build_id))
+    reason = "host was not running: build set for its next wake"
+    if h.desired is Desired.up:
+        now = utcnow()
+        s.add(Wake(host=a.host, state=WakeState.queued, cause="deploy", since=now,
+                   next_attempt_at=now, created_at=now))
+        reason = "host was down: build set and a wake queued"
+    _step(s, a, AttemptStep.ended, outcome=Outcome.done, executed=False, reason=reason,
+          ended_at=utcnow())
+    emit(s, "deployed_asleep", a.host, attempt=a.id, reason=reason)
+    return True
+
+
+# -- overlap ---------------------------------------------------------------------------
+
+
+def _overlap(ctx: Context, a: Attempt) -> None:
+    if a.step in (AttemptStep.switched, AttemptStep.drained):
+        return _drain(ctx, a)
+    if a.step is not AttemptStep.queued:
+        raise Stale(f"interrupted at step {a.step.value}, before the switch (the agent restarted)")
+    build = _verify(ctx, a)
+    gen_uuid = str(uuidlib.uuid4())
+    cgroup = ctx.proc.containment_for(gen_uuid)
+
+    def admit(s: Session) -> tuple[Host, Generation] | None:
+        h = s.get(Host, a.host)
+        assert h is not None
+        a.fence = held_fence(s, ctx, a.host)
+        gate(s, ctx, a)
+        if _asleep(s, ctx, a, h):
+            return None
+        if a.fence is None:
+            raise Stale(f"this agent does not hold the lease of {a.host}")
+        members = s.execute(select(Member.generation_id).where(Member.host == a.host)).scalars().all()
+        if members:
+            raise Poke(f"waiting for member(s) {members} of {a.host} to be proven gone")
+        if h.raised:
+            raise Poke(f"parent limit of {a.host} is still raised: a restore is pending")
+        g = Generation(uuid=gen_uuid, host=a.host, build_id=a.build_id, state=GenState.spawning,
+                       fence=a.fence, cgroup=cgroup, agent_id=ctx.agent_id, created_at=utcnow())
+        s.add(g)
+        s.flush()
+        g.socket = ctx.socket_for(a.host, g.id) if h.kind is HostKind.instance else None
+        now = utcnow()
+        s.add(Member(generation_id=g.id, host=a.host, role=MemberRole.spawning, attempt_id=a.id,
+                     fence=a.fence, since=now, next_attempt_at=now))
+        _step(s, a, AttemptStep.admitted, fence=a.fence, successor_id=g.id)
+        s.flush()
+        return h, g
+
+    admitted = ctx.store.write(admit)
+    if admitted is None:
+        return None
+    host, gen = admitted
+    a.successor_id = gen.id
+    crashpoint(ADMITTED)
+    _raise_parent(ctx, a, host)
+    _publish(ctx, a)
+    spawned = _spawn(ctx, a, host, build, gen)
+    _check(ctx, a, host, gen, spawned)
+
+    old_id = None
+
+    def switch(s: Session) -> None:
+        nonlocal old_id
+        gate(s, ctx, a)
+        old = s.execute(select(Generation).where(Generation.host == a.host,
+                                                 Generation.state == GenState.current)).scalar_one()
+        old_id = old.id
+        mark_retiring(s, old.id, GenState.current, f"replaced by g{gen.id}")
+        guarded_update(s, Generation, [Generation.id == gen.id],
+                       {"state": GenState.current, "current_at": utcnow()},
+                       f"generation g{gen.id} running -> current", state_col="state",
+                       expected=GenState.running)
+        s.execute(Member.__table__.delete().where(Member.generation_id == gen.id))
+        now = utcnow()
+        s.add(Member(generation_id=old.id, host=a.host, role=MemberRole.retiring, attempt_id=a.id,
+                     fence=a.fence, since=now, next_attempt_at=now))
+        s.execute(Host.__table__.update().where(Host.name == a.host).values(build_id=a.build_id))
+        _step(s, a, AttemptStep.switched, retiring_id=old.id)
+        emit(s, "switched", a.host, gen.id, attempt=a.id, retiring=old.id)
+        s.flush()
+        # The rename happens inside the transaction: if the commit fails, recovery re-points
+        # the link at whatever the store says is current.
+        if gen.socket:
+            ctx.files.point_link(ctx.link_for(a.host), gen.socket)
+
+    if not ctx.proc.leader_alive(ref_of(gen)):
+        raise BuildFailed("successor exited before the switch")
+    ctx.store.write(switch)
+    a.retiring_id = old_id
+    crashpoint(SWITCHED)
+    _drain(ctx, a)
+    return None
+
+
+def _raise_parent(ctx: Context, a: Attempt, host: Host) -> None:
+    """Mark raised before asking (a half-done raise may have changed it); a box without a
+    memory controller refuses before writing anything, so nothing is left to restore."""
+    can = bool(host.memory_tier_mb) and ctx.limits is not None and ctx.limits.available()
+
+    def step(s: Session) -> None:
+        gate(s, ctx, a)
+        if can:
+            s.execute(Host.__table__.update().where(Host.name == a.host).values(raised=True))
+        _step(s, a, AttemptStep.raised)
+
+    ctx.store.write(step)
+    if can:
+        assert ctx.limits is not None and host.memory_tier_mb
+        try:
+            ctx.limits.set_limit(a.host, 2 * host.memory_tier_mb)
+        except OSError as exc:
+            raise Stale(f"parent limit raise failed: {exc}") from None
+    crashpoint(RAISED)
+
+
+def _publish(ctx: Context, a: Attempt) -> None:
+    """Publish before exec: the build is referenced in the store before any of it runs."""
+
+    def step(s: Session) -> None:
+        gate(s, ctx, a)
+        s.execute(Build.__table__.update().where(Build.id == a.build_id,
+                                                 Build.published_at.is_(None))
+                  .values(published_at=utcnow()))
+        _step(s, a, AttemptStep.published)
+
+    ctx.store.write(step)
+    crashpoint(PUBLISHED)
+
+
+def _spawn(ctx: Context, a: Attempt, host: Host, build: Build, gen: Generation) -> Generation:
+    def intent(s: Session) -> None:
+        gate(s, ctx, a)
+        if s.execute(select(Build.published_at).where(Build.id == a.build_id)).scalar() is None:
+            raise Stale("build not published")
+        _step(s, a, AttemptStep.spawning)
+
+    ctx.store.write(intent)
+    crashpoint(SPAWNING)
+    os.makedirs(os.path.dirname(ctx.log_for(a.host)), exist_ok=True)
+    if gen.socket:
+        os.makedirs(os.path.dirname(gen.socket), mode=0o700, exist_ok=True)
+    spec = SpawnSpec(generation_uuid=gen.uuid, host=a.host, argv=[build.path, *json.loads(host.args)],
+                     env={**json.loads(host.env), "VIGIL_HOME": str(ctx.state_dir)}, cwd=host.cwd,
+                     socket_path=gen.socket, log_path=ctx.log_for(a.host), cgroup=gen.cgroup)
+    spawned = ctx.proc.spawn(spec)
+    crashpoint(EXECD)
+
+    def recorded(s: Session) -> None:
+        guarded_update(s, Generation, [Generation.id == gen.id],
+                       {"state": GenState.running, "pid": spawned.pid,
+                        "create_time": spawned.create_time},
+                       f"generation g{gen.id} spawning -> running", state_col="state",
+                       expected=GenState.spawning)
+        _step(s, a, AttemptStep.spawned)
+
+    ctx.store.write(recorded)
+    gen.pid, gen.create_time, gen.state = spawned.pid, spawned.create_time, GenState.running
+    crashpoint(SPAWNED)
+    return gen
+
+
+def _check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Generation) -> None:
+    """Health, then the optional canary settle: failures here are the build's own."""
+    ref = ref_of(gen)
+    if gen.socket:
+        problem = ctx.health.check(gen.socket, host.health_timeout,
+                                   alive=lambda: ctx.proc.leader_alive(ref))
+        if problem is not None:
+            raise BuildFailed(problem)
+    elif not ctx.proc.leader_alive(ref):
+        raise BuildFailed("worker exited right after its start")
+
+    def healthy(s: Session) -> None:
+        gate(s, ctx, a)
+        s.execute(Member.__table__.update().where(Member.generation_id == gen.id)
+                  .values(role=MemberRole.successor))
+        _step(s, a, AttemptStep.healthy)
+
+    ctx.store.write(healthy)
+    crashpoint(HEALTHY)
+    if not a.canary:
+        return
+    deadline = ctx.clock.now() + ctx.settle_seconds
+    next_gate = 0.0
+    while ctx.clock.now() < deadline:
+        if not ctx.proc.leader_alive(ref):
+            raise BuildFailed(f"successor exited during the {ctx.settle_seconds:g}s canary settle")
+        if ctx.clock.now() >= next_gate:
+            ctx.store.read(lambda s: gate(s, ctx, a))
+            next_gate = ctx.clock.now() + 0.5
+        ctx.clock.sleep(0.05)
+    ctx.store.write(lambda s: (gate(s, ctx, a), _step(s, a, AttemptStep.settled)))
+    crashpoint(SETTLED)
+
+
+def _drain(ctx: Context, a: Attempt) -> None:
+    """At or after the switch: finish. SIGTERM, the app's drain, SIGKILL, proof, leave."""
+    old = ctx.store.read(lambda s: s.get(Generation, a.retiring_id))
+    member = ctx.store.read(lambda s: s.get(Member, a.retiring_id))
+    host = ctx.store.read(lambda s: s.get(Host, a.host))
+    assert old is not None and host is not None
+    started = (member.since if member is not None else utcnow()).replace(tzinfo=UTC).timestamp()
+    if old.state is not GenState.proven:
+        problem = end_generation(ctx, old, drain_until=started + host.drain_timeout,
+                                 points=(DRAIN_TERMED, DRAIN_KILLED))
+        if problem is not None:
+            ctx.store.write(lambda s: s.execute(Member.__table__.update().where(
+                Member.generation_id == old.id).values(unproven=True, retried_at=utcnow())))
+            raise Poke(problem)
+    drain = max(0.0, ctx.clock.now() - started)
+
+    def step(s: Session) -> None:
+        if s.get(Generation, old.id).state is GenState.retiring:  # type: ignore[union-attr]
+            mark_proven(s, old.id, "drained")
+        leave_set(s, ctx, a.host, old.id)
+        _step(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True, drain_seconds=drain,
+              reason="switched and drained", ended_at=utcnow())
+        emit(s, "swapped", a.host, a.successor_id, attempt=a.id, mode=a.effective_mode.value,
+             retired=old.id, drain_seconds=round(drain, 3))
+
+    ctx.store.write(step)
+    ctx.proc.release(ref_of(old))
+    crashpoint(DRAINED)
+    run_restores(ctx, a.host)
+
+
+# -- hold ------------------------------------------------------------------------------
+
+
+def _hold(ctx: Context, a: Attempt) -> None:
+    """Stop the current generation (proven), then start the new build."""
+    if a.step is AttemptStep.queued:
+        build = _verify(ctx, a)
+
+        def admit(s: Session) -> bool:
+            h = s.get(Host, a.host)
+            assert h is not None
+            a.fence = held_fence(s, ctx, a.host)
+            gate(s, ctx, a)
+            if _asleep(s, ctx, a, h):
+                return False
+            if a.fence is None:
+                raise Stale(f"this agent does not hold the lease of {a.host}")
+            _step(s, a, AttemptStep.admitted, fence=a.fence)
+            return True
+
+        if not ctx.store.write(admit):
+            return
+        crashpoint(ADMITTED)
+        _stop_old(ctx, a)
+    elif a.step in (AttemptStep.spawning, AttemptStep.spawned, AttemptStep.healthy,
+                    AttemptStep.settled):
+        # Interrupted after the old one was stopped: end what was starting, start again.
+        def back(s: Session) -> None:
+            if a.successor_id is not None:
+                g = s.get(Generation, a.successor_id)
+                if g is not None and g.state in (GenState.spawning, GenState.running):
+                    mark_retiring(s, g.id, g.state, "hold interrupted before it was current")
+                    s.execute(Member.__table__.update().where(Member.generation_id == g.id)
+                              .values(role=MemberRole.retiring, unproven=True))
+            _step(s, a, AttemptStep.stopping_old)
+
+        ctx.store.write(back)
+        if a.successor_id is not None:
+            _reap_inline(ctx, a.successor_id)
+        build = _verify(ctx, a)
+    else:
+        build = _verify(ctx, a)
+    if a.step in (AttemptStep.admitted, AttemptStep.stopping_old):
+        _finish_old(ctx, a)
+    host = ctx.store.read(lambda s: s.get(Host, a.host))
+    assert host is not None
+    gen_uuid = str(uuidlib.uuid4())
+    cgroup = ctx.proc.containment_for(gen_uuid)
+
+    def new_gen(s: Session) -> Generation:
+        gate(s, ctx, a)
+        g = Generation(uuid=gen_uuid, host=a.host, build_id=a.build_id, state=GenState.spawning,
+                       fence=a.fence, cgroup=cgroup, agent_id=ctx.agent_id, created_at=utcnow())
+        s.add(g)
+        s.flush()
+        g.socket = ctx.socket_for(a.host, g.id) if host.kind is HostKind.instance else None
+        now = utcnow()
+        s.add(Member(generation_id=g.id, host=a.host, role=MemberRole.spawning, attempt_id=a.id,
+                     fence=a.fence or 0, since=now, next_attempt_at=now))
+        guarded_update(s, Attempt, [Attempt.id == a.id], {"successor_id": g.id},
+                       f"attempt #{a.id} successor")
+        s.flush()
+        return g
+
+    gen = ctx.store.write(new_gen)
+    a.successor_id = gen.id
+    spawned = _spawn(ctx, a, host, build, gen)
+    _check(ctx, a, host, gen, spawned)
+
+    def current(s: Session) -> None:
+        gate(s, ctx, a)
+        guarded_update(s, Generation, [Generation.id == gen.id],
+                       {"state": GenState.current, "current_at": utcnow()},
+                       f"generation g{gen.id} running -> current", state_col="state",
+                       expected=GenState.running)
+        s.execute(Member.__table__.delete().where(Member.generation_id == gen.id))
+        s.execute(Host.__table__.update().where(Host.name == a.host).values(build_id=a.build_id))
+        _step(s, a, AttemptStep.switched)
+        _step(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True, reason="replaced",
+              ended_at=utcnow())
+        emit(s, "swapped", a.host, gen.id, attempt=a.id, mode=Mode.hold.value,
+             retired=a.retiring_id, drain_seconds=round(a.drain_seconds or 0.0, 3))
+
+    ctx.store.write(current)
+    crashpoint(SWITCHED)
+    if gen.socket:
+        ctx.files.point_link(ctx.link_for(a.host), gen.socket)
+
+
+def _stop_old(ctx: Context, a: Attempt) -> None:
+    def step(s: Session) -> None:
+        gate(s, ctx, a)
+        old = s.execute(select(Generation).where(Generation.host == a.host,
+                                                 Generation.state == GenState.current)).scalar_one()
+        mark_retiring(s, old.id, GenState.current, "hold swap")
+        now = utcnow()
+        s.add(Member(generation_id=old.id, host=a.host, role=MemberRole.retiring, attempt_id=a.id,
+                     fence=a.fence or 0, since=now, next_attempt_at=now))
+        _step(s, a, AttemptStep.stopping_old, retiring_id=old.id)
+        a.retiring_id = old.id
+        old_socket = old.socket
+        if old_socket:
+            ctx.files.remove_link(ctx.link_for(a.host), only_if_target=old_socket)
+
+    ctx.store.write(step)
+    crashpoint(OLD_STOPPING)
+
+
+def _finish_old(ctx: Context, a: Attempt) -> None:
+    """The old generation: drain, kill, proof; then the build is published for the start."""
+    if a.step is AttemptStep.admitted:
+        _stop_old(ctx, a)
+    old = ctx.store.read(lambda s: s.get(Generation, a.retiring_id))
+    member = ctx.store.read(lambda s: s.get(Member, a.retiring_id))
+    host = ctx.store.read(lambda s: s.get(Host, a.host))
+    assert old is not None and host is not None
+    started = (member.since if member is not None else utcnow()).replace(tzinfo=UTC).timestamp()
+    if old.state is not GenState.proven:
+        problem = end_generation(ctx, old, drain_until=started + host.drain_timeout,
+                                 points=(DRAIN_TERMED, DRAIN_KILLED))
+        if problem is not None:
+            raise Poke(problem)
+    drain = max(0.0, ctx.clock.now() - started)
+
+    def step(s: Session) -> None:
+        if s.get(Generation, old.id).state is GenState.retiring:  # type: ignore[union-attr]
+            mark_proven(s, old.id, "hold swap")
+        if s.get(Member, old.id) is not None:
+            leave_set(s, ctx, a.host, old.id)
+        s.execute(Build.__table__.update().where(Build.id == a.build_id, Build.published_at.is_(None))
+                  .values(published_at=utcnow()))
+        _step(s, a, AttemptStep.published, drain_seconds=drain)
+
+    ctx.store.write(step)
+    a.drain_seconds = drain
+    ctx.proc.release(ref_of(old))
+    crashpoint(OLD_STOPPED)
+
+
+# -- ending an attempt that did not switch ---------------------------------------------
+
+
+def _end(ctx: Context, attempt_id: int, exc: BaseException) -> None:
+    end = classify(exc)
+    a = _load(ctx, attempt_id)
+    assert a is not None
+    if a.outcome is not None:
+        return
+    # Execution evidence: false only when it is proven nothing of the build ran.
+    executed = a.step in _EXECUTED_FROM and not isinstance(exc, SpawnError)
+    hold_down = a.effective_mode is Mode.hold and a.retiring_id is not None
+    outcome = {StepEnd.failed: Outcome.down if hold_down else Outcome.failed,
+               StepEnd.cancelled: Outcome.cancelled,
+               StepEnd.stale: Outcome.abandoned}[end]
+    successor = a.successor_id if a.step is not AttemptStep.switched else None
+
+    def step(s: Session) -> None:
+        if successor is not None:
+            g = s.get(Generation, successor)
+            if g is not None and g.state in (GenState.spawning, GenState.running):
+                mark_retiring(s, g.id, g.state, f"attempt #{a.id} {outcome.value}: {exc}")
+            s.execute(Member.__table__.update().where(Member.generation_id == successor)
+                      .values(role=MemberRole.retiring, unproven=True))
+        guarded_update(s, Attempt, [Attempt.id == a.id, Attempt.outcome.is_(None)],
+                       {"step": AttemptStep.ended, "outcome": outcome, "reason": str(exc),
+                        "executed": executed, "ended_at": utcnow()},
+                       f"attempt #{a.id} -> ended")
+        emit(s, f"deploy_{outcome.value}", a.host, successor, attempt=a.id, reason=str(exc),
+             executed=executed, mode=a.effective_mode.value)
+        if outcome is Outcome.down:
+            emit(s, "down", a.host, None, attempt=a.id, reason=str(exc))
+
+    ctx.store.write(step)
+    crashpoint(ENDED)
+    if successor is not None:
+        _reap_inline(ctx, successor)
+
+
+def _reap_inline(ctx: Context, gen_id: int) -> None:
+    """Reap a member now if it goes quickly; the sweep retries it otherwise."""
+    try:
+        drive_member(ctx, gen_id)
+    except Poke:
+        pass
