@@ -55,7 +55,9 @@ def marked_pids(state_dir: Path) -> list[int]:
         try:
             if p.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if p.environ().get("VIGIL_HOME") == str(state_dir):
+            env = p.environ()
+            # The generation marker too: the agent and the CLI carry VIGIL_HOME as well.
+            if env.get("VIGIL_HOME") == str(state_dir) and "VIGIL_GENERATION" in env:
                 out.append(p.pid)
         except (psutil.Error, OSError):
             continue

@@ -164,7 +164,8 @@ def _start(ctx: Context, w: Wake) -> Result:
     try:
         digest = ctx.files.digest(build.path)
     except OSError as exc:
-        digest = f"unreadable: {exc.strerror}"
+        return _refuse_build(ctx, w, f"staged build {build.path} cannot be read ({exc.strerror}): "
+                                     "restage it with `vigil host add`")
     if digest != build.digest:
         return _refuse_build(ctx, w, f"staged build {build.path} does not match its digest "
                                      f"({digest[:16]} != {build.digest[:16]}): restage it with `vigil host add`")

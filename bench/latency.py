@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Deploy latency, side by side in one run on the example app.
+
+floor:  the app's own spawn -> healthy time (Popen, poll GET / on its socket)
+vigil:  intent -> switch (the `deploy_requested` and `switched` event rows) and
+        intent -> drain proven (`swapped`), for overlap deploys alternating two builds.
+Runs are interleaved (floor, deploy, floor, deploy, ...) so both see the same machine.
+Reports median and min-max of each and the ratio intent->switch / floor (goal <= 1.25).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HELLO = ROOT / "examples" / "hello" / "hello.py"
+sys.path.insert(0, str(ROOT))
+
+
+def get_ok(sock: str) -> bool:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(1)
+    try:
+        s.connect(sock)
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        return s.recv(64).startswith(b"HTTP/1.0 200") or False
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def floor_once(tmp: Path) -> float:
+    sock = str(tmp / "floor.sock")
+    t0 = time.monotonic()
+    p = subprocess.Popen([str(HELLO)], env={**os.environ, "VIGIL_SOCKET": sock},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        while not get_ok(sock):
+            if time.monotonic() - t0 > 30:
+                raise RuntimeError("floor: app never answered")
+            time.sleep(0.005)
+        return time.monotonic() - t0
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(10)
+
+
+def vigil(home: Path, *args: str) -> str:
+    cp = subprocess.run([sys.executable, "-m", "runners.cli", *args], cwd=ROOT, check=True,
+                        capture_output=True, text=True, env={**os.environ, "VIGIL_HOME": str(home)})
+    return cp.stdout
+
+
+def events(home: Path, attempt: int) -> dict[str, datetime]:
+    rows = json.loads(vigil(home, "events", "hello", "--json", "--limit", "200"))
+    out = {}
+    for e in rows:
+        if e["detail"].get("attempt") == attempt:
+            out[e["kind"]] = datetime.fromisoformat(e["at"].rstrip("Z"))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--quick", action="store_true", help="2 runs, for CI: keeps the script alive")
+    args = ap.parse_args()
+    runs = 2 if args.quick else args.runs
+    tmp = Path(tempfile.mkdtemp(prefix="vgbench", dir="/tmp"))
+    home = tmp / "state"
+    other = tmp / "hello2.py"
+    shutil.copy(HELLO, other)
+    with open(other, "a") as f:
+        f.write("# second build\n")
+    agent = None
+    try:
+        vigil(home, "db", "upgrade")
+        vigil(home, "host", "add", "hello", "--build", str(HELLO), "--drain-timeout", "5")
+        agent = subprocess.Popen([sys.executable, "-m", "runners.cli", "agent", "--log-level", "WARNING"],
+                                 cwd=ROOT, env={**os.environ, "VIGIL_HOME": str(home)},
+                                 stderr=open(tmp / "agent.log", "wb"))
+        vigil(home, "wake", "hello", "--wait")
+        floors, switch, drained = [], [], []
+        for i in range(runs):
+            floors.append(floor_once(tmp))
+            build = other if i % 2 == 0 else HELLO
+            out = vigil(home, "deploy", "hello", str(build), "--wait")
+            attempt = int(out.split("attempt #")[1].split()[0])
+            ev = events(home, attempt)
+            t0 = ev["deploy_requested"]
+            switch.append((ev["switched"] - t0).total_seconds())
+            drained.append((ev["swapped"] - t0).total_seconds())
+
+        def fmt(xs: list[float]) -> str:
+            return f"median {statistics.median(xs) * 1000:7.1f} ms  (min {min(xs) * 1000:.1f}, max {max(xs) * 1000:.1f})"
+
+        print(f"runs: {runs} (interleaved)")
+        print(f"floor  spawn->healthy (bare Popen) : {fmt(floors)}")
+        print(f"vigil  intent->switch              : {fmt(switch)}")
+        print(f"vigil  intent->drain proven        : {fmt(drained)}")
+        print(f"ratio  intent->switch / floor      : {statistics.median(switch) / statistics.median(floors):.2f} (goal <= 1.25)")
+        vigil(home, "stop", "hello", "--wait")
+    finally:
+        if agent is not None:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(30)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

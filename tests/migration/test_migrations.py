@@ -1,0 +1,457 @@
+"""Migrations, checked by hand with Alembic's own API on every database vigil supports:
+one head; upgrade from empty; downgrade to base and up again; rows in flight survive;
+the models equal the migrated schema; the database holds the invariants the models name.
+
+Every test runs against a SQLite file in tmp_path and a throwaway PostgreSQL database
+(created and dropped by the `store` fixture; set VIGIL_TEST_PG to another admin URL, or
+leave PostgreSQL down to skip those cases)."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, DateTime, bindparam, inspect, text
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from models import schema, views
+from models.errors import StoreNotReady
+from models.store import Store, prepare_state_dir, sqlite_url
+from models.tables import Base
+
+PG_ADMIN_ENV = "VIGIL_TEST_PG"
+PG_ADMIN_DEFAULT = "postgresql+psycopg://root@127.0.0.1:5432/test"
+T0 = datetime(2026, 1, 2, 3, 4, 5, 600000)
+
+VIEW_COLUMNS = ["kind", "host", "generation", "since", "attempts", "next_attempt_at", "last_error"]
+
+
+# -- databases --------------------------------------------------------------------------
+
+def _pg_admin() -> sa.Engine:
+    url = os.environ.get(PG_ADMIN_ENV, PG_ADMIN_DEFAULT)
+    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+    try:
+        with admin.connect():
+            pass
+    except OperationalError as exc:
+        admin.dispose()
+        if PG_ADMIN_ENV in os.environ:  # asked for explicitly: being down is a failure
+            raise
+        pytest.skip(f"PostgreSQL not reachable at {url}: {exc.orig}")
+    return admin
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """An empty database (no schema) behind a real Store, on each dialect."""
+    if request.param == "sqlite":
+        s = Store(sqlite_url(prepare_state_dir(tmp_path / "state")))
+        try:
+            yield s
+        finally:
+            s.dispose()
+        return
+    admin = _pg_admin()
+    name = f"vigil_t_{uuid.uuid4().hex[:12]}"
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    s = Store(admin.url.set(database=name).render_as_string(hide_password=False))
+    try:
+        yield s
+    finally:
+        s.dispose()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+@pytest.fixture
+def migrated(store: Store) -> Store:
+    schema.upgrade(store.engine)
+    return store
+
+
+# -- revisions --------------------------------------------------------------------------
+
+def _script() -> ScriptDirectory:
+    return ScriptDirectory.from_config(schema.alembic_config("sqlite://"))
+
+
+def revisions_oldest_first() -> list[str]:
+    return [r.revision for r in reversed(list(_script().walk_revisions()))]
+
+
+# -- raw rows ---------------------------------------------------------------------------
+
+def raw_insert(conn: Connection, table: str, row: dict[str, Any]) -> None:
+    """A plain INSERT, independent of the models (which describe head only)."""
+    stmt = text(f"INSERT INTO {table} ({', '.join(row)}) "
+                f"VALUES ({', '.join(':' + c for c in row)})")
+    stmt = stmt.bindparams(*[bindparam(c, type_=DateTime()) for c, v in row.items()
+                             if isinstance(v, datetime)])
+    conn.execute(stmt, row)
+
+
+def retry_cols(n: int = 0) -> dict[str, Any]:
+    return {"attempts": n, "next_attempt_at": T0 + timedelta(seconds=n), "last_error": None,
+            "since": T0}
+
+
+def seed_0001(conn: Connection) -> None:
+    """One row in every table of revision 0001, open obligations of every kind included."""
+    raw_insert(conn, "agents", {"id": "agent-1", "box": "box-1", "pid": 42, "create_time": 1.5,
+                                "state_dir": "/var/lib/vigil", "started_at": T0,
+                                "heartbeat_at": T0, "stopped_at": None})
+    raw_insert(conn, "builds", {"id": 1, "digest": "ab" * 32, "path": "/s/builds/b1",
+                                "source": "/src/app", "published_at": T0, "created_at": T0,
+                                "deleted_at": None})
+    raw_insert(conn, "hosts", {"name": "web", "kind": "instance", "build_id": 1, "args": "[]",
+                               "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": 256, "desired": "up",
+                               "raised": True, "fence_seq": 3, "box": None, "created_at": T0})
+    for gid, state in ((1, "current"), (2, "retiring")):
+        raw_insert(conn, "generations", {
+            "id": gid, "uuid": f"00000000-0000-0000-0000-00000000000{gid}", "host": "web",
+            "build_id": 1, "state": state, "fence": 3, "pid": 1000 + gid,
+            "create_time": 2.5, "cgroup": None, "socket": f"/run/web/g{gid}.sock",
+            "agent_id": "agent-1", "created_at": T0, "current_at": T0, "ended_at": None,
+            "end_reason": None})
+    raw_insert(conn, "leases", {"host": "web", "holder": "agent-1", "fence": 3,
+                                "acquired_at": T0, "expires_at": T0 + timedelta(seconds=30)})
+    raw_insert(conn, "wakes", {"id": 1, "host": "web", "state": "checking", "cause": "wake",
+                               "fence": 3, "generation_id": 1, "reason": None,
+                               "created_at": T0, "ended_at": None, **retry_cols(1)})
+    raw_insert(conn, "stops", {"id": 1, "host": "web", "state": "signalled", "fence": 3,
+                               "generation_id": 1, "signalled_at": T0, "reason": "operator",
+                               "created_at": T0, "ended_at": None, **retry_cols(2)})
+    raw_insert(conn, "releases", {"id": 1, "host": "web", "holder": "agent-1", "fence": 2,
+                                  **retry_cols(3)})
+    raw_insert(conn, "restores", {"id": 1, "host": "web", "fence": 3, **retry_cols(4)})
+    raw_insert(conn, "attempts", {
+        "id": 1, "host": "web", "build_id": 1, "digest": "ab" * 32, "cause": "release",
+        "mode": "overlap", "effective_mode": "overlap", "revision": 1, "canary": False,
+        "step": "switched", "fence": 3, "successor_id": 1, "retiring_id": 2, "outcome": None,
+        "reason": None, "executed": True, "drain_seconds": None, "created_at": T0,
+        "ended_at": None, **retry_cols(5)})
+    raw_insert(conn, "members", {"generation_id": 2, "host": "web", "role": "retiring",
+                                 "attempt_id": 1, "fence": 3, "unproven": False,
+                                 "retried_at": None, **retry_cols(6)})
+    raw_insert(conn, "events", {"id": 1, "at": T0, "host": "web", "generation_id": 1,
+                                "kind": "switched", "detail": '{"attempt": 1}'})
+
+
+# Rows valid at each revision, written right after upgrading to it. A new revision adds
+# its own seed here (test_seeds_cover_every_revision fails until it does), so the test
+# below checks that rows written at every older revision survive the upgrade to head.
+SEEDS: dict[str, Callable[[Connection], None]] = {
+    "0001": seed_0001,
+}
+SEEDED_KINDS_0001 = {("wake", "web", 1), ("stop", "web", 1), ("release", "web", None),
+                     ("restore", "web", None), ("attempt", "web", 1), ("member", "web", 2)}
+
+
+def snapshot(conn: Connection) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table (by primary key) and of the view, for before/after checks."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for table in Base.metadata.sorted_tables:
+        pk = ", ".join(c.name for c in table.primary_key.columns)
+        out[table.name] = [tuple(r) for r in conn.execute(
+            text(f"SELECT * FROM {table.name} ORDER BY {pk}"))]
+    out["pending_obligations"] = [tuple(r) for r in conn.execute(
+        text("SELECT * FROM pending_obligations ORDER BY kind, host"))]
+    return out
+
+
+# -- revisions and heads ------------------------------------------------------------------
+
+def test_single_head_and_linear_history() -> None:
+    script = _script()
+    assert len(script.get_heads()) == 1, f"several heads: {script.get_heads()}"
+    assert len(script.get_bases()) == 1, f"several bases: {script.get_bases()}"
+    for rev in script.walk_revisions():
+        assert not rev.is_merge_point, f"merge revision {rev.revision}"
+        assert not rev.branch_labels, f"branch label on {rev.revision}"
+
+
+def test_models_head_constant_is_alembic_head() -> None:
+    assert schema.HEAD == schema.head_revision() == revisions_oldest_first()[-1]
+
+
+def test_seeds_cover_every_revision() -> None:
+    missing = [r for r in revisions_oldest_first() if r not in SEEDS]
+    assert not missing, f"add a seed for revision(s) {missing} to SEEDS in this file"
+    assert set(SEEDS) <= set(revisions_oldest_first())
+
+
+# -- upgrade, downgrade -------------------------------------------------------------------
+
+def test_upgrade_from_empty_to_head(store: Store) -> None:
+    assert schema.current_revision(store.engine) is None
+    schema.upgrade(store.engine)
+    assert schema.current_revision(store.engine) == schema.HEAD
+    schema.require_head(store.engine)
+    insp = inspect(store.engine)
+    assert set(insp.get_table_names()) == {t.name for t in Base.metadata.sorted_tables} | {
+        "alembic_version"}
+    assert insp.get_view_names() == ["pending_obligations"]
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM pending_obligations")).scalar() == 0
+
+
+def test_downgrade_to_base_leaves_nothing(migrated: Store) -> None:
+    engine = migrated.engine
+    schema.downgrade(engine, "base")
+    insp = inspect(engine)
+    assert insp.get_table_names() == ["alembic_version"]
+    assert insp.get_view_names() == []
+    if engine.dialect.name == "postgresql":
+        assert insp.get_sequence_names() == []
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM alembic_version")).scalar() == 0
+    assert schema.current_revision(engine) is None
+
+
+def test_up_down_up_over_seeded_rows(migrated: Store) -> None:
+    engine = migrated.engine
+    with engine.begin() as conn:
+        seed_0001(conn)
+        before = snapshot(conn)
+    assert {k for k, v in before.items() if not v} == set(), "every table holds a seeded row"
+
+    # An upgrade that has nothing to do touches nothing.
+    schema.upgrade(engine)
+    with engine.connect() as conn:
+        assert snapshot(conn) == before
+
+    # Each later revision: step down below it and back up, rows intact. (0001 is the base,
+    # whose downgrade drops everything: covered below.)
+    for rev in reversed(revisions_oldest_first()[1:]):
+        down = _script().get_revision(rev).down_revision
+        assert isinstance(down, str)
+        schema.downgrade(engine, down)
+        schema.upgrade(engine)
+        with engine.connect() as conn:
+            assert snapshot(conn) == before, f"rows changed by down/up through {rev}"
+
+    # Down to base and up again: a fresh, working schema that takes the same rows.
+    schema.downgrade(engine, "base")
+    schema.upgrade(engine)
+    assert schema.current_revision(engine) == schema.HEAD
+    with engine.begin() as conn:
+        assert not any(snapshot(conn).values())
+        seed_0001(conn)
+    with engine.connect() as conn:
+        assert snapshot(conn) == before
+
+
+def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> None:
+    engine = store.engine
+    for rev in revisions_oldest_first():
+        schema.upgrade(engine, rev)
+        assert schema.current_revision(engine) == rev
+        with engine.begin() as conn:
+            SEEDS[rev](conn)
+    schema.upgrade(engine)
+    schema.require_head(engine)
+    with engine.connect() as conn:
+        open_kinds = {tuple(r) for r in conn.execute(
+            text("SELECT kind, host, generation FROM pending_obligations"))}
+        assert SEEDED_KINDS_0001 <= open_kinds
+        assert conn.execute(text("SELECT state FROM generations WHERE id = 1")).scalar() == "current"
+        assert conn.execute(text("SELECT fence_seq FROM hosts WHERE name = 'web'")).scalar() == 3
+
+
+# -- models == migrated schema -----------------------------------------------------------
+
+def test_models_equal_migrated_schema(migrated: Store) -> None:
+    with migrated.engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True,
+                                                     "compare_server_default": True})
+        diff = compare_metadata(ctx, Base.metadata)
+    assert diff == []
+
+
+def test_view_equals_the_models_view(migrated: Store) -> None:
+    """compare_metadata does not see views: the migrated view must be the one in
+    models/views.py, compared as the database itself renders both."""
+    engine = migrated.engine
+    fresh = views.PENDING_OBLIGATIONS.replace("VIEW pending_obligations", "VIEW po_models", 1)
+    assert fresh != views.PENDING_OBLIGATIONS
+    with engine.begin() as conn:
+        conn.exec_driver_sql(fresh)
+    insp = inspect(engine)
+
+    def norm(sql: str, name: str) -> str:
+        return " ".join(sql.replace(name, "V").split())
+
+    assert norm(insp.get_view_definition("pending_obligations"), "pending_obligations") == \
+        norm(insp.get_view_definition("po_models"), "po_models")
+
+
+def test_pending_obligations_columns(migrated: Store) -> None:
+    with migrated.engine.connect() as conn:
+        result = conn.execute(text("SELECT * FROM pending_obligations"))
+        assert list(result.keys()) == VIEW_COLUMNS
+    cols = [c["name"] for c in inspect(migrated.engine).get_columns("pending_obligations")]
+    assert cols == VIEW_COLUMNS
+
+
+def test_pending_obligations_lists_every_open_kind(migrated: Store) -> None:
+    with migrated.engine.begin() as conn:
+        seed_0001(conn)
+        raw_insert(conn, "wakes", {"id": 2, "host": "web", "state": "unproven",
+                                   "cause": "wake", "created_at": T0, **retry_cols()})
+        raw_insert(conn, "wakes", {"id": 3, "host": "web", "state": "done",
+                                   "cause": "wake", "created_at": T0, **retry_cols()})
+        raw_insert(conn, "stops", {"id": 2, "host": "web", "state": "cancelled",
+                                   "created_at": T0, **retry_cols()})
+        conn.execute(text("UPDATE members SET unproven = :t"), {"t": True})
+        rows = {tuple(r) for r in conn.execute(
+            text("SELECT kind, host, generation, attempts FROM pending_obligations"))}
+    assert rows == {("wake", "web", 1, 1), ("unproven_wake", "web", None, 0),
+                    ("stop", "web", 1, 2), ("release", "web", None, 3),
+                    ("restore", "web", None, 4), ("attempt", "web", 1, 5),
+                    ("unproven_member", "web", 2, 6)}
+
+
+# -- invariants the database holds ----------------------------------------------------------
+
+def enum_columns() -> list[tuple[str, str, sa.Enum]]:
+    return [(t.name, c.name, c.type) for t in Base.metadata.sorted_tables for c in t.columns
+            if isinstance(c.type, sa.Enum)]
+
+
+def _parents(conn: Connection) -> None:
+    """The rows a state row refers to: a build, a host, a (retiring) generation, an attempt."""
+    raw_insert(conn, "builds", {"id": 1, "digest": "0" * 64, "path": "/b/1", "source": "/s",
+                                "created_at": T0})
+    raw_insert(conn, "hosts", {"name": "web", "kind": "instance", "build_id": 1, "args": "[]",
+                               "env": "{}", "drain_timeout": 1.0, "health_timeout": 1.0,
+                               "desired": "down", "raised": False, "fence_seq": 0,
+                               "created_at": T0})
+    raw_insert(conn, "generations", {"id": 1, "uuid": "g-1", "host": "web", "build_id": 1,
+                                     "state": "retiring", "fence": 1, "agent_id": "a",
+                                     "created_at": T0})
+    raw_insert(conn, "attempts", {"id": 1, "host": "web", "build_id": 1, "digest": "0" * 64,
+                                  "cause": "retry", "mode": "hold", "effective_mode": "hold",
+                                  "revision": 1, "canary": False, "step": "queued",
+                                  "created_at": T0, **retry_cols()})
+
+
+def _row(table: str, i: int) -> dict[str, Any]:
+    """A complete valid row of `table`, new in its keys (i), to set one state column in."""
+    rows: dict[str, dict[str, Any]] = {
+        "hosts": {"name": f"h{i}", "kind": "worker", "build_id": 1, "args": "[]", "env": "{}",
+                  "drain_timeout": 1.0, "health_timeout": 1.0, "desired": "down",
+                  "raised": False, "fence_seq": 0, "created_at": T0},
+        "generations": {"id": 100 + i, "uuid": f"u-{i}", "host": "web", "build_id": 1,
+                        "state": "spawning", "fence": 1, "agent_id": "a", "created_at": T0},
+        "wakes": {"id": 100 + i, "host": "web", "state": "queued", "cause": "wake",
+                  "created_at": T0, **retry_cols()},
+        "stops": {"id": 100 + i, "host": "web", "state": "queued", "created_at": T0,
+                  **retry_cols()},
+        "attempts": {"id": 100 + i, "host": "web", "build_id": 1, "digest": "0" * 64,
+                     "cause": "retry", "mode": "hold", "effective_mode": "hold", "revision": 2,
+                     "canary": False, "step": "queued", "created_at": T0, **retry_cols()},
+        "members": {"generation_id": 1, "host": "web", "role": "retiring", "fence": 1,
+                    "unproven": False, **retry_cols()},
+    }
+    return rows[table]
+
+
+def test_enum_columns_are_known() -> None:
+    cols = {(t, c) for t, c, _ in enum_columns()}
+    assert cols == {("hosts", "kind"), ("hosts", "desired"), ("generations", "state"),
+                    ("wakes", "state"), ("stops", "state"), ("attempts", "cause"),
+                    ("attempts", "mode"), ("attempts", "effective_mode"), ("attempts", "step"),
+                    ("attempts", "outcome"), ("members", "role")}
+    for _, _, typ in enum_columns():
+        assert typ.enum_class is not None
+        assert list(typ.enums) == [m.value for m in typ.enum_class]
+
+
+def test_state_checks_allow_exactly_the_enum_values(migrated: Store) -> None:
+    engine = migrated.engine
+    insp = inspect(engine)
+    with engine.connect() as conn:
+        with conn.begin():
+            _parents(conn)
+        for table, column, typ in enum_columns():
+            values = list(typ.enums)
+            # What the database says its CHECK allows...
+            checks = {c["name"]: c["sqltext"] for c in insp.get_check_constraints(table)}
+            sqltext = checks[f"ck_{table}_{typ.name}"]
+            assert column in sqltext
+            assert set(re.findall(r"'([^']*)'", sqltext)) == set(values), (table, column)
+            # ...and what it does: every value goes in, anything else is refused.
+            for i, value in enumerate(values):
+                with conn.begin() as tx:
+                    raw_insert(conn, table, {**_row(table, i), column: value})
+                    tx.rollback()
+            for bogus in ("bogus", values[0].upper(), ""):
+                with pytest.raises(IntegrityError), conn.begin():
+                    raw_insert(conn, table, {**_row(table, 99), column: bogus})
+
+
+def test_one_current_generation_per_host(migrated: Store) -> None:
+    engine = migrated.engine
+    with engine.begin() as conn:
+        _parents(conn)
+        raw_insert(conn, "hosts", {**_row("hosts", 0), "name": "api"})
+
+    def gen(conn: Connection, gid: int, host: str, state: str) -> None:
+        raw_insert(conn, "generations", {"id": gid, "uuid": f"u-{gid}", "host": host,
+                                         "build_id": 1, "state": state, "fence": 1,
+                                         "agent_id": "a", "created_at": T0})
+
+    with engine.begin() as conn:
+        gen(conn, 10, "web", "current")
+        gen(conn, 11, "web", "running")  # other states are not limited
+        gen(conn, 12, "web", "retiring")
+        gen(conn, 13, "api", "current")  # one per host, not one in all
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        gen(conn, 14, "web", "current")
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(text("UPDATE generations SET state = 'current' WHERE id = 11"))
+    with engine.begin() as conn:  # after the old one retires, a successor may be current
+        conn.execute(text("UPDATE generations SET state = 'retiring' WHERE id = 10"))
+        conn.execute(text("UPDATE generations SET state = 'current' WHERE id = 11"))
+        current = conn.execute(text(
+            "SELECT id FROM generations WHERE host = 'web' AND state = 'current'")).scalars().all()
+    assert current == [11]
+
+
+# -- the agent refuses a schema it does not know ---------------------------------------------
+
+def test_require_head_refuses_an_empty_database(store: Store) -> None:
+    with pytest.raises(StoreNotReady) as err:
+        schema.require_head(store.engine)
+    assert "vigil db upgrade" in str(err.value)
+    assert "empty database" in err.value.cause
+    assert err.value.exit_code == StoreNotReady.exit_code
+
+
+def test_require_head_refuses_after_downgrade(migrated: Store) -> None:
+    schema.require_head(migrated.engine)
+    schema.downgrade(migrated.engine, "base")
+    with pytest.raises(StoreNotReady, match="vigil db upgrade"):
+        schema.require_head(migrated.engine)
+
+
+def test_require_head_refuses_an_unknown_revision(migrated: Store) -> None:
+    with migrated.engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'ffff'"))
+    with pytest.raises(StoreNotReady) as err:
+        schema.require_head(migrated.engine)
+    assert "revision ffff" in err.value.cause and "vigil db upgrade" in str(err.value)

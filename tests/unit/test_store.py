@@ -1,0 +1,375 @@
+"""The store on one box: SQLite pragmas from the connect hook, file and directory modes,
+guarded updates (compare-and-set, fence, legal transitions) and lock retries."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.orm import Session
+
+from models import schema
+from models.errors import LostRace, StoreNotReady
+from models.states import TRANSITIONS, GenState, HostKind, StopState, WakeState
+from models.store import (
+    DB_FILE,
+    Store,
+    emit,
+    fenced,
+    guarded_update,
+    is_transient,
+    prepare_state_dir,
+    sqlite_url,
+    utcnow,
+)
+from models.tables import Build, Event, Generation, Host, Lease, Stop, Wake
+
+AGENT = "agent-1"
+FENCE = 3
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return prepare_state_dir(tmp_path / "state")
+
+
+@pytest.fixture
+def store(state_dir: Path) -> Iterator[Store]:
+    s = Store(sqlite_url(state_dir))
+    schema.upgrade(s.engine)
+    try:
+        yield s
+    finally:
+        s.dispose()
+
+
+@pytest.fixture
+def gen_id(store: Store) -> int:
+    """Host `web` leased by AGENT at FENCE, with one generation in state spawning."""
+
+    def step(s: Session) -> int:
+        now = utcnow()
+        b = Build(digest="0" * 64, path="/b/1", source="/s/1", created_at=now)
+        s.add(b)
+        s.flush()
+        s.add(Host(name="web", kind=HostKind.instance, build_id=b.id, fence_seq=FENCE,
+                   created_at=now))
+        s.add(Lease(host="web", holder=AGENT, fence=FENCE, acquired_at=now,
+                    expires_at=now + timedelta(seconds=30)))
+        s.flush()
+        g = Generation(uuid="u-1", host="web", build_id=b.id, state=GenState.spawning,
+                       fence=FENCE, agent_id=AGENT, created_at=now)
+        s.add(g)
+        s.flush()
+        return g.id
+
+    return store.write(step)
+
+
+def gen_state(store: Store, gid: int) -> GenState:
+    return store.read(lambda s: s.execute(
+        select(Generation.state).where(Generation.id == gid)).scalar_one())
+
+
+def pragma(store: Store, name: str) -> object:
+    return store.read(lambda s: s.execute(text(f"PRAGMA {name}")).scalar())
+
+
+# -- pragmas ----------------------------------------------------------------------------
+
+def test_pragmas_by_default(store: Store) -> None:
+    assert pragma(store, "journal_mode") == "wal"
+    assert pragma(store, "synchronous") == 2  # FULL
+    assert pragma(store, "foreign_keys") == 1
+    assert pragma(store, "busy_timeout") == 5000
+
+
+def test_pragmas_when_asked(state_dir: Path) -> None:
+    s = Store(sqlite_url(state_dir), synchronous="NORMAL", busy_timeout_ms=1234)
+    try:
+        assert pragma(s, "synchronous") == 1  # NORMAL
+        assert pragma(s, "busy_timeout") == 1234
+        assert pragma(s, "journal_mode") == "wal"
+        assert pragma(s, "foreign_keys") == 1
+    finally:
+        s.dispose()
+
+
+def test_pragmas_hold_on_every_pooled_connection(store: Store) -> None:
+    with store.engine.connect() as a, store.engine.connect() as b:
+        assert a.connection.dbapi_connection is not b.connection.dbapi_connection
+        for conn in (a, b):
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 5000
+
+
+def test_foreign_keys_are_enforced(store: Store) -> None:
+    def orphan(s: Session) -> None:
+        s.add(Lease(host="nobody", holder=AGENT, fence=1, acquired_at=utcnow(),
+                    expires_at=utcnow()))
+
+    with pytest.raises(IntegrityError, match="FOREIGN KEY"):
+        store.write(orphan)
+
+
+def test_a_file_that_is_not_a_database_is_named(state_dir: Path) -> None:
+    (state_dir / DB_FILE).write_bytes(b"not a database, not even close " * 64)
+    s = Store(sqlite_url(state_dir))
+    try:
+        with pytest.raises(StoreNotReady, match="is not a vigil database"):
+            s.read(lambda x: x.execute(text("SELECT 1")).scalar())
+    finally:
+        s.dispose()
+
+
+# -- files and directories ----------------------------------------------------------------
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture
+def open_umask() -> Iterator[None]:
+    """The worst umask an operator might have: modes must not depend on it."""
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def test_state_dir_and_db_file_modes(tmp_path: Path, open_umask: None) -> None:
+    d = prepare_state_dir(tmp_path / "a" / "state")
+    assert d.is_dir() and mode(d) == 0o700
+    url = sqlite_url(d)
+    db = d / DB_FILE
+    assert url == f"sqlite:///{db}"
+    assert db.exists() and mode(db) == 0o600
+    s = Store(url)
+    try:
+        schema.upgrade(s.engine)  # writes: the -wal and -shm files exist while it is open
+        s.write(lambda x: emit(x, "probe", None))
+        for suffix in ("-wal", "-shm"):
+            side = d / (DB_FILE + suffix)
+            assert side.exists(), side
+            assert mode(side) & 0o077 == 0, f"{side} is {oct(mode(side))}"
+    finally:
+        s.dispose()
+    assert mode(db) == 0o600
+
+
+def test_existing_state_dir_is_tightened(tmp_path: Path) -> None:
+    d = tmp_path / "state"
+    d.mkdir(mode=0o755)
+    os.chmod(d, 0o755)
+    assert prepare_state_dir(d) == d
+    assert mode(d) == 0o700
+
+
+def test_sqlite_url_keeps_an_existing_database(store: Store, gen_id: int, state_dir: Path) -> None:
+    assert sqlite_url(state_dir) == store.url
+    assert gen_state(store, gen_id) is GenState.spawning
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_state_dir_owned_by_someone_else_is_refused(tmp_path: Path) -> None:
+    d = tmp_path / "state"
+    d.mkdir(mode=0o700)
+    os.chown(d, 65534, 65534)
+    with pytest.raises(StoreNotReady) as err:
+        prepare_state_dir(d)
+    assert "owned by uid 65534" in err.value.cause
+    assert err.value.fix and "--state-dir" in err.value.fix
+    assert mode(d) == 0o700 and d.stat().st_uid == 65534  # refused without touching it
+
+
+def test_state_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "state"
+    f.write_text("")
+    with pytest.raises(StoreNotReady, match="not a directory"):
+        prepare_state_dir(f)
+
+
+# -- guarded updates -----------------------------------------------------------------------
+
+def to_running(gid: int, *extra: object) -> object:
+    def step(s: Session) -> None:
+        guarded_update(s, Generation, [Generation.id == gid, *extra],
+                       {"state": GenState.running, "pid": 4242}, f"g{gid} running",
+                       state_col="state", expected=GenState.spawning)
+
+    return step
+
+
+def test_guarded_update_moves_a_matching_row(store: Store, gen_id: int) -> None:
+    store.write(to_running(gen_id, fenced("web", AGENT, FENCE)))
+    assert gen_state(store, gen_id) is GenState.running
+
+
+def test_guarded_update_lost_race_on_state(store: Store, gen_id: int) -> None:
+    store.write(to_running(gen_id))
+    with pytest.raises(LostRace) as err:
+        store.write(to_running(gen_id))  # expects spawning, the row is running now
+    assert err.value.what == f"g{gen_id} running"
+    assert gen_state(store, gen_id) is GenState.running
+
+
+@pytest.mark.parametrize("holder,fence", [(AGENT, FENCE + 1), (AGENT, FENCE - 1),
+                                          ("agent-2", FENCE)])
+def test_guarded_update_lost_race_on_fence(store: Store, gen_id: int, holder: str,
+                                           fence: int) -> None:
+    with pytest.raises(LostRace):
+        store.write(to_running(gen_id, fenced("web", holder, fence)))
+    assert gen_state(store, gen_id) is GenState.spawning
+
+
+def test_lost_race_rolls_back_the_whole_step(store: Store, gen_id: int) -> None:
+    def step(s: Session) -> None:
+        emit(s, "probe", "web", gen_id)
+        to_running(gen_id, fenced("web", AGENT, FENCE + 1))(s)  # type: ignore[operator]
+
+    with pytest.raises(LostRace):
+        store.write(step)
+    assert store.read(lambda s: s.execute(select(Event.id)).all()) == []
+
+
+STATE_MODELS = {GenState: (Generation, "state"), WakeState: (Wake, "state"),
+                StopState: (Stop, "state")}
+
+
+def test_every_state_enum_has_a_transition_table() -> None:
+    assert set(TRANSITIONS) == set(STATE_MODELS)
+    for cls, table in TRANSITIONS.items():
+        assert set(table) == set(cls), f"{cls.__name__}: states missing from TRANSITIONS"
+        for old, news in table.items():
+            assert all(isinstance(n, cls) for n in news)
+            assert old not in news, f"{cls.__name__}.{old.name} -> itself"
+
+
+def test_illegal_transitions_trip_the_assertion(store: Store) -> None:
+    """Every pair of distinct states: legal ones reach the UPDATE (no row matches id -1:
+    LostRace); illegal ones are refused before any SQL runs."""
+    seen = {"legal": 0, "illegal": 0}
+
+    def step(s: Session) -> None:
+        for cls, (model, col) in STATE_MODELS.items():
+            for old in cls:
+                for new in cls:
+                    if old is new:
+                        continue
+                    legal = new in TRANSITIONS[cls][old]
+                    exc = LostRace if legal else AssertionError
+                    with pytest.raises(exc) as err:
+                        guarded_update(s, model, [model.id == -1], {col: new}, "probe",
+                                       state_col=col, expected=old)
+                    if not legal:
+                        assert f"illegal transition {old} -> {new}" in str(err.value)
+                    seen["legal" if legal else "illegal"] += 1
+
+    store.write(step)
+    assert seen["legal"] > 0 and seen["illegal"] > 0
+
+
+def test_illegal_transition_leaves_the_row(store: Store, gen_id: int) -> None:
+    def step(s: Session) -> None:
+        guarded_update(s, Generation, [Generation.id == gen_id], {"state": GenState.current},
+                       "skip running", state_col="state", expected=GenState.spawning)
+
+    with pytest.raises(AssertionError, match="illegal transition"):
+        store.write(step)
+    assert gen_state(store, gen_id) is GenState.spawning
+
+
+# -- lock contention --------------------------------------------------------------------------
+
+def hold_write_lock(db: Path, seconds: float) -> tuple[threading.Thread, threading.Event]:
+    """A second, plain sqlite3 connection takes the write lock and keeps it `seconds`."""
+    held = threading.Event()
+
+    def run() -> None:
+        conn = sqlite3.connect(db, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            held.set()
+            time.sleep(seconds)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    t = threading.Thread(target=run, name="lock-holder")
+    t.start()
+    assert held.wait(5), "the lock holder never took the lock"
+    return t, held
+
+
+def test_write_retries_database_is_locked(store: Store, state_dir: Path) -> None:
+    fast = Store(store.url, busy_timeout_ms=50)
+    fast.read(lambda s: s.execute(text("SELECT 1")).scalar())  # connected before the lock
+    calls = 0
+
+    def step(s: Session) -> str:
+        nonlocal calls
+        calls += 1
+        emit(s, "probe", None)
+        return "written"
+
+    try:
+        holder, _ = hold_write_lock(state_dir / DB_FILE, 0.3)
+        t0 = time.monotonic()
+        assert fast.write(step) == "written"  # no exception surfaces
+        elapsed = time.monotonic() - t0
+        holder.join(5)
+        assert calls > 1, "the write never met the lock: nothing was retried"
+        assert elapsed >= 0.2, f"the write went through a held lock after {elapsed:.3f}s"
+        assert elapsed < 5
+        assert fast.read(lambda s: s.execute(select(Event.kind)).scalars().all()) == ["probe"]
+    finally:
+        fast.dispose()
+
+
+def test_reads_are_not_blocked_by_a_writer(store: Store, gen_id: int, state_dir: Path) -> None:
+    holder, _ = hold_write_lock(state_dir / DB_FILE, 0.3)
+    t0 = time.monotonic()
+    assert gen_state(store, gen_id) is GenState.spawning  # WAL: readers never wait
+    assert time.monotonic() - t0 < 0.2
+    holder.join(5)
+
+
+def test_other_errors_are_not_retried(store: Store, gen_id: int) -> None:
+    calls = 0
+
+    def step(s: Session) -> None:
+        nonlocal calls
+        calls += 1
+        s.execute(text("INSERT INTO leases (host, holder, fence, acquired_at, expires_at) "
+                       "VALUES ('web', 'x', 1, '2026-01-01', '2026-01-01')"))
+
+    with pytest.raises(IntegrityError):
+        store.write(step)
+    assert calls == 1
+
+
+class _PgError(Exception):
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(sqlstate)
+        self.sqlstate = sqlstate
+
+
+def test_transient_errors() -> None:
+    assert is_transient(OperationalError("BEGIN", {}, sqlite3.OperationalError("database is locked")))
+    assert is_transient(OperationalError("BEGIN", {}, sqlite3.OperationalError("database is busy")))
+    assert is_transient(DBAPIError("UPDATE", {}, _PgError("40001")))  # serialization failure
+    assert is_transient(DBAPIError("UPDATE", {}, _PgError("40P01")))  # deadlock detected
+    assert not is_transient(OperationalError("x", {}, sqlite3.OperationalError("disk I/O error")))
+    assert not is_transient(DBAPIError("UPDATE", {}, _PgError("23505")))
+    assert not is_transient(LostRace("g1"))
