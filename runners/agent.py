@@ -79,7 +79,6 @@ class Reconciler:
         rows = sorted(due(self.ctx, utcnow()), key=lambda d: d.host)
         # Rotate: hosts after the cursor go first, so no host is always last.
         rows = [d for d in rows if d.host > self.cursor] + [d for d in rows if d.host <= self.cursor]
-        first = True
         for d in rows:
             with self._lock:
                 if d.host in self.inflight:
@@ -87,8 +86,9 @@ class Reconciler:
                 if len(self.inflight) >= self.max_hosts:
                     break
                 self.inflight.add(d.host)
-            if first:
-                self.cursor, first = d.host, False
+            # Past the last host admitted: a full window moves on by its whole width, so a
+            # late host never waits behind the same slow hosts round after round.
+            self.cursor = d.host
             self.pool.submit(self._drive, d)
         with self._lock:
             busy = set(self.inflight)

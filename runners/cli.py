@@ -289,11 +289,18 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -
 @click.pass_obj
 def gc(env: Env) -> None:
     """Delete staged builds that no host, live generation or open attempt references."""
-    import shutil
-
     doomed = env.store().write(collect)
     for b in doomed:
-        shutil.rmtree(Path(b.path).parent, ignore_errors=True)
+        # Only this build's file: builds with the same bytes under another name share the
+        # digest directory, and one of them may still be referenced.
+        try:
+            os.unlink(b.path)
+        except FileNotFoundError:
+            pass
+        try:
+            os.rmdir(Path(b.path).parent)  # the digest dir, once nothing else is in it
+        except OSError:
+            pass
     click.echo(f"{len(doomed)} build(s) deleted")
 
 

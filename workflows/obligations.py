@@ -95,7 +95,11 @@ def next_due(ctx: Context, busy: set[str]) -> datetime | None:
     rows = _open_rows(ctx)
 
     def q(s: Session) -> datetime | None:
-        stmt = select(func.min(rows.c.at))
+        # As in due(): a host another agent holds is not ours, nor is its overdue row our
+        # next wake-up (it would hide every retry of ours until the safety scan).
+        elsewhere = select(Lease.host).where(Lease.holder != ctx.agent_id,
+                                             Lease.expires_at > utcnow())
+        stmt = select(func.min(rows.c.at)).where(rows.c.host.not_in(elsewhere))
         if busy:
             stmt = stmt.where(rows.c.host.not_in(busy))
         return s.execute(stmt).scalar()

@@ -224,21 +224,25 @@ def _overlap(ctx: Context, a: Attempt) -> None:
     def switch(s: Session) -> None:
         nonlocal old_id
         gate(s, ctx, a)
+        # None when the old current died mid-deploy (the liveness sweep already made it a
+        # retiring member): the successor still takes over, there is nothing to drain.
         old = s.execute(select(Generation).where(Generation.host == a.host,
-                                                 Generation.state == GenState.current)).scalar_one()
-        old_id = old.id
-        mark_retiring(s, old.id, GenState.current, f"replaced by g{gen.id}")
+                                                 Generation.state == GenState.current)).scalar_one_or_none()
+        old_id = old.id if old is not None else None
+        if old is not None:
+            mark_retiring(s, old.id, GenState.current, f"replaced by g{gen.id}")
         guarded_update(s, Generation, [Generation.id == gen.id],
                        {"state": GenState.current, "current_at": utcnow()},
                        f"generation g{gen.id} running -> current", state_col="state",
                        expected=GenState.running)
         s.execute(Member.__table__.delete().where(Member.generation_id == gen.id))
         now = utcnow()
-        s.add(Member(generation_id=old.id, host=a.host, role=MemberRole.retiring, attempt_id=a.id,
-                     fence=a.fence, since=now, next_attempt_at=now))
+        if old is not None:
+            s.add(Member(generation_id=old.id, host=a.host, role=MemberRole.retiring,
+                         attempt_id=a.id, fence=a.fence, since=now, next_attempt_at=now))
         s.execute(Host.__table__.update().where(Host.name == a.host).values(build_id=a.build_id))
-        _step(s, a, AttemptStep.switched, retiring_id=old.id)
-        emit(s, "switched", a.host, gen.id, attempt=a.id, retiring=old.id)
+        _step(s, a, AttemptStep.switched, retiring_id=old_id)
+        emit(s, "switched", a.host, gen.id, attempt=a.id, retiring=old_id)
         s.flush()
         # The rename happens inside the transaction: if the commit fails, recovery re-points
         # the link at whatever the store says is current.
@@ -357,6 +361,8 @@ def _check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Gene
 
 def _drain(ctx: Context, a: Attempt) -> None:
     """At or after the switch: finish. SIGTERM, the app's drain, SIGKILL, proof, leave."""
+    if a.retiring_id is None:
+        return _nothing_to_drain(ctx, a)
     old = ctx.store.read(lambda s: s.get(Generation, a.retiring_id))
     member = ctx.store.read(lambda s: s.get(Member, a.retiring_id))
     host = ctx.store.read(lambda s: s.get(Host, a.host))
@@ -382,6 +388,23 @@ def _drain(ctx: Context, a: Attempt) -> None:
 
     ctx.store.write(step)
     ctx.proc.release(ref_of(old))
+    crashpoint(DRAINED)
+    run_restores(ctx, a.host)
+
+
+def _nothing_to_drain(ctx: Context, a: Attempt) -> None:
+    """The switch found no current generation (it had died and is a member the sweep reaps):
+    done. The successor's own member row left at the switch, so if that made the set empty
+    the restore is owed here."""
+
+    def step(s: Session) -> None:
+        leave_set(s, ctx, a.host, a.successor_id)  # type: ignore[arg-type]
+        _step(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True, drain_seconds=0.0,
+              reason="switched (the old generation had already exited)", ended_at=utcnow())
+        emit(s, "swapped", a.host, a.successor_id, attempt=a.id, mode=a.effective_mode.value,
+             retired=None, drain_seconds=0.0)
+
+    ctx.store.write(step)
     crashpoint(DRAINED)
     run_restores(ctx, a.host)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from models.tables import Generation
 from runners.process import detect_cgroup_base
 from tests.conftest import FIXTURES, Vigil, pid_dead, wait_for
 
@@ -68,7 +69,8 @@ def test_wake_serve_stop_round_trip(vigil: Vigil) -> None:
     assert agent.poll() is None
 
 
-def test_double_forked_grandchild_ignoring_term_is_proven_gone(vigil: Vigil, short_tmp: Path) -> None:
+def test_double_forked_grandchild_ignoring_term_is_proven_gone(vigil: Vigil, short_tmp: Path,
+                                                               containment: str) -> None:
     # The staged copy lives under <state>/builds, so run the fixture from the repository
     # (it finds hello.py relative to its own path) through a one-line exec wrapper.
     build = short_tmp / "dfork"
@@ -84,6 +86,12 @@ def test_double_forked_grandchild_ignoring_term_is_proven_gone(vigil: Vigil, sho
                               what="the grandchild's pidfile"))
     assert grandchild != st["pid"] and not pid_dead(grandchild)
     assert grandchild in vigil.app_pids()
+    cgroup = vigil.store.read(lambda s: s.get(Generation, st["generation"]).cgroup)
+    if containment == "cgroup":  # it left the session, but not the generation's cgroup
+        assert cgroup and cgroup.startswith(str(CGROUP)), cgroup
+        assert grandchild in [int(x) for x in Path(cgroup, "cgroup.procs").read_text().split()]
+    else:
+        assert cgroup is None
     vigil.check()
     vigil.run("stop", "df", "--wait")
     stopped_clean(vigil, "df", st["pid"], grandchild)
@@ -100,7 +108,7 @@ def test_leader_hanging_on_term_is_killed_after_drain_timeout(vigil: Vigil) -> N
     vigil.run("stop", "hang", "--wait")
     took = time.monotonic() - started
     assert took >= 0.9, f"stop took {took:.2f}s: the 1 s drain was not honoured"
-    assert took < 8, f"stop took {took:.2f}s"
+    assert took < 15, f"stop took {took:.2f}s"
     stopped_clean(vigil, "hang", st["pid"])
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from models import schema
 from models.errors import LostRace, StoreNotReady
-from models.states import TRANSITIONS, GenState, HostKind, StopState, WakeState
+from models.states import TRANSITIONS, AttemptStep, GenState, HostKind, StopState, WakeState
 from models.store import (
     DB_FILE,
     Store,
@@ -31,7 +31,7 @@ from models.store import (
     sqlite_url,
     utcnow,
 )
-from models.tables import Build, Event, Generation, Host, Lease, Stop, Wake
+from models.tables import Attempt, Build, Event, Generation, Host, Lease, Stop, Wake
 
 AGENT = "agent-1"
 FENCE = 3
@@ -105,7 +105,9 @@ def test_pragmas_when_asked(state_dir: Path) -> None:
 
 
 def test_pragmas_hold_on_every_pooled_connection(store: Store) -> None:
-    with store.engine.connect() as a, store.engine.connect() as b:
+    ro = {"vigil_readonly": True}  # plain BEGIN: two open connections do not queue
+    with store.engine.connect().execution_options(**ro) as a, \
+            store.engine.connect().execution_options(**ro) as b:
         assert a.connection.dbapi_connection is not b.connection.dbapi_connection
         for conn in (a, b):
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
@@ -243,12 +245,13 @@ def test_lost_race_rolls_back_the_whole_step(store: Store, gen_id: int) -> None:
     assert store.read(lambda s: s.execute(select(Event.id)).all()) == []
 
 
+# Every Enum with a transition table, and the column it guards.
 STATE_MODELS = {GenState: (Generation, "state"), WakeState: (Wake, "state"),
-                StopState: (Stop, "state")}
+                StopState: (Stop, "state"), AttemptStep: (Attempt, "step")}
 
 
 def test_every_state_enum_has_a_transition_table() -> None:
-    assert set(TRANSITIONS) == set(STATE_MODELS)
+    assert set(TRANSITIONS) == set(STATE_MODELS), "name the column a new table guards here"
     for cls, table in TRANSITIONS.items():
         assert set(table) == set(cls), f"{cls.__name__}: states missing from TRANSITIONS"
         for old, news in table.items():
@@ -292,24 +295,33 @@ def test_illegal_transition_leaves_the_row(store: Store, gen_id: int) -> None:
 
 # -- lock contention --------------------------------------------------------------------------
 
-def hold_write_lock(db: Path, seconds: float) -> tuple[threading.Thread, threading.Event]:
-    """A second, plain sqlite3 connection takes the write lock and keeps it `seconds`."""
-    held = threading.Event()
+class WriteLock:
+    """A second, plain sqlite3 connection holding the write lock (BEGIN IMMEDIATE) in a
+    thread, until `release` is set or `seconds` pass; `released_at` is when it let go."""
 
-    def run() -> None:
-        conn = sqlite3.connect(db, isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            held.set()
-            time.sleep(seconds)
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
+    def __init__(self, db: Path, seconds: float) -> None:
+        self.release = threading.Event()
+        self.released_at = 0.0
+        held = threading.Event()
 
-    t = threading.Thread(target=run, name="lock-holder")
-    t.start()
-    assert held.wait(5), "the lock holder never took the lock"
-    return t, held
+        def run() -> None:
+            conn = sqlite3.connect(db, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                held.set()
+                self.release.wait(seconds)
+                self.released_at = time.monotonic()
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+
+        self.thread = threading.Thread(target=run, name="lock-holder")
+        self.thread.start()
+        assert held.wait(5), "the lock holder never took the lock"
+
+    def join(self) -> None:
+        self.release.set()
+        self.thread.join(5)
 
 
 def test_write_retries_database_is_locked(store: Store, state_dir: Path) -> None:
@@ -324,25 +336,24 @@ def test_write_retries_database_is_locked(store: Store, state_dir: Path) -> None
         return "written"
 
     try:
-        holder, _ = hold_write_lock(state_dir / DB_FILE, 0.3)
-        t0 = time.monotonic()
+        lock = WriteLock(state_dir / DB_FILE, 0.3)
         assert fast.write(step) == "written"  # no exception surfaces
-        elapsed = time.monotonic() - t0
-        holder.join(5)
+        done_at = time.monotonic()
+        lock.join()
+        assert lock.released_at and done_at >= lock.released_at
         assert calls > 1, "the write never met the lock: nothing was retried"
-        assert elapsed >= 0.2, f"the write went through a held lock after {elapsed:.3f}s"
-        assert elapsed < 5
         assert fast.read(lambda s: s.execute(select(Event.kind)).scalars().all()) == ["probe"]
     finally:
         fast.dispose()
 
 
 def test_reads_are_not_blocked_by_a_writer(store: Store, gen_id: int, state_dir: Path) -> None:
-    holder, _ = hold_write_lock(state_dir / DB_FILE, 0.3)
-    t0 = time.monotonic()
-    assert gen_state(store, gen_id) is GenState.spawning  # WAL: readers never wait
-    assert time.monotonic() - t0 < 0.2
-    holder.join(5)
+    lock = WriteLock(state_dir / DB_FILE, 10)
+    try:
+        assert gen_state(store, gen_id) is GenState.spawning  # WAL: readers never wait
+        assert not lock.released_at, "the read waited for the writer"
+    finally:
+        lock.join()
 
 
 def test_other_errors_are_not_retried(store: Store, gen_id: int) -> None:
