@@ -18,7 +18,7 @@ from models import schema
 from models.errors import BadInput, NotFound, VigilError
 from models.states import Cause, HostKind, Mode, Outcome
 from models.store import Store
-from models.tables import Attempt, Event, Generation, Host, Stop, Wake
+from models.tables import Attempt, Event, Generation, Host, Release, Stop, Wake
 from runners.doorbell import agent_id, ring, running_agent_pid
 from runners.files import stage_build
 from runners.setup import make_context, open_store
@@ -161,9 +161,19 @@ def _wait_row(env: Env, model: Any, row_id: int, timeout: float) -> Any:
     started = time.monotonic()
     deadline = started + timeout
     warned = False
+    unproven_at: float | None = None
     while True:
         row = store.read(lambda s: s.get(model, row_id))
-        if row.state.value in ("done", "failed", "cancelled", "unproven"):
+        settled = row.state.value in ("done", "failed", "cancelled")
+        if settled and not store.read(lambda s: s.execute(
+                select(Release.id).where(Release.host == row.host)).first()):
+            return row  # ... and the lease is given back, when it was owed
+        # An unproven wake is usually proven a moment later: report it only if it stays.
+        if row.state.value != "unproven":
+            unproven_at = None
+        elif unproven_at is None:
+            unproven_at = time.monotonic()
+        elif time.monotonic() - unproven_at > 3:
             return row
         if not warned and time.monotonic() - started > 3 and running_agent_pid(env.state_dir) is None:
             click.echo(f"vigil: no agent is running on {env.state_dir}; the intent waits for "

@@ -144,7 +144,7 @@ def _verify(ctx: Context, a: Attempt) -> Build:
         raise Stale(f"staged build {build.path} unreadable: {exc.strerror}") from None
     if digest != a.digest:
         raise Stale(f"staged build {build.path} does not match its digest "
-                    f"({digest[:12]} != {a.digest[:12]})")
+                    f"({digest[:12]} != {a.digest[:12]}); deploy the build again")
     return build
 
 

@@ -165,10 +165,10 @@ def _start(ctx: Context, w: Wake) -> Result:
         digest = ctx.files.digest(build.path)
     except OSError as exc:
         return _refuse_build(ctx, w, f"staged build {build.path} cannot be read ({exc.strerror}): "
-                                     "restage it with `vigil host add`")
+                                     "stage it again with `vigil deploy HOST BUILD`")
     if digest != build.digest:
         return _refuse_build(ctx, w, f"staged build {build.path} does not match its digest "
-                                     f"({digest[:16]} != {build.digest[:16]}): restage it with `vigil host add`")
+                                     f"({digest[:16]} != {build.digest[:16]}): stage it again with `vigil deploy HOST BUILD`")
 
     gen_uuid = str(uuidlib.uuid4())
     cgroup = ctx.proc.containment_for(gen_uuid)

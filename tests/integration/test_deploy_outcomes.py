@@ -235,7 +235,7 @@ def test_old_generation_dying_during_canary_still_switches(vigil: Vigil, short_t
     """The old current crashes while the successor settles: the liveness sweep retires it
     (and queues a restart); the deploy must still switch to the healthy successor, not kill
     it and restart the host on the old build."""
-    old = awake(vigil, settle=3)
+    old = awake(vigil, settle=4)
     b = variant(HELLO, short_tmp / "b.py", "b")
     aid = queued_id(vigil.run("deploy", "hello", str(b), "--canary").stdout)
     wait_for(lambda: attempt(vigil, aid).step.value == "healthy", 15, what="attempt settling")
@@ -244,6 +244,7 @@ def test_old_generation_dying_during_canary_still_switches(vigil: Vigil, short_t
     wait_for(lambda: attempt(vigil, aid).outcome is not None, 20, what="attempt ended")
     a = attempt(vigil, aid)
     assert (a.outcome, a.executed) == (Outcome.done, True), (a.outcome, a.reason, a.last_error)
+    assert attempt(vigil, aid).step.value == "ended" and a.retiring_id is None  # it found no current
     vigil.quiesce(20)
     st = vigil.status("hello")
     assert st["generation"] == a.successor_id and st["build_digest"] == digest(b), st
