@@ -165,8 +165,9 @@ def _wait_row(env: Env, model: Any, row_id: int, timeout: float) -> Any:
     while True:
         row = store.read(lambda s: s.get(model, row_id))
         settled = row.state.value in ("done", "failed", "cancelled")
+        host = row.host
         if settled and not store.read(lambda s: s.execute(
-                select(Release.id).where(Release.host == row.host)).first()):
+                select(Release.id).where(Release.host == host)).first()):
             return row  # ... and the lease is given back, when it was owed
         # An unproven wake is usually proven a moment later: report it only if it stays.
         if row.state.value != "unproven":
