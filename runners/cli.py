@@ -165,9 +165,8 @@ def _wait_row(env: Env, model: Any, row_id: int, timeout: float) -> Any:
     while True:
         row = store.read(lambda s: s.get(model, row_id))
         settled = row.state.value in ("done", "failed", "cancelled")
-        host = row.host
-        if settled and not store.read(lambda s: s.execute(
-                select(Release.id).where(Release.host == host)).first()):
+        if settled and not store.read(lambda s, h=row.host: s.execute(
+                select(Release.id).where(Release.host == h)).first()):
             return row  # ... and the lease is given back, when it was owed
         # An unproven wake is usually proven a moment later: report it only if it stays.
         if row.state.value != "unproven":
