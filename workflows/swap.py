@@ -52,6 +52,7 @@ DRAINED = define("swap.drained", "the retiring generation is proven and left the
 ENDED = define("swap.ended", "an attempt that did not switch is ended; its successor not reaped yet")
 OLD_STOPPING = define("swap.old_stopping", "hold: the old current is a retiring member, unlinked")
 OLD_STOPPED = define("swap.old_stopped", "hold: the old generation is proven gone")
+SUCCESSOR = define("swap.successor", "hold: the successor's generation and member are written; nothing spawned")
 
 _EXECUTED_FROM = {AttemptStep.spawning, AttemptStep.spawned, AttemptStep.healthy,
                   AttemptStep.settled, AttemptStep.switched, AttemptStep.drained}
@@ -437,12 +438,7 @@ def _hold(ctx: Context, a: Attempt) -> None:
                     AttemptStep.settled):
         # Interrupted after the old one was stopped: end what was starting, start again.
         def back(s: Session) -> None:
-            if a.successor_id is not None:
-                g = s.get(Generation, a.successor_id)
-                if g is not None and g.state in (GenState.spawning, GenState.running):
-                    mark_retiring(s, g.id, g.state, "hold interrupted before it was current")
-                    s.execute(Member.__table__.update().where(Member.generation_id == g.id)
-                              .values(role=MemberRole.retiring, unproven=True))
+            _retire_successor(s, a)
             _step(s, a, AttemptStep.stopping_old)
 
         ctx.store.write(back)
@@ -450,6 +446,11 @@ def _hold(ctx: Context, a: Attempt) -> None:
             _reap_inline(ctx, a.successor_id)
         build = _verify(ctx, a)
     else:
+        if a.successor_id is not None:
+            # A successor written by a try that died before its spawn step: it never ran,
+            # but it is a member; reap it before another one is written.
+            ctx.store.write(lambda s: _retire_successor(s, a))
+            _reap_inline(ctx, a.successor_id)
         build = _verify(ctx, a)
     if a.step in (AttemptStep.admitted, AttemptStep.stopping_old):
         _finish_old(ctx, a)
@@ -475,6 +476,7 @@ def _hold(ctx: Context, a: Attempt) -> None:
 
     gen = ctx.store.write(new_gen)
     a.successor_id = gen.id
+    crashpoint(SUCCESSOR)
     spawned = _spawn(ctx, a, host, build, gen)
     _check(ctx, a, host, gen, spawned)
 
@@ -496,6 +498,17 @@ def _hold(ctx: Context, a: Attempt) -> None:
     crashpoint(SWITCHED)
     if gen.socket:
         ctx.files.point_link(ctx.link_for(a.host), gen.socket)
+
+
+def _retire_successor(s: Session, a: Attempt) -> None:
+    """hold: the successor of an interrupted try becomes a retiring member to be reaped."""
+    if a.successor_id is None:
+        return
+    g = s.get(Generation, a.successor_id)
+    if g is not None and g.state in (GenState.spawning, GenState.running):
+        mark_retiring(s, g.id, g.state, "hold interrupted before it was current")
+        s.execute(Member.__table__.update().where(Member.generation_id == g.id)
+                  .values(role=MemberRole.retiring, unproven=True))
 
 
 def _stop_old(ctx: Context, a: Attempt) -> None:

@@ -41,6 +41,7 @@ class FlakyLimit:
     store: Store
     is_available: bool = True
     fail_restores: int = 0
+    fail_raise: bool = False
     calls: list[tuple[int, bool, bool]] = field(default_factory=list)  # (mb, raised, ok)
 
     def available(self) -> bool:
@@ -48,6 +49,9 @@ class FlakyLimit:
 
     def set_limit(self, host: str, megabytes: int) -> None:
         raised = self.store.read(lambda s: s.get(Host, host).raised)
+        if megabytes == 2 * TIER and self.fail_raise:
+            self.calls.append((megabytes, raised, False))
+            raise OSError(16, "injected: raise half-done")
         if megabytes != 2 * TIER and self.fail_restores > 0:
             self.fail_restores -= 1
             self.calls.append((megabytes, raised, False))
@@ -239,6 +243,31 @@ def test_box_without_memory_controller_never_raises(vigil: Vigil, boxes: list[Bo
     assert box.limits.calls == []  # refused before any write: nothing to restore
     assert box.health.raised_seen and not any(box.health.raised_seen)
     assert box.host().raised is False and box.restores() == []
+    assert vigil.obligations() == []
+    vigil.check()
+    stop(box)
+    assert vigil.app_pids() == []
+    vigil.check()
+
+
+def test_failed_raise_abandons_unexecuted_and_still_restores(vigil: Vigil, boxes: list[Box],
+                                                            short_tmp: Path) -> None:
+    """A raise that failed may have changed the limit: it was marked before it was asked,
+    so the attempt is abandoned (nothing of the build ran) and the limit is put back."""
+    box = make_box(vigil, available=True, fail_restores=0)
+    box.limits.fail_raise = True
+    boxes.append(box)
+    old = wake(box)
+    aid = box.deploy(variant(short_tmp, "b"))
+    assert drive_attempt(box.ctx, aid) is Result.progress
+    a = box.attempt(aid)
+    assert (a.outcome, a.executed) == (Outcome.abandoned, False), a.reason
+    assert "raise" in a.reason, a.reason
+    assert box.limits.calls == [(2 * TIER, True, False), (TIER, True, True)]
+    assert box.host().raised is False and box.restores() == []
+    successor = box.store.read(lambda s: s.get(Generation, a.successor_id))
+    assert successor.pid is None and successor.state is GenState.proven  # never exec'd
+    assert box.current().id == old.id and not pid_dead(old.pid)
     assert vigil.obligations() == []
     vigil.check()
     stop(box)

@@ -23,9 +23,8 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,10 +33,12 @@ import psutil
 import pytest
 from sqlalchemy import select
 
+from models import schema
 from models.states import LIVE_GEN, GenState, HostKind, WakeState
 from models.tables import Attempt, Build, Generation, Host, Lease, Wake
 from runners.doorbell import ring
 from runners.files import stage_build
+from runners.setup import open_store
 from tests.conftest import FIXTURES, HELLO, Vigil, marked_pids, wait_for
 from workflows import hosts
 from workflows.wake import request_wake
@@ -52,6 +53,23 @@ SETTLE = "0.5"  # canary settle window (VIGIL_SETTLE_SECONDS) for every agent he
 
 
 # -- harness ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def vigil(short_tmp: Path, containment: str) -> Iterator[Vigil]:
+    """conftest's `vigil`, with the store created in-process (`vigil db upgrade` is not
+    under test here, and a CLI start-up per test adds up over this many scenarios)."""
+    v = Vigil(short_tmp / "state", {"VIGIL_CONTAINMENT": containment})
+    store = open_store(v.state_dir, None, create=True)
+    try:
+        schema.upgrade(store.engine)
+    finally:
+        store.dispose()
+    try:
+        yield v
+    finally:
+        v.cleanup()
+
 
 
 def start(v: Vigil, crash_at: str | None = None) -> tuple[subprocess.Popen[bytes], int]:
@@ -164,19 +182,6 @@ def add_host(v: Vigil, name: str, build: Path, **opts: float) -> None:
         health_timeout=opts.get("health_timeout", 10.0)))
 
 
-def wrapped(fixture: Path) -> Callable[[Vigil], Path]:
-    """A build that execs a fixture from where it lives (staging copies only the file, and
-    double_fork.py finds hello.py by a path relative to itself)."""
-
-    def make(v: Vigil) -> Path:
-        build = v.state_dir.parent / f"{fixture.stem}.sh"
-        build.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fixture}"\n')
-        build.chmod(0o755)
-        return build
-
-    return make
-
-
 def new_build(v: Vigil, source: Path = HELLO) -> Path:
     """A copy of `source` with other bytes: another digest, so another build (hello reports
     the sha256 of its own file as build=<12 hex> in every answer)."""
@@ -247,7 +252,7 @@ def cli_deploy(mode: str, source: Path = HELLO, *extra: str) -> Callable[[Vigil]
 # double_fork leaves a grandchild in its own session that ignores SIGTERM: ending such a
 # generation needs the SIGKILL of its containment (*.killed points are reached only then),
 # and a leak shows as a stray process.
-STUBBORN = wrapped(FIXTURES / "double_fork.py")
+STUBBORN = FIXTURES / "double_fork.py"
 
 WAKE = Flow("wake", cli_wake, end="awake")
 FAILED_WAKE = Flow("failed-wake", cli_wake, end="failed", build=FIXTURES / "bad_health.py",
@@ -327,6 +332,7 @@ SCENARIOS: dict[str, Scenario] = {
     # hold deploy
     "swap.old_stopping": Scenario(HOLD),
     "swap.old_stopped": Scenario(HOLD),
+    "swap.successor": Scenario(HOLD),
 }
 
 # The same points reached through another workflow (shared step names).
@@ -349,6 +355,8 @@ PAIRS: list[tuple[str, ...]] = [
     ("wake.current", "recover.adopted"),
     ("swap.spawned", "swap.ended"),
     ("swap.switched", "swap.drain_killed"),
+    ("swap.old_stopping", "swap.drain_killed"),
+    ("swap.successor", "member.proven"),
 ]
 
 # Scenarios run again with marker containment (no cgroup): the ones whose recovery must
