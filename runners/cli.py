@@ -26,7 +26,7 @@ from workflows import crash
 from workflows.builds import collect
 from workflows.hosts import add_host, record_build, remove_host, status
 from workflows.stop import request_stop
-from workflows.swap import last_failed_build, request_deploy
+from workflows.swap import last_failed, request_deploy
 from workflows.wake import request_wake
 
 
@@ -261,8 +261,9 @@ def retry(env: Env, name: str, wait: bool, timeout: float) -> None:
     store = env.store()
 
     def intent(s):  # type: ignore[no-untyped-def]
-        build = last_failed_build(s, name)
-        return request_deploy(s, name, build, mode=Mode.overlap, canary=False, cause=Cause.retry).id
+        build, failed = last_failed(s, name)
+        return request_deploy(s, name, build, mode=failed.mode, canary=failed.canary,
+                              cause=Cause.retry).id
 
     _attempt(env, name, store.write(intent), wait, timeout)
 

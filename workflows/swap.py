@@ -79,15 +79,15 @@ def request_deploy(s: Session, host: str, build: Build, *, mode: Mode, canary: b
     return a
 
 
-def last_failed_build(s: Session, host: str) -> Build:
-    """The build `vigil retry` re-arms: the newest attempt of the host that failed."""
+def last_failed(s: Session, host: str) -> tuple[Build, Attempt]:
+    """What `vigil retry` re-arms: the newest attempt of the host that failed, and its build."""
     a = s.execute(select(Attempt).where(Attempt.host == host, Attempt.outcome.in_(
         (Outcome.failed, Outcome.down))).order_by(Attempt.id.desc()).limit(1)).scalar_one_or_none()
     if a is None:
         raise BadInput(f"host {host} has no failed deploy to retry", "deploy a build with `vigil deploy`")
     b = s.get(Build, a.build_id)
     assert b is not None
-    return b
+    return b, a
 
 
 def drive_attempt(ctx: Context, attempt_id: int) -> Result:
@@ -101,6 +101,10 @@ def drive_attempt(ctx: Context, attempt_id: int) -> Result:
             _hold(ctx, a)
     except (Stale, Cancelled, BuildFailed, SpawnError) as exc:
         _end(ctx, attempt_id, exc)
+    except Poke:
+        raise
+    except Exception as exc:  # a lost race or a store error mid-step: never the build's fault
+        _end(ctx, attempt_id, Stale(f"step {a.step.value} failed: {type(exc).__name__}: {exc}"))
     return Result.progress
 
 
@@ -113,8 +117,8 @@ def _load(ctx: Context, attempt_id: int) -> Attempt | None:
 
 def gate(s: Session, ctx: Context, a: Attempt) -> None:
     """Re-checked before every step that acts: the newest attempt, the lease, not stopping."""
-    if ctx.shutting_down.is_set():
-        raise Cancelled("the agent is shutting down")
+    if ctx.shutting_down.is_set():  # the gate refusing (DESIGN §4 rule 7): stale
+        raise Stale("the agent is shutting down")
     stop = s.execute(select(Stop.id).where(Stop.host == a.host, Stop.state.in_(OPEN_STOP))).first()
     if stop is not None:
         raise Cancelled(f"host {a.host} is being stopped (stop #{stop.id})")
@@ -178,7 +182,8 @@ def _overlap(ctx: Context, a: Attempt) -> None:
     if a.step in (AttemptStep.switched, AttemptStep.drained):
         return _drain(ctx, a)
     if a.step is not AttemptStep.queued:
-        raise Stale(f"interrupted at step {a.step.value}, before the switch (the agent restarted)")
+        raise Stale(f"interrupted at step {a.step.value}, before the switch (found mid-way by a "
+                    "new driver: the agent restarted)")
     build = _verify(ctx, a)
     gen_uuid = str(uuidlib.uuid4())
     cgroup = ctx.proc.containment_for(gen_uuid)
