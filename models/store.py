@@ -137,11 +137,12 @@ def make_engine(url: str, synchronous: str, busy_timeout_ms: int) -> Engine:
             cur.execute(f"PRAGMA synchronous={synchronous}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise  # a new file still in rollback mode, locked by another writer: retried
+            raise _not_a_database(url, exc) from None
         except sqlite3.DatabaseError as exc:
-            raise StoreNotReady(
-                f"{url.removeprefix('sqlite:///')} is not a vigil database ({exc})",
-                "point --state-dir or --db at a vigil database, or move the file away",
-            ) from None
+            raise _not_a_database(url, exc) from None
         finally:
             cur.close()
 
@@ -152,6 +153,13 @@ def make_engine(url: str, synchronous: str, busy_timeout_ms: int) -> Engine:
         conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def _not_a_database(url: str, exc: Exception) -> StoreNotReady:
+    return StoreNotReady(
+        f"{url.removeprefix('sqlite:///')} is not a vigil database ({exc})",
+        "point --state-dir or --db at a vigil database, or move the file away",
+    )
 
 
 def guarded_update(

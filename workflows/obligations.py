@@ -80,8 +80,8 @@ def due(ctx: Context, now: datetime) -> list[Due]:
     rows = _open_rows(ctx)
 
     def q(s: Session) -> list[Due]:
-        mine = select(Lease.host).where(Lease.holder != ctx.agent_id, Lease.expires_at > now)
-        result = s.execute(select(rows).where(rows.c.at <= now, rows.c.host.not_in(mine))
+        elsewhere = select(Lease.host).where(Lease.holder != ctx.agent_id, Lease.expires_at > now)
+        result = s.execute(select(rows).where(rows.c.at <= now, rows.c.host.not_in(elsewhere))
                            .order_by(rows.c.at, rows.c.id)).all()
         first: dict[str, Due] = {}
         for r in result:
