@@ -42,6 +42,9 @@ def show(t: Any) -> None:
     Console().print(t)
 
 
+_opened: list[Store] = []  # disposed when the command ends (main may run in-process)
+
+
 class Env:
     def __init__(self, state_dir: str, db: str | None) -> None:
         self.state_dir = Path(state_dir).absolute()
@@ -51,6 +54,7 @@ class Env:
     def store(self, *, create: bool = False, at_head: bool = True) -> Store:
         if self._store is None:
             self._store = open_store(self.state_dir, self.db, create=create)
+            _opened.append(self._store)
             if at_head:
                 schema.require_head(self._store.engine)
         return self._store
@@ -423,9 +427,9 @@ def agent(env: Env, safety_interval: float, log_level: str) -> None:
     sys.exit(AgentDaemon(ctx, safety_interval=safety_interval).run())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     try:
-        cli.main(standalone_mode=False)
+        cli.main(args=argv, prog_name="vigil", standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(130)
     except click.ClickException as exc:
@@ -434,8 +438,9 @@ def main() -> None:
     except VigilError as exc:
         click.echo(f"vigil: error: {exc.line()}", err=True)
         sys.exit(exc.exit_code)
-    except SystemExit:
-        raise
+    finally:
+        while _opened:
+            _opened.pop().dispose()
 
 
 if __name__ == "__main__":

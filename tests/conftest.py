@@ -4,11 +4,14 @@ by pid (the agent, then every process carrying this state dir's marker)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
 import signal
 import subprocess
+import subprocess as _subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +51,17 @@ def pid_dead(pid: int) -> bool:
         return True
 
 
+def ignores_sigterm(pid: int) -> bool:
+    """The process has set SIGTERM to SIG_IGN (a fixture that has finished starting up)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    except OSError:
+        pass
+    return False
+
+
 def marked_pids(state_dir: Path) -> list[int]:
     """Live processes spawned for this state dir (by the VIGIL_HOME marker)."""
     out = []
@@ -64,6 +78,27 @@ def marked_pids(state_dir: Path) -> list[int]:
     return out
 
 
+def run_in_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run `vigil ARGS` through runners.cli.main in this process, with `env` as os.environ."""
+    from runners import cli
+
+    saved = os.environ.copy()
+    os.environ.clear()
+    os.environ.update({k: v for k, v in env.items() if k != "VIGIL_CRASH_AT"})
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                cli.main(args)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(["vigil", *args], code, out.getvalue(), err.getvalue())
+
+
 class Vigil:
     """One box: a state dir, the CLI and the agent."""
 
@@ -76,9 +111,14 @@ class Vigil:
 
     # -- CLI ---------------------------------------------------------------------------
     def run(self, *args: str, check: bool = True, env: dict[str, str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        cp = subprocess.run([sys.executable, "-m", "runners.cli", *args], capture_output=True,
-                            text=True, env={**self.env, **(env or {})}, timeout=timeout, cwd=ROOT)
+            timeout: float = 120, subprocess: bool = False) -> subprocess.CompletedProcess[str]:
+        """The CLI. In-process by default (the same `main` the console script runs, minus
+        ~0.6 s of interpreter start-up per call); `subprocess=True` for a real process."""
+        if subprocess or (args and args[0] == "agent"):  # never run an agent inside pytest
+            cp = _subprocess.run([sys.executable, "-m", "runners.cli", *args], capture_output=True,
+                                 text=True, env={**self.env, **(env or {})}, timeout=timeout, cwd=ROOT)
+        else:
+            cp = run_in_process(list(args), {**self.env, **(env or {})})
         if check and cp.returncode != 0:
             raise AssertionError(f"vigil {' '.join(args)} exited {cp.returncode}:\n{cp.stdout}{cp.stderr}")
         return cp

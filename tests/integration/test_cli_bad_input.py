@@ -64,7 +64,7 @@ def db_of(v: Vigil) -> Path:
 ])
 def test_unknown_host(hello: Vigil, args: tuple[str, ...]) -> None:
     before = dump(db_of(hello))
-    refused(hello.run(*args, check=False), "no host named 'nope'", "vigil host list")
+    refused(hello.run(*args, check=False, subprocess=True), "no host named 'nope'", "vigil host list")
     assert dump(db_of(hello)) == before
 
 
@@ -80,7 +80,7 @@ def test_host_add_bad_input(hello: Vigil, short_tmp: Path, case: str) -> None:
         "bad env": (("ok", "--build", str(HELLO), "--env", "NOEQUALS"), ("is not K=V", "--env NAME=value")),
     }[case]
     before = dump(db_of(hello))
-    refused(hello.run("host", "add", *args, check=False), *words)
+    refused(hello.run("host", "add", *args, check=False, subprocess=True), *words)
     assert dump(db_of(hello)) == before
     staged = [p.name for p in (hello.state_dir / "builds").iterdir()]
     assert staged == [hello.status("hello")["build_digest"]], "nothing new may be staged"
@@ -96,7 +96,7 @@ def test_database_not_at_head(hello: Vigil) -> None:
     store.dispose()
     before = dump(db_of(hello))
     for args in COMMANDS:
-        refused(hello.run(*args, check=False, timeout=30), "needs revision", "vigil db upgrade")
+        refused(hello.run(*args, check=False, subprocess=True, timeout=30), "needs revision", "vigil db upgrade")
         assert dump(db_of(hello)) == before, args
 
 
@@ -104,12 +104,12 @@ def test_state_dir_never_upgraded(short_tmp: Path) -> None:
     fresh = Vigil(short_tmp / "fresh")
     try:
         for args in COMMANDS:
-            refused(fresh.run(*args, check=False, timeout=30), "no vigil state directory",
+            refused(fresh.run(*args, check=False, subprocess=True, timeout=30), "no vigil state directory",
                     "vigil db upgrade")
             assert not fresh.state_dir.exists(), f"{args}: a failed command must create nothing"
         fresh.state_dir.mkdir(mode=0o700)
         for args in (("status",), ("agent",)):
-            refused(fresh.run(*args, check=False, timeout=30), "no database", "vigil db upgrade")
+            refused(fresh.run(*args, check=False, subprocess=True, timeout=30), "no database", "vigil db upgrade")
             assert list(fresh.state_dir.iterdir()) == [], f"{args}: a failed command must create nothing"
     finally:
         fresh.cleanup()
@@ -121,7 +121,7 @@ def test_database_file_that_is_not_a_database(vigil: Vigil) -> None:
     for extra in ("-wal", "-shm"):
         Path(f"{db_of(vigil)}{extra}").unlink(missing_ok=True)
     for args in (*COMMANDS, ("db", "upgrade")):
-        refused(vigil.run(*args, check=False, timeout=30), "not a vigil database", "--state-dir")
+        refused(vigil.run(*args, check=False, subprocess=True, timeout=30), "not a vigil database", "--state-dir")
         assert db_of(vigil).read_bytes() == garbage, args
 
 
@@ -132,7 +132,7 @@ def test_state_dir_owned_by_someone_else(hello: Vigil) -> None:
     os.chown(hello.state_dir, 65534, 65534)
     try:
         for args in (*COMMANDS, ("db", "upgrade")):
-            refused(hello.run(*args, check=False, timeout=30), "owned by uid 65534", "--state-dir")
+            refused(hello.run(*args, check=False, subprocess=True, timeout=30), "owned by uid 65534", "--state-dir")
             assert hello.state_dir.stat().st_mode == mode, args
             assert dump(db_of(hello)) == before, args
     finally:
@@ -144,7 +144,7 @@ def test_wake_while_the_last_failed_wake_is_unproven(vigil: Vigil, wait: bool) -
     with in_process(vigil, fails=10**6) as (ctx, proc):
         u = leave_unproven_wake(ctx, proc, vigil)
         before = dump(db_of(vigil))
-        cp = vigil.run("wake", "bad", *(["--wait"] if wait else []), check=False)
+        cp = vigil.run("wake", "bad", *(["--wait"] if wait else []), check=False, subprocess=True)
         refused(cp, f"generation g{u.generation_id}", "not proven gone", "vigil obligations")
         assert cp.returncode == 4
         assert dump(db_of(vigil)) == before
@@ -156,7 +156,7 @@ def test_second_agent_on_the_same_state_dir(hello: Vigil) -> None:
     # The running agent keeps beating its heartbeat; everything else must stay as it is.
     ignore = frozenset({("agents", "heartbeat_at")})
     before = dump(db_of(hello), ignore)
-    cp = hello.run("agent", check=False, timeout=30)
+    cp = hello.run("agent", check=False, subprocess=True, timeout=30)
     refused(cp, f"pid {agent.pid}", "already running", f"kill {agent.pid}")
     assert dump(db_of(hello), ignore) == before
     assert agent.poll() is None, "the first agent must keep running"

@@ -64,7 +64,7 @@ def test_damaged_staged_build_is_refused_before_anything_runs(vigil: Vigil, dama
     assert cp.returncode != 0
     err = cp.stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in cp.stdout + cp.stderr, err
-    assert "staged build" in err and "vigil host add" in err, err
+    assert "staged build" in err and "vigil deploy" in err, err
     if damage == "deleted":
         assert "cannot be read (No such file or directory)" in err, err
     else:

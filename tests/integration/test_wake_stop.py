@@ -14,7 +14,7 @@ import pytest
 
 from models.tables import Generation
 from runners.process import detect_cgroup_base
-from tests.conftest import FIXTURES, Vigil, pid_dead, wait_for
+from tests.conftest import FIXTURES, Vigil, ignores_sigterm, pid_dead, wait_for
 
 CGROUP = detect_cgroup_base("auto")
 
@@ -104,6 +104,8 @@ def test_leader_hanging_on_term_is_killed_after_drain_timeout(vigil: Vigil) -> N
     vigil.wait_ready(agent)
     vigil.run("wake", "hang", "--wait")
     st = awake(vigil, "hang")
+    # A worker is current once alive; wait until the fixture has installed its SIG_IGN.
+    wait_for(lambda: ignores_sigterm(st["pid"]), 10, what="fixture ignoring SIGTERM")
     started = time.monotonic()
     vigil.run("stop", "hang", "--wait")
     took = time.monotonic() - started
