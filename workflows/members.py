@@ -18,6 +18,7 @@ from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, ref_of
 from workflows.lease import owe_release, release_owed
+from workflows.sanity import impossible_hosts
 
 EXITED = define("member.exited", "a dead current generation is retiring and a member")
 PROVEN = define("member.proven", "a member is proven gone and has left the set")
@@ -47,10 +48,12 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
 
 def retire_dead_currents(ctx: Context) -> int:
     """The liveness sweep: every current generation this agent owns whose leader is gone."""
-    gens = ctx.store.read(lambda s: s.execute(
+    gens, refused = ctx.store.read(lambda s: (s.execute(
         select(Generation).join(Lease, Lease.host == Generation.host).where(
-            Generation.state == GenState.current, Lease.holder == ctx.agent_id)).scalars().all())
-    dead = [g for g in gens if not ctx.proc.leader_alive(ref_of(g))]
+            Generation.state == GenState.current, Lease.holder == ctx.agent_id)).scalars().all(),
+        impossible_hosts(s)))
+    # A host in an impossible state is not acted on (its obligations say why).
+    dead = [g for g in gens if g.host not in refused and not ctx.proc.leader_alive(ref_of(g))]
     for gen in dead:
         ctx.store.write(lambda s, g=gen: retire(s, ctx, g, "leader exited", restart=True))
         crashpoint(EXITED)

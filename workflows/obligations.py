@@ -19,6 +19,7 @@ from models.tables import Attempt, Lease, Member, Release, Restore, Stop, Wake
 from workflows.context import Context, Poke, Result
 from workflows.lease import drive_release
 from workflows.members import drive_member, drive_restore
+from workflows.sanity import refuse_if_impossible
 from workflows.stop import drive_stop
 from workflows.swap import drive_attempt
 from workflows.wake import drive_wake
@@ -116,6 +117,7 @@ def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
     """Drive one row and persist its pacing. Never raises for the row's own trouble."""
     kind = KINDS[item.kind]
     try:
+        refuse_if_impossible(ctx, kind.model, kind.key, item.id, item.host)
         result, error = kind.drive(ctx, item.id), None
     except Poke as exc:
         result, error = Result.poked, str(exc)

@@ -15,6 +15,7 @@ from workflows.crash import crashpoint, define
 from workflows.ending import ref_of
 from workflows.lease import renew
 from workflows.members import retire
+from workflows.sanity import impossible, impossible_hosts
 
 ADOPTED = define("recover.adopted", "one current generation was adopted or retired on start")
 
@@ -25,8 +26,13 @@ def recover(ctx: Context) -> dict[str, int]:
         select(Generation, Host).join(Host, Host.name == Generation.host)
         .join(Lease, Lease.host == Generation.host)
         .where(Generation.state == GenState.current, Lease.holder == ctx.agent_id)).all())
+    refused = ctx.store.read(impossible_hosts)
+    for name in sorted(refused):  # not acted on: neither adopted nor retired
+        ctx.store.write(lambda s, n=name: emit(s, "refused", n, reason=impossible(s, n)))
     adopted = retired = 0
     for gen, host in rows:
+        if gen.host in refused:
+            continue
         ref = ref_of(gen)
         alive = ctx.proc.leader_alive(ref)
         problem = None if alive else "leader is gone"
@@ -45,6 +51,6 @@ def recover(ctx: Context) -> dict[str, int]:
                 ctx.files.remove_link(ctx.link_for(gen.host), only_if_target=gen.socket)
             retired += 1
         crashpoint(ADOPTED)
-    counts = {"adopted": adopted, "retired": retired}
+    counts = {"adopted": adopted, "retired": retired, "refused": len(refused)}
     ctx.store.write(lambda s: emit(s, "recovered", None, agent=ctx.agent_id, **counts))
     return counts

@@ -54,6 +54,11 @@ OLD_STOPPING = define("swap.old_stopping", "hold: the old current is a retiring 
 OLD_STOPPED = define("swap.old_stopped", "hold: the old generation is proven gone")
 SUCCESSOR = define("swap.successor", "hold: the successor's generation and member are written; nothing spawned")
 
+# Steps from which an attempt is finished, not abandoned, when a step fails unexpectedly.
+_FINISH_OVERLAP = {AttemptStep.switched, AttemptStep.drained}
+_FINISH_HOLD = {AttemptStep.stopping_old, AttemptStep.published, AttemptStep.spawning,
+                AttemptStep.spawned, AttemptStep.healthy, AttemptStep.settled, AttemptStep.switched}
+
 _EXECUTED_FROM = {AttemptStep.spawning, AttemptStep.spawned, AttemptStep.healthy,
                   AttemptStep.settled, AttemptStep.switched, AttemptStep.drained}
 
@@ -104,7 +109,14 @@ def drive_attempt(ctx: Context, attempt_id: int) -> Result:
     except Poke:
         raise
     except Exception as exc:  # a lost race or a store error mid-step: never the build's fault
-        _end(ctx, attempt_id, Stale(f"step {a.step.value} failed: {type(exc).__name__}: {exc}"))
+        why = f"step {a.step.value} failed: {type(exc).__name__}: {exc}"
+        stored = _load(ctx, attempt_id)
+        if stored is not None and stored.outcome is None and stored.step in (
+                _FINISH_OVERLAP if stored.effective_mode is Mode.overlap else _FINISH_HOLD):
+            # Past the switch (overlap) or past stopping the old one (hold): finish, never
+            # abandon; the sweep resumes from the last written step, as recovery does.
+            raise Poke(why) from None
+        _end(ctx, attempt_id, Stale(why))
     return Result.progress
 
 
@@ -250,8 +262,9 @@ def _overlap(ctx: Context, a: Attempt) -> None:
         _step(s, a, AttemptStep.switched, retiring_id=old_id)
         emit(s, "switched", a.host, gen.id, attempt=a.id, retiring=old_id)
         s.flush()
-        # The rename happens inside the transaction: if the commit fails, recovery re-points
-        # the link at whatever the store says is current.
+        # The rename happens inside the transaction: if the commit fails, the attempt's end
+        # (`_relink`), or recovery after a crash, re-points the link at whatever the store
+        # says is current.
         if gen.socket:
             ctx.files.point_link(ctx.link_for(a.host), gen.socket)
 
@@ -601,8 +614,19 @@ def _end(ctx: Context, attempt_id: int, exc: BaseException) -> None:
 
     ctx.store.write(step)
     crashpoint(ENDED)
+    _relink(ctx, a.host)
     if successor is not None:
         _reap_inline(ctx, successor)
+
+
+def _relink(ctx: Context, host: str) -> None:
+    """The canonical link follows the store. A switch (or a hold's unlink) moves the link
+    inside its transaction; if that commit failed, the link names a generation that is not
+    current: point it back at the one that is."""
+    socket = ctx.store.read(lambda s: s.execute(select(Generation.socket).where(
+        Generation.host == host, Generation.state == GenState.current)).scalar_one_or_none())
+    if socket and ctx.files.read_link(ctx.link_for(host)) != socket:
+        ctx.files.point_link(ctx.link_for(host), socket)
 
 
 def _reap_inline(ctx: Context, gen_id: int) -> None:

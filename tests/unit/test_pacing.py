@@ -422,6 +422,7 @@ def test_rotating_cursor(monkeypatch: pytest.MonkeyPatch, store: Store, reconcil
     for _ in range(6):
         gate.clear()
         rec.round()
+        wait_for(lambda: len(probe.in_flight) == 8, 2, interval=0.005, what="8 drives in flight")
         gate.set()
         settle(rec)
     rounds = [pool.rounds[n] for n in sorted(pool.rounds)]
