@@ -382,19 +382,7 @@ def _drain(ctx: Context, a: Attempt) -> None:
     """At or after the switch: finish. SIGTERM, the app's drain, SIGKILL, proof, leave."""
     if a.retiring_id is None:
         return _nothing_to_drain(ctx, a)
-    old = ctx.store.read(lambda s: s.get(Generation, a.retiring_id))
-    member = ctx.store.read(lambda s: s.get(Member, a.retiring_id))
-    host = ctx.store.read(lambda s: s.get(Host, a.host))
-    assert old is not None and host is not None
-    started = (member.since if member is not None else utcnow()).replace(tzinfo=UTC).timestamp()
-    if old.state is not GenState.proven:
-        problem = end_generation(ctx, old, drain_until=started + host.drain_timeout,
-                                 points=(DRAIN_TERMED, DRAIN_KILLED))
-        if problem is not None:
-            ctx.store.write(lambda s: s.execute(Member.__table__.update().where(
-                Member.generation_id == old.id).values(unproven=True, retried_at=utcnow())))
-            raise Poke(problem)
-    drain = max(0.0, ctx.clock.now() - started)
+    old, drain = _end_retiring(ctx, a, mark_unproven=True)
 
     def step(s: Session) -> None:
         if s.get(Generation, old.id).state is GenState.retiring:  # type: ignore[union-attr]
@@ -409,6 +397,26 @@ def _drain(ctx: Context, a: Attempt) -> None:
     ctx.proc.release(ref_of(old))
     crashpoint(DRAINED)
     run_restores(ctx, a.host)
+
+
+def _end_retiring(ctx: Context, a: Attempt, *, mark_unproven: bool) -> tuple[Generation, float]:
+    """SIGTERM the attempt's retiring generation, its drain up to the host's drain timeout
+    (counted from when it became a member), SIGKILL, proof. Returns it and the drain time;
+    raises Poke while it is not proven gone (optionally marking the member unproven)."""
+    old = ctx.store.read(lambda s: s.get(Generation, a.retiring_id))
+    member = ctx.store.read(lambda s: s.get(Member, a.retiring_id))
+    host = ctx.store.read(lambda s: s.get(Host, a.host))
+    assert old is not None and host is not None
+    started = (member.since if member is not None else utcnow()).replace(tzinfo=UTC).timestamp()
+    if old.state is not GenState.proven:
+        problem = end_generation(ctx, old, drain_until=started + host.drain_timeout,
+                                 points=(DRAIN_TERMED, DRAIN_KILLED))
+        if problem is not None:
+            if mark_unproven:
+                ctx.store.write(lambda s: s.execute(Member.__table__.update().where(
+                    Member.generation_id == old.id).values(unproven=True, retried_at=utcnow())))
+            raise Poke(problem)
+    return old, max(0.0, ctx.clock.now() - started)
 
 
 def _nothing_to_drain(ctx: Context, a: Attempt) -> None:
@@ -552,17 +560,7 @@ def _finish_old(ctx: Context, a: Attempt) -> None:
     """The old generation: drain, kill, proof; then the build is published for the start."""
     if a.step is AttemptStep.admitted:
         _stop_old(ctx, a)
-    old = ctx.store.read(lambda s: s.get(Generation, a.retiring_id))
-    member = ctx.store.read(lambda s: s.get(Member, a.retiring_id))
-    host = ctx.store.read(lambda s: s.get(Host, a.host))
-    assert old is not None and host is not None
-    started = (member.since if member is not None else utcnow()).replace(tzinfo=UTC).timestamp()
-    if old.state is not GenState.proven:
-        problem = end_generation(ctx, old, drain_until=started + host.drain_timeout,
-                                 points=(DRAIN_TERMED, DRAIN_KILLED))
-        if problem is not None:
-            raise Poke(problem)
-    drain = max(0.0, ctx.clock.now() - started)
+    old, drain = _end_retiring(ctx, a, mark_unproven=False)
 
     def step(s: Session) -> None:
         if s.get(Generation, old.id).state is GenState.retiring:  # type: ignore[union-attr]
