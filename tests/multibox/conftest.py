@@ -106,8 +106,16 @@ class Box(Vigil):
                 pass
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
 @pytest.fixture
-def boxes(short_tmp: Path, pg_url: str) -> Iterator[Callable[[str], Box]]:
+def boxes(request: pytest.FixtureRequest, short_tmp: Path,
+          pg_url: str) -> Iterator[Callable[[str], Box]]:
     made: list[Box] = []
 
     def make(name: str) -> Box:
@@ -117,6 +125,13 @@ def boxes(short_tmp: Path, pg_url: str) -> Iterator[Callable[[str], Box]]:
 
     try:
         yield make
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            for b in made:  # shown with the captured output of the failing test
+                print(f"--- box {b.name} agent log (tail) ---\n{b.agent_log().decode()[-6000:]}")
+                keeper = b.state_dir / "fencekeeper.log"
+                if keeper.exists():
+                    print(f"--- box {b.name} fence keeper ---\n{keeper.read_text()[-1500:]}")
     finally:
         for b in made:
             b.cleanup()

@@ -8,6 +8,7 @@ import signal
 import time
 from collections import Counter
 from datetime import UTC
+from pathlib import Path
 
 import pytest
 from sqlalchemy import insert, select
@@ -25,6 +26,7 @@ from workflows.wake import request_wake
 pytestmark = pytest.mark.timeout(240)
 
 RENEW_EVERY = LEASE_TTL / 6
+GATED = Path(__file__).parent / "gated.py"
 
 
 def add_hosts(box: Box, names: list[str], placed: str) -> None:
@@ -111,8 +113,9 @@ def test_stopped_agent_loses_its_leases_and_acts_on_nothing(boxes) -> None:  # t
     finds its leases lost and self-fences, and it spawns and switches nothing."""
     a, b = boxes("a"), boxes("b")
     add_hosts(a, ["steady"], "a,b")
-    a.run("host", "add", "slow", "--build", str(HELLO), "--box", "a", "--box", "b",
-          "--env", "HELLO_DELAY=3", "--health-timeout", "60")
+    gate = a.state_dir.parent / "gate"  # slow answers its health check once this exists
+    a.run("host", "add", "slow", "--build", str(GATED), "--box", "a", "--box", "b",
+          "--env", f"GATE={gate}", "--env", f"THEN={HELLO}", "--health-timeout", "60")
     pa = a.start()
     a.run("wake", "steady", "--wait", "--timeout", "60")
     a.run("wake", "slow")
@@ -120,6 +123,7 @@ def test_stopped_agent_loses_its_leases_and_acts_on_nothing(boxes) -> None:  # t
              what="a health-checking slow")
     pa.send_signal(signal.SIGSTOP)
     stopped_at = utcnow()
+    gate.touch()
     b.start()
     try:
         wait_for(lambda: serving(b, ["steady", "slow"], {"b"}), 60, interval=0.25,
