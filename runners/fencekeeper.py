@@ -16,13 +16,15 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from runners.process import ProcessBackend, _matches
-from workflows.ports import ProcRef
+import psutil
+
+from runners.process import MARKER, _matches, _signal
 
 FENCE_FILE = "fence.json"
 KEEPER_LOCK = "fence.lock"
@@ -68,6 +70,42 @@ def _log(msg: str) -> None:
           file=sys.stderr, flush=True)
 
 
+def _carriers(uuids: set[str]) -> dict[int, float]:
+    """Live processes carrying one of these generation markers (one scan): pid -> ctime."""
+    found: dict[int, float] = {}
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARKER) in uuids and p.status() != psutil.STATUS_ZOMBIE:
+                found[p.pid] = p.create_time()
+        except psutil.Error:
+            continue
+    return found
+
+
+def fence(gens: list[dict[str, Any]]) -> int:
+    """SIGKILL everything of these generations: each cgroup and leader's session group
+    first (instant), then every marker carrier found in one scan. Returns how many live
+    processes the scan found (0: all gone)."""
+    for g in gens:
+        if g.get("cgroup"):
+            try:
+                with open(os.path.join(g["cgroup"], "cgroup.kill"), "w") as f:
+                    f.write("1")
+            except OSError:
+                pass
+        pid, ctime = g.get("pid"), g.get("create_time")
+        if pid is not None and ctime is not None and _matches(pid, ctime):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            _signal(pid, ctime, signal.SIGKILL)
+    left = _carriers({g["uuid"] for g in gens})
+    for pid, ctime in left.items():
+        _signal(pid, ctime, signal.SIGKILL)
+    return len(left)
+
+
 def run(state_dir: Path) -> int:
     lock = open(state_dir / KEEPER_LOCK, "a+")
     try:
@@ -78,25 +116,25 @@ def run(state_dir: Path) -> int:
     lock.truncate()
     lock.write(f"{os.getpid()}\n")
     lock.flush()
-    backend = ProcessBackend("marker")  # kill_all needs only the recorded containment
     _log(f"started pid={os.getpid()} state_dir={state_dir}")
     fired_at = 0.0
+    left = 0
     while True:
         data = read_fence(state_dir) or {}
-        gens = [ProcRef(g["uuid"], g.get("pid"), g.get("create_time"), g.get("cgroup"))
-                for g in data.get("generations", [])]
+        gens = data.get("generations", [])
         now = time.monotonic()
         past = bool(gens) and now >= float(data.get("deadline", 0.0))
         if past and now - fired_at >= REKILL:
-            alive = [g for g in gens if not backend.proven(g)]
-            for g in alive:
-                backend.kill_all(g)
-            if alive:
-                _log(f"self-fence fired late_by={now - data['deadline']:.3f}s killed="
-                     f"{','.join(g.generation_uuid for g in alive)}")
+            first = fired_at == 0.0 or left
+            left = fence(gens)
+            if first:
+                _log(f"self-fence fired late_by={now - data['deadline']:.3f}s took="
+                     f"{time.monotonic() - now:.3f}s generations={len(gens)} still_found={left}")
             fired_at = now
+        elif not past:
+            fired_at, left = 0.0, 0
         agent = _matches(data.get("agent_pid"), data.get("agent_ctime"))
-        if not agent and (not gens or (past and all(backend.proven(g) for g in gens))):
+        if not agent and (not gens or (past and fired_at and not left)):
             _log("agent gone and nothing left to guard: exiting")
             return 0
         time.sleep(POLL)

@@ -10,8 +10,8 @@ wanted up gets a fresh wake. Rows of the old fence can no longer write (every wr
 carries the fence), so nothing of the old incarnation is ever applied to the new one.
 
 The new owner cannot signal another box's processes. Where the old generation's leader is
-visible on this machine with the same pid and start time (or its marker), it is killed
-first anyway: on a real second box that finds nothing and costs nothing.
+alive on this machine with the same pid and start time (two state dirs on one machine),
+it is ended first anyway (kill and proof); on a real second box the check finds nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from models.tables import Attempt, Generation, Host, Lease, Member, Release, Res
 from workflows import placement
 from workflows.context import Context, Poke
 from workflows.crash import crashpoint, define
-from workflows.ending import mark_proven, mark_retiring, ref_of
+from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.lease import acquire, owe_release, release_owed
 
 TAKEN = define("takeover.done", "an orphaned host is leased here with a new fence; the old "
@@ -54,12 +54,15 @@ def take_over(ctx: Context) -> int:
     for host in orphans(ctx):
         gens = ctx.store.read(lambda s, h=host: s.execute(select(Generation).where(
             Generation.host == h, Generation.state.in_(LIVE_GEN))).scalars().all())
-        for g in gens:  # only ever finds something when the old box is this machine
-            ctx.proc.kill_all(ref_of(g))
+        for g in gens:  # a leader found here: the old box is this very machine
+            if ctx.proc.leader_alive(ref_of(g)):
+                end_generation(ctx, g, drain_until=None)
         try:
             ctx.store.write(lambda s, h=host: _take(s, ctx, h))
         except (Poke, LostRace):  # renewed meanwhile, or another box was faster
             continue
+        for g in gens:
+            ctx.proc.release(ref_of(g))  # an empty cgroup left here, if any
         crashpoint(TAKEN)
         release_owed(ctx, host)
         taken += 1

@@ -79,19 +79,9 @@ class Box(Vigil):
     def agent(self) -> subprocess.Popen[bytes]:
         return self.agents[-1]
 
-    def app_procs(self) -> dict[str, list[int]]:
-        """host -> live pids of this box's generations (by marker, not zombies)."""
-        out: dict[str, list[int]] = {}
-        for p in psutil.process_iter(["pid"]):
-            try:
-                if p.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                env = p.environ()
-                if env.get("VIGIL_HOME") == str(self.state_dir) and "VIGIL_GENERATION" in env:
-                    out.setdefault(env["VIGIL_HOST"], []).append(p.pid)
-            except (psutil.Error, OSError):
-                continue
-        return out
+    def app_procs(self) -> dict[str, dict[int, str]]:
+        """host -> {pid: generation marker} of this box's live app processes."""
+        return app_procs([self]).get(self.name, {})
 
     def cleanup(self) -> None:
         for p in self.agents:
@@ -104,6 +94,22 @@ class Box(Vigil):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def app_procs(boxes: list[Box]) -> dict[str, dict[str, dict[int, str]]]:
+    """box -> host -> {pid: generation marker} of its live processes (not zombies): one scan."""
+    homes = {str(b.state_dir): b.name for b in boxes}
+    out: dict[str, dict[str, dict[int, str]]] = {}
+    for p in psutil.process_iter(["pid"]):
+        try:
+            env = p.environ()
+            box = homes.get(env.get("VIGIL_HOME", ""))
+            if box is None or "VIGIL_GENERATION" not in env or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            out.setdefault(box, {}).setdefault(env["VIGIL_HOST"], {})[p.pid] = env["VIGIL_GENERATION"]
+        except (psutil.Error, OSError):
+            continue
+    return out
 
 
 @pytest.hookimpl(wrapper=True)
@@ -138,10 +144,11 @@ def boxes(request: pytest.FixtureRequest, short_tmp: Path,
 
 
 class Sampler:
-    """Samples, every `interval`, the live processes of every box (psutil) and the store's
-    live generations, per host; records each instant two generations of one host live."""
+    """Samples, every `interval`, the live processes of every box (psutil, grouped by their
+    generation marker) and the store's live generations, per host; records each instant
+    two generations of one host live."""
 
-    def __init__(self, boxes: list[Box], interval: float = 0.1) -> None:
+    def __init__(self, boxes: list[Box], interval: float = 0.05) -> None:
         self.boxes = boxes
         self.interval = interval
         self.samples = 0
@@ -169,15 +176,13 @@ class Sampler:
         store = self.boxes[0].store
         while not self._stop:
             now = time.time()
-            per_host: dict[str, int] = {}
-            for b in self.boxes:
-                procs = b.app_procs()
-                if procs:
-                    self.last_alive[b.name] = now
-                for host, pids in procs.items():
-                    per_host[host] = per_host.get(host, 0) + len(pids)
-            self.double += [f"{now:.2f} psutil: {h} has {n} live processes"
-                            for h, n in per_host.items() if n > 1]
+            per_host: dict[str, set[str]] = {}  # host -> live generations (by marker)
+            for box, procs in app_procs(self.boxes).items():
+                self.last_alive[box] = now
+                for host, marks in procs.items():
+                    per_host.setdefault(host, set()).update(f"{box}:{m[:8]}" for m in marks.values())
+            self.double += [f"{now:.2f} psutil: {h} has live generations {sorted(gs)}"
+                            for h, gs in per_host.items() if len(gs) > 1]
             rows = store.read(lambda s: s.execute(
                 select(Generation.host, func.count()).where(Generation.state.in_(LIVE_GEN))
                 .group_by(Generation.host)).all())
