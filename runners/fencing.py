@@ -8,7 +8,8 @@ Timing (TTL = `--lease-ttl`, default 30 s):
   read on the monotonic clock *before* the renewal was sent (so the deadline never lies
   past the expiry the store records) and margin = TTL/3 (10 s);
 - at the deadline the keeper SIGKILLs every generation another box could take over (within
-  POLL = 50 ms), and the spawn guard refuses new spawns from `deadline - slack` on;
+  POLL = 50 ms), and the spawn guard refuses new spawns from `deadline - slack` on (a
+  Poke: the spawn is retried as an interrupted one once a renewal commits again);
 - another box takes over only once the stored expiry (>= t0 + TTL) has passed on its own
   clock: at least `margin` after the old owner's generations were killed. The margin
   covers the keeper's poll, the kill and its proof (milliseconds: SIGKILL of the
@@ -39,8 +40,8 @@ from models.store import emit
 from models.tables import Generation, Host, Lease
 from runners.fencekeeper import keeper_pid, write_fence
 from workflows import placement
-from workflows.context import Context
-from workflows.ports import ProcRef, Spawned, SpawnError, SpawnSpec
+from workflows.context import Context, Poke
+from workflows.ports import ProcRef, Spawned, SpawnSpec
 
 log = logging.getLogger("vigil.fencing")
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,9 +174,11 @@ class FenceGuard:
         with self._lock:
             left = self.deadline - time.monotonic()
             if left < self.timing.spawn_slack:
-                raise SpawnError(f"spawn of {spec.host} refused: this agent's leases were not "
-                                 f"renewed in time (self-fenced {-left:.1f}s ago)",
-                                 build_fault=False)
+                # Not the build's failure, and not for good: the wake (or attempt) finds
+                # its spawn interrupted on the next try and retries it once renewed.
+                raise Poke(f"spawn of {spec.host} refused: this agent's leases were not "
+                           f"renewed in time (self-fence deadline {'in' if left > 0 else 'passed'} "
+                           f"{abs(left):.1f}s)")
             self.guarded = [*self.guarded, _entry(spec.generation_uuid, spec.host, None, None,
                                                   spec.cgroup)]
             self._write()
