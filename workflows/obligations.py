@@ -80,8 +80,9 @@ def not_ours(ctx: Context) -> Any:
     """Hosts this agent must not act on: leased by another agent (expired or not: only a
     takeover moves such a lease, workflows/takeover.py) or placed on other boxes only."""
     placed = literal(",").concat(Host.box).concat(",")
+    me = ctx.agent_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     elsewhere = select(Host.name).where(Host.box.is_not(None),
-                                        placed.not_like(f"%,{ctx.agent_id},%"))
+                                        placed.not_like(f"%,{me},%", escape="\\"))
     return select(Lease.host).where(Lease.holder != ctx.agent_id).union(elsewhere)
 
 
