@@ -83,25 +83,31 @@ class Reconciler:
         rows = sorted(due(self.ctx, utcnow()), key=lambda d: d.host)
         # Rotate: hosts after the cursor go first, so no host is always last.
         rows = [d for d in rows if d.host > self.cursor] + [d for d in rows if d.host <= self.cursor]
-        admitted = []
-        for d in rows:
-            with self._lock:
-                if d.host in self.inflight:
-                    continue
-                if len(self.inflight) >= self.max_hosts:
-                    break
-                self.inflight.add(d.host)
-            # Past the last host admitted: a full window moves on by its whole width, so a
-            # late host never waits behind the same slow hosts round after round.
-            self.cursor = d.host
-            admitted.append(d)
-        won = self._claim(admitted)
-        for d in admitted:
-            if d in won:
-                self.pool.submit(self._drive, d)
-            else:
+        i = 0
+        while i < len(rows):
+            admitted = []
+            while i < len(rows):
+                d = rows[i]
                 with self._lock:
-                    self.inflight.discard(d.host)
+                    if len(self.inflight) >= self.max_hosts:
+                        break
+                    i += 1
+                    if d.host in self.inflight:
+                        continue
+                    self.inflight.add(d.host)
+                # Past the last host admitted: a full window moves on by its whole width, so
+                # a late host never waits behind the same slow hosts round after round.
+                self.cursor = d.host
+                admitted.append(d)
+            won = self._claim(admitted)
+            for d in admitted:
+                if won is not None and d in won:
+                    self.pool.submit(self._drive, d)
+                else:
+                    with self._lock:
+                        self.inflight.discard(d.host)
+            if won is None or len(won) == len(admitted):  # nothing lost to another agent
+                break
         with self._lock:
             busy = set(self.inflight)
         when = next_due(self.ctx, busy)
@@ -111,13 +117,14 @@ class Reconciler:
                 self.scheduler.add_job(self.round, "date", run_date=at, id="due",
                                        replace_existing=True, misfire_grace_time=None)
 
-    def _claim(self, admitted: list[Due]) -> list[Due]:
-        """On PostgreSQL, only the rows this agent claimed (workflows/claim.py)."""
+    def _claim(self, admitted: list[Due]) -> list[Due] | None:
+        """On PostgreSQL, only the rows this agent claimed (workflows/claim.py); rows another
+        agent claimed first free their slot for the next due host. None: the claim failed."""
         try:
             return claim(self.ctx, admitted)
         except Exception:
             log.exception("claiming %d row(s) failed; the next round tries again", len(admitted))
-            return []
+            return None
 
     def _drive(self, d: Due) -> None:
         try:
