@@ -21,12 +21,16 @@ from models.errors import Refused
 from models.schema import require_head
 from models.store import emit, utcnow
 from models.tables import Agent as AgentRow
+from runners import wakeup
 from runners.doorbell import DOORBELL, LOCK
+from runners.fencing import FencedProcess, FenceGuard, Timing
+from workflows.claim import claim
 from workflows.context import Context, Result
 from workflows.lease import renew
 from workflows.members import retire_dead_currents
 from workflows.obligations import Due, due, next_due, run_one
 from workflows.recovery import recover
+from workflows.takeover import take_over
 
 log = logging.getLogger("vigil.agent")
 
@@ -79,17 +83,31 @@ class Reconciler:
         rows = sorted(due(self.ctx, utcnow()), key=lambda d: d.host)
         # Rotate: hosts after the cursor go first, so no host is always last.
         rows = [d for d in rows if d.host > self.cursor] + [d for d in rows if d.host <= self.cursor]
-        for d in rows:
-            with self._lock:
-                if d.host in self.inflight:
-                    continue
-                if len(self.inflight) >= self.max_hosts:
-                    break
-                self.inflight.add(d.host)
-            # Past the last host admitted: a full window moves on by its whole width, so a
-            # late host never waits behind the same slow hosts round after round.
-            self.cursor = d.host
-            self.pool.submit(self._drive, d)
+        i = 0
+        while i < len(rows):
+            admitted = []
+            while i < len(rows):
+                d = rows[i]
+                with self._lock:
+                    if len(self.inflight) >= self.max_hosts:
+                        break
+                    i += 1
+                    if d.host in self.inflight:
+                        continue
+                    self.inflight.add(d.host)
+                # Past the last host admitted: a full window moves on by its whole width, so
+                # a late host never waits behind the same slow hosts round after round.
+                self.cursor = d.host
+                admitted.append(d)
+            won = self._claim(admitted)
+            for d in admitted:
+                if won is not None and d in won:
+                    self.pool.submit(self._drive, d)
+                else:
+                    with self._lock:
+                        self.inflight.discard(d.host)
+            if won is None or len(won) == len(admitted):  # nothing lost to another agent
+                break
         with self._lock:
             busy = set(self.inflight)
         when = next_due(self.ctx, busy)
@@ -98,6 +116,15 @@ class Reconciler:
             if at > datetime.now(UTC):
                 self.scheduler.add_job(self.round, "date", run_date=at, id="due",
                                        replace_existing=True, misfire_grace_time=None)
+
+    def _claim(self, admitted: list[Due]) -> list[Due] | None:
+        """On PostgreSQL, only the rows this agent claimed (workflows/claim.py); rows another
+        agent claimed first free their slot for the next due host. None: the claim failed."""
+        try:
+            return claim(self.ctx, admitted)
+        except Exception:
+            log.exception("claiming %d row(s) failed; the next round tries again", len(admitted))
+            return None
 
     def _drive(self, d: Due) -> None:
         try:
@@ -194,6 +221,8 @@ class AgentDaemon:
         if retire_dead_currents(self.ctx):
             reconciler.kick()
         renew(self.ctx)
+        if take_over(self.ctx):  # hosts placed here whose owner's lease expired
+            reconciler.kick()
         self.ctx.store.write(lambda s: s.execute(update(AgentRow).where(
             AgentRow.id == self.ctx.agent_id).values(heartbeat_at=utcnow())))
 
@@ -203,6 +232,11 @@ class AgentDaemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop.set())
         self._register()
+        guard = None
+        if self.ctx.store.dialect == "postgresql":  # several boxes: leases must fence
+            guard = FenceGuard(self.ctx, Timing(self.ctx.lease_ttl))
+            self.ctx.proc = FencedProcess(self.ctx.proc, guard)  # type: ignore[assignment]
+            guard.start()
         counts = recover(self.ctx)
         log.info("recovered agent=%s adopted=%d retired=%d", self.ctx.agent_id,
                  counts["adopted"], counts["retired"])
@@ -214,6 +248,7 @@ class AgentDaemon:
         scheduler.add_job(self.safety, "interval", seconds=self.monitor_interval, id="safety",
                           args=[reconciler])
         self._doorbell(reconciler)
+        wakeup.start(self.ctx.store, reconciler.kick, self.stop)
         scheduler.start()
         reconciler.round()  # finish what was in flight before the first interval
         self.recovered.set()
@@ -221,6 +256,8 @@ class AgentDaemon:
         self.stop.wait()
         log.info("stopping agent=%s", self.ctx.agent_id)
         self.ctx.shutting_down.set()
+        if guard is not None:
+            guard.close()
         scheduler.shutdown(wait=False)
         reconciler.shutdown()
         self.ctx.store.write(lambda s: s.execute(update(AgentRow).where(

@@ -22,6 +22,7 @@ from models.tables import Attempt, Event, Generation, Host, Release, Stop, Wake
 from runners.doorbell import agent_id, ring, running_agent_pid
 from runners.files import stage_build
 from runners.setup import make_context, open_store
+from runners.wakeup import notify
 from workflows import crash
 from workflows.builds import collect
 from workflows.hosts import add_host, record_build, remove_host, status
@@ -58,6 +59,12 @@ class Env:
             if at_head:
                 schema.require_head(self._store.engine)
         return self._store
+
+
+def _ring(env: Env) -> None:
+    """A new intent is in the store: ring this box's agent, and every box's on PostgreSQL."""
+    ring(env.state_dir)
+    notify(env.store())
 
 
 def _json(data: Any) -> None:
@@ -113,13 +120,18 @@ def host() -> None:
 @click.option("--cwd", default=None, help="Working directory of the app.")
 @click.option("--drain-timeout", type=float, default=10.0, show_default=True)
 @click.option("--health-timeout", type=float, default=10.0, show_default=True)
+@click.option("--box", "boxes", multiple=True,
+              help="A box (agent id) that may run the host (repeatable); none: any box.")
 @click.pass_obj
 def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
-             envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float) -> None:
+             envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
+             boxes: tuple[str, ...]) -> None:
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
     from workflows.hosts import check_name
+    from workflows.placement import encode
 
     check_name(name)
+    placed = encode(boxes)
     pairs: dict[str, str] = {}
     for item in envs:
         key, sep, value = item.partition("=")
@@ -134,7 +146,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         s, name, kind=HostKind(kind), build_path=path, digest=digest,
         source=str(Path(build_path).absolute()), args=list(args), env=pairs,
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
-        health_timeout=health_timeout))
+        health_timeout=health_timeout, box=placed))
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
 
 
@@ -201,7 +213,7 @@ def wake(env: Env, name: str, wait: bool, timeout: float) -> None:
     if req.id is None:
         click.echo(f"host {name} is already awake")
         return
-    ring(env.state_dir)
+    _ring(env)
     if not wait:
         click.echo(f"wake #{req.id} of {name} queued")
         return
@@ -222,7 +234,7 @@ def wake(env: Env, name: str, wait: bool, timeout: float) -> None:
 def stop(env: Env, name: str, wait: bool, timeout: float) -> None:
     """Stop a host: SIGTERM, drain, SIGKILL, proof, lease given back."""
     req = env.store().write(lambda s: request_stop(s, name))
-    ring(env.state_dir)
+    _ring(env)
     if not wait:
         click.echo(f"stop #{req.id} of {name} queued")
         return
@@ -273,7 +285,7 @@ def retry(env: Env, name: str, wait: bool, timeout: float) -> None:
 
 
 def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -> None:
-    ring(env.state_dir)
+    _ring(env)
     if not wait:
         click.echo(f"attempt #{attempt_id} of {name} queued")
         return
@@ -413,17 +425,28 @@ def crashpoints() -> None:
 @click.option("--safety-interval", type=float, default=10.0, show_default=True,
               help="Seconds between full scans when nothing rings.")
 @click.option("--log-level", default="INFO", show_default=True)
+@click.option("--box", envvar="VIGIL_BOX", default=None,
+              help="Name this box (its agent id) on the first start (env VIGIL_BOX).")
+@click.option("--lease-ttl", envvar="VIGIL_LEASE_TTL", type=float, default=30.0,
+              show_default=True, help="Seconds a host lease lasts without renewal.")
 @click.pass_obj
-def agent(env: Env, safety_interval: float, log_level: str) -> None:
+def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
+          lease_ttl: float) -> None:
     """Run the agent: recover, then keep every obligation moving until it is proven done."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     from runners.agent import AgentDaemon
+    from workflows.placement import check_box
 
+    if box is not None:
+        check_box(box)
+    if not 1.0 <= lease_ttl <= 3600:
+        raise BadInput(f"--lease-ttl {lease_ttl:g} is out of range",
+                       "give between 1 and 3600 seconds (default 30)")
     store = env.store()
-    ctx = make_context(env.state_dir, store, agent_id(env.state_dir))
+    ctx = make_context(env.state_dir, store, agent_id(env.state_dir, box), lease_ttl=lease_ttl)
     sys.exit(AgentDaemon(ctx, safety_interval=safety_interval).run())
 
 

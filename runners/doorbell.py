@@ -9,18 +9,28 @@ import socket
 import uuid
 from pathlib import Path
 
+from models.errors import BadInput
+
 DOORBELL = "agent.sock"
 LOCK = "agent.lock"
 AGENT_ID = "agent-id"
 
 
-def agent_id(state_dir: Path) -> str:
-    """Stable per box: written once in the state directory."""
+def agent_id(state_dir: Path, wanted: str | None = None) -> str:
+    """Stable per box: written once in the state directory (as `wanted`, the operator's
+    `--box NAME`, when given on the first start; a different name later is refused)."""
     path = state_dir / AGENT_ID
     try:
-        return path.read_text().strip()
+        have = path.read_text().strip()
     except FileNotFoundError:
-        new = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        have = None
+    if have is not None:
+        if wanted is not None and wanted != have:
+            raise BadInput(f"--box {wanted}: the state directory {state_dir} is box {have}",
+                           f"pass --box {have} (or none), or use another --state-dir")
+        return have
+    else:
+        new = wanted or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(new + "\n")
         os.replace(tmp, path)

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, GenState
 from models.store import emit, guarded_update, utcnow
 from models.tables import Attempt, Generation, Host, Lease, Member, Release, Restore, Stop, Wake
+from workflows import placement
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 
@@ -21,9 +22,15 @@ def acquire(s: Session, ctx: Context, host: str) -> int:
     Any owed release naming an older fence becomes stale: the fence moved on."""
     now = utcnow()
     lease = s.get(Lease, host)
-    if lease is not None and lease.holder != ctx.agent_id and lease.expires_at > now:
+    seq, placed = s.execute(select(Host.fence_seq, Host.box).where(Host.name == host)).one()
+    if not placement.may_hold(placed, ctx.agent_id):
+        raise Poke(f"host {host} is placed on {placed}, not on this box ({ctx.agent_id})")
+    taking = lease is not None and lease.holder != ctx.agent_id
+    if taking and lease.expires_at > now:
         raise Poke(f"lease of {host} is held by agent {lease.holder} until {lease.expires_at}")
-    seq = s.execute(select(Host.fence_seq).where(Host.name == host)).scalar_one()
+    if taking and not placement.may_take_over(placed, ctx.agent_id):
+        raise Poke(f"lease of {host} expired with agent {lease.holder}; only a box the host is "
+                   "placed on takes it over (`vigil host add ... --box BOX`)")
     guarded_update(s, Host, [Host.name == host, Host.fence_seq == seq], {"fence_seq": seq + 1},
                    f"fence counter of {host}")
     fence = seq + 1
@@ -31,7 +38,10 @@ def acquire(s: Session, ctx: Context, host: str) -> int:
     if lease is None:
         s.add(Lease(host=host, holder=ctx.agent_id, fence=fence, acquired_at=now, expires_at=expires))
     else:
-        guarded_update(s, Lease, [Lease.host == host, Lease.fence == lease.fence],
+        # Taken from another agent only while still expired: a renewal that commits first
+        # wins (the row lock makes this UPDATE re-read the expiry).
+        still = [Lease.expires_at <= now] if taking else []
+        guarded_update(s, Lease, [Lease.host == host, Lease.fence == lease.fence, *still],
                        {"holder": ctx.agent_id, "fence": fence, "acquired_at": now,
                         "expires_at": expires}, f"lease of {host}")
     emit(s, "leased", host, fence=fence)
@@ -108,6 +118,17 @@ def renew(ctx: Context) -> int:
         result = s.execute(update(Lease).where(Lease.holder == ctx.agent_id)
                            .values(expires_at=expires))
         return int(result.rowcount)  # type: ignore[attr-defined]
+
+    return ctx.store.write(step)
+
+
+def renew_held(ctx: Context) -> set[str]:
+    """Like renew(), and say which hosts this agent still holds (the others are lost)."""
+
+    def step(s: Session) -> set[str]:
+        expires = utcnow() + timedelta(seconds=ctx.lease_ttl)
+        return set(s.execute(update(Lease).where(Lease.holder == ctx.agent_id)
+                             .values(expires_at=expires).returning(Lease.host)).scalars())
 
     return ctx.store.write(step)
 

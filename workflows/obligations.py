@@ -15,7 +15,7 @@ from tenacity import RetryCallState, wait_exponential
 
 from models.states import OPEN_STOP, OPEN_WAKE
 from models.store import utcnow
-from models.tables import Attempt, Lease, Member, Release, Restore, Stop, Wake
+from models.tables import Attempt, Host, Lease, Member, Release, Restore, Stop, Wake
 from workflows.context import Context, Poke, Result
 from workflows.lease import drive_release
 from workflows.members import drive_member, drive_restore
@@ -76,12 +76,22 @@ def _open_rows(ctx: Context) -> Any:
     return union_all(*selects).subquery()
 
 
+def not_ours(ctx: Context) -> Any:
+    """Hosts this agent must not act on: leased by another agent (expired or not: only a
+    takeover moves such a lease, workflows/takeover.py) or placed on other boxes only."""
+    placed = literal(",").concat(Host.box).concat(",")
+    me = ctx.agent_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    elsewhere = select(Host.name).where(Host.box.is_not(None),
+                                        placed.not_like(f"%,{me},%", escape="\\"))
+    return select(Lease.host).where(Lease.holder != ctx.agent_id).union(elsewhere)
+
+
 def due(ctx: Context, now: datetime) -> list[Due]:
     """The earliest due row of each host (one row per host per round)."""
     rows = _open_rows(ctx)
 
     def q(s: Session) -> list[Due]:
-        elsewhere = select(Lease.host).where(Lease.holder != ctx.agent_id, Lease.expires_at > now)
+        elsewhere = not_ours(ctx)
         result = s.execute(select(rows).where(rows.c.at <= now, rows.c.host.not_in(elsewhere))
                            .order_by(rows.c.at, rows.c.id)).all()
         first: dict[str, Due] = {}
@@ -98,8 +108,7 @@ def next_due(ctx: Context, busy: set[str]) -> datetime | None:
     def q(s: Session) -> datetime | None:
         # As in due(): a host another agent holds is not ours, nor is its overdue row our
         # next wake-up (it would hide every retry of ours until the safety scan).
-        elsewhere = select(Lease.host).where(Lease.holder != ctx.agent_id,
-                                             Lease.expires_at > utcnow())
+        elsewhere = not_ours(ctx)
         stmt = select(func.min(rows.c.at)).where(rows.c.host.not_in(elsewhere))
         if busy:
             stmt = stmt.where(rows.c.host.not_in(busy))

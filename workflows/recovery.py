@@ -10,18 +10,21 @@ from sqlalchemy import select
 from models.states import GenState
 from models.store import emit
 from models.tables import Generation, Host, Lease
+from workflows.claim import release_claims
 from workflows.context import Context
 from workflows.crash import crashpoint, define
 from workflows.ending import ref_of
 from workflows.lease import renew
 from workflows.members import retire
 from workflows.sanity import impossible, impossible_hosts
+from workflows.takeover import take_over
 
 ADOPTED = define("recover.adopted", "one current generation was adopted or retired on start")
 
 
 def recover(ctx: Context) -> dict[str, int]:
     renew(ctx)
+    release_claims(ctx)  # rows claimed by this box before it died are due again
     rows = ctx.store.read(lambda s: s.execute(
         select(Generation, Host).join(Host, Host.name == Generation.host)
         .join(Lease, Lease.host == Generation.host)
@@ -51,6 +54,7 @@ def recover(ctx: Context) -> dict[str, int]:
                 ctx.files.remove_link(ctx.link_for(gen.host), only_if_target=gen.socket)
             retired += 1
         crashpoint(ADOPTED)
-    counts = {"adopted": adopted, "retired": retired, "refused": len(refused)}
+    taken = take_over(ctx)  # hosts placed here whose owner's lease expired
+    counts = {"adopted": adopted, "retired": retired, "refused": len(refused), "taken": taken}
     ctx.store.write(lambda s: emit(s, "recovered", None, agent=ctx.agent_id, **counts))
     return counts

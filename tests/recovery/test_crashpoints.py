@@ -26,15 +26,17 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from models import schema
 from models.states import LIVE_GEN, GenState, HostKind, WakeState
+from models.store import utcnow
 from models.tables import Attempt, Build, Generation, Host, Lease, Wake
 from runners.doorbell import ring
 from runners.files import stage_build
@@ -249,6 +251,19 @@ def cli_deploy(mode: str, source: Path = HELLO, *extra: str) -> Callable[[Vigil]
     return drive
 
 
+def orphan_target(v: Vigil) -> None:
+    """Hand the target's lease to a box that is gone (expired a minute ago) and place the
+    target on that box and on this one: this agent's next sweep takes it over."""
+    me = (v.state_dir / "agent-id").read_text().strip()
+    past = utcnow() - timedelta(seconds=60)
+
+    def step(s):  # type: ignore[no-untyped-def]
+        s.execute(update(Host).where(Host.name == TARGET).values(box=f"gone,{me}"))
+        s.execute(update(Lease).where(Lease.host == TARGET).values(holder="gone", expires_at=past))
+
+    v.store.write(step)
+
+
 # double_fork leaves a grandchild in its own session that ignores SIGTERM: ending such a
 # generation needs the SIGKILL of its containment (*.killed points are reached only then),
 # and a leak shows as a stray process.
@@ -274,6 +289,9 @@ OVERLAP_FAILED = OVERLAP_ABANDONED.but(drive=cli_deploy("overlap", FIXTURES / "b
                                        attempt=("failed", True))
 # hold: the old generation is stopped first; recovery always goes on to the new build.
 HOLD = Flow("hold", cli_deploy("hold"), **_DEPLOY, target_fate="ended", attempt=("done", True))
+# takeover: the old owner's generation is ended (on this one machine the new owner's kill
+# reaches it too) and a fresh wake serves the host from this box.
+TAKEOVER = Flow("takeover", orphan_target, end="awake", pre_awake=True, target_fate="ended")
 
 
 @dataclass(frozen=True)
@@ -313,6 +331,7 @@ SCENARIOS: dict[str, Scenario] = {
     "restore.done": Scenario(MEMBER.but(raised=True)),
     # adoption on start after the agent was SIGKILLed
     "recover.adopted": Scenario(ADOPT),
+    "takeover.done": Scenario(TAKEOVER),
     # overlap deploy: abandoned before the switch (executed only once the spawn is written)
     "swap.admitted": Scenario(OVERLAP_ABANDONED.but(attempt=("abandoned", False))),
     "swap.raised": Scenario(OVERLAP_ABANDONED.but(attempt=("abandoned", False))),

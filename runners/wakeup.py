@@ -1,0 +1,76 @@
+"""Wake-up across boxes: a round starts as soon as any box writes an intent.
+
+- PostgreSQL: the CLI sends `NOTIFY vigil` right after its intent commits (notify());
+  every agent LISTENs on a dedicated connection and kicks a round per notification.
+- SQLite (one box): the CLI rings the doorbell socket; the agent also polls
+  `PRAGMA data_version` on a connection of its own every 50 ms, which changes whenever
+  another connection committed (a writer that did not ring, e.g. the sqlite3 shell).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable
+
+from sqlalchemy import text
+
+from models.store import Store
+
+CHANNEL = "vigil"
+POLL = 0.05
+log = logging.getLogger("vigil.wakeup")
+
+
+def notify(store: Store) -> None:
+    """Tell every agent on the store that an intent was written (PostgreSQL only)."""
+    if store.dialect == "postgresql":
+        store.write(lambda s: s.execute(text(f"NOTIFY {CHANNEL}")))
+
+
+def start(store: Store, kick: Callable[[], None], stop: threading.Event) -> threading.Thread | None:
+    if store.dialect == "postgresql":
+        target = _listen
+    elif store.dialect == "sqlite" and store.engine.url.database:
+        target = _data_version
+    else:
+        return None
+    t = threading.Thread(target=target, args=(store, kick, stop), name="wakeup", daemon=True)
+    t.start()
+    return t
+
+
+def _listen(store: Store, kick: Callable[[], None], stop: threading.Event) -> None:
+    import psycopg
+
+    conninfo = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    while not stop.is_set():
+        try:
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute(f"LISTEN {CHANNEL}")
+                kick()  # anything written while we were not listening
+                while not stop.is_set():
+                    for _ in conn.notifies(timeout=0.5, stop_after=1):
+                        kick()
+        except Exception as exc:  # the safety scan still runs; listen again shortly
+            log.warning("LISTEN %s failed, retrying: %s", CHANNEL, exc)
+            stop.wait(1.0)
+
+
+def _data_version(store: Store, kick: Callable[[], None], stop: threading.Event) -> None:
+    path = store.engine.url.database
+    assert path is not None
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        last = None
+        while not stop.wait(POLL):
+            try:
+                version = conn.execute("PRAGMA data_version").fetchone()[0]
+            except sqlite3.Error:
+                continue
+            if last is not None and version != last:
+                kick()
+            last = version
+    finally:
+        conn.close()

@@ -1,0 +1,192 @@
+"""Several boxes, one store: a throwaway PostgreSQL database per test and several `Box`es
+sharing it, each a state dir of its own (standing for one machine) with its own agent.
+
+The agents run with a short lease TTL (LEASE_TTL) so takeovers happen within a test.
+Teardown ends, by pid, every agent, app and fence keeper a test started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
+
+from models import schema
+from models.store import Store
+from runners.fencekeeper import keeper_pid
+from tests.conftest import Vigil
+
+PG_ADMIN = os.environ.get("VIGIL_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
+LEASE_TTL = 6.0  # renewal every 1 s, self-fence 4 s after the last renewal (runners/fencing.py)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect():
+            pass
+    except OperationalError as exc:
+        admin.dispose()
+        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN}: {exc.orig}")
+    name = f"vigil_mb_{uuid.uuid4().hex[:12]}"
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    store = Store(url)
+    try:
+        schema.upgrade(store.engine)
+    finally:
+        store.dispose()
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+class Box(Vigil):
+    """One box: its own state dir and agent, the shared PostgreSQL store."""
+
+    def __init__(self, name: str, state_dir: Path, url: str) -> None:
+        super().__init__(state_dir, {"VIGIL_DB": url, "VIGIL_SETTLE_SECONDS": "0.5"})
+        self.name = name
+        self.url = url
+        state_dir.mkdir(parents=True, mode=0o700)
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store(self.url)
+        return self._store
+
+    def start(self) -> subprocess.Popen[bytes]:
+        p = self.start_agent(None, "--box", self.name, "--lease-ttl", str(LEASE_TTL))
+        self.wait_ready(p, timeout=60)
+        return p
+
+    def agent(self) -> subprocess.Popen[bytes]:
+        return self.agents[-1]
+
+    def app_procs(self) -> dict[str, dict[int, str]]:
+        """host -> {pid: generation marker} of this box's live app processes."""
+        return app_procs([self]).get(self.name, {})
+
+    def cleanup(self) -> None:
+        for p in self.agents:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)  # a stopped agent cannot die of SIGKILL later
+        super().cleanup()
+        pid = keeper_pid(self.state_dir)
+        if pid and pid > 0:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def app_procs(boxes: list[Box]) -> dict[str, dict[str, dict[int, str]]]:
+    """box -> host -> {pid: generation marker} of its live processes (not zombies): one scan."""
+    homes = {str(b.state_dir): b.name for b in boxes}
+    out: dict[str, dict[str, dict[int, str]]] = {}
+    for p in psutil.process_iter(["pid"]):
+        try:
+            env = p.environ()
+            box = homes.get(env.get("VIGIL_HOME", ""))
+            if box is None or "VIGIL_GENERATION" not in env or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            out.setdefault(box, {}).setdefault(env["VIGIL_HOST"], {})[p.pid] = env["VIGIL_GENERATION"]
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+@pytest.fixture
+def boxes(request: pytest.FixtureRequest, short_tmp: Path,
+          pg_url: str) -> Iterator[Callable[[str], Box]]:
+    made: list[Box] = []
+
+    def make(name: str) -> Box:
+        b = Box(name, short_tmp / name, pg_url)
+        made.append(b)
+        return b
+
+    try:
+        yield make
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            for b in made:  # shown with the captured output of the failing test
+                print(f"--- box {b.name} agent log (tail) ---\n{b.agent_log().decode()[-6000:]}")
+                keeper = b.state_dir / "fencekeeper.log"
+                if keeper.exists():
+                    print(f"--- box {b.name} fence keeper ---\n{keeper.read_text()[-1500:]}")
+    finally:
+        for b in made:
+            b.cleanup()
+
+
+class Sampler:
+    """Samples, every `interval`, the live processes of every box (psutil, grouped by their
+    generation marker) and the store's live generations, per host; records each instant
+    two generations of one host live."""
+
+    def __init__(self, boxes: list[Box], interval: float = 0.05) -> None:
+        self.boxes = boxes
+        self.interval = interval
+        self.samples = 0
+        self.double: list[str] = []
+        self.last_alive: dict[str, float] = {}  # box name -> last instant one of its apps lived
+        self._stop = False
+        import threading
+
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop = True
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        from sqlalchemy import func, select
+
+        from models.states import LIVE_GEN
+        from models.tables import Generation
+
+        store = self.boxes[0].store
+        while not self._stop:
+            now = time.time()
+            per_host: dict[str, set[str]] = {}  # host -> live generations (by marker)
+            for box, procs in app_procs(self.boxes).items():
+                self.last_alive[box] = now
+                for host, marks in procs.items():
+                    per_host.setdefault(host, set()).update(f"{box}:{m[:8]}" for m in marks.values())
+            self.double += [f"{now:.2f} psutil: {h} has live generations {sorted(gs)}"
+                            for h, gs in per_host.items() if len(gs) > 1]
+            rows = store.read(lambda s: s.execute(
+                select(Generation.host, func.count()).where(Generation.state.in_(LIVE_GEN))
+                .group_by(Generation.host)).all())
+            self.double += [f"{now:.2f} store: {h} has {n} live generations"
+                            for h, n in rows if n > 1]
+            self.samples += 1
+            time.sleep(self.interval)
