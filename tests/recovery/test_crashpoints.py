@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,7 +32,7 @@ from typing import Any
 
 import psutil
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from models import schema
 from models.states import LIVE_GEN, GenState, HostKind, WakeState
@@ -41,6 +42,7 @@ from runners.files import stage_build
 from runners.setup import open_store
 from tests.conftest import FIXTURES, HELLO, Vigil, marked_pids, wait_for
 from workflows import hosts
+from workflows.recovery import ADOPTED
 from workflows.wake import request_wake
 
 pytestmark = pytest.mark.timeout(90)
@@ -96,14 +98,22 @@ def tail(v: Vigil, offset: int = 0) -> str:
     return v.agent_log()[offset:].decode(errors="replace")[-5000:]
 
 
-def expect_sigkill(v: Vigil, p: subprocess.Popen[bytes], point: str, offset: int) -> None:
+def expect_sigkill(v: Vigil, p: subprocess.Popen[bytes], point: str, offset: int,
+                   hint: str = "point not reached?") -> str:
+    """Wait for the agent started with VIGIL_CRASH_AT=point to die there; returns the name
+    of the point it died at (crash.py logs it just before the SIGKILL)."""
     try:
         rc = p.wait(CRASH_BOUND)
     except subprocess.TimeoutExpired:
         raise AssertionError(f"agent with VIGIL_CRASH_AT={point} did not die within "
-                             f"{CRASH_BOUND}s (point not reached?):\n{tail(v, offset)}") from None
+                             f"{CRASH_BOUND}s ({hint}):\n{tail(v, offset)}") from None
     assert rc == -signal.SIGKILL, (
         f"agent with VIGIL_CRASH_AT={point} exited {rc}, not by SIGKILL:\n{tail(v, offset)}")
+    died = re.findall(rb"logger=vigil\.crash crash point=(\S+)", v.agent_log()[offset:])
+    assert len(died) == 1, f"expected one crash line, found {died}:\n{tail(v, offset)}"
+    name = died[0].decode()
+    assert point.partition("#")[0] in (name, "*"), f"VIGIL_CRASH_AT={point} died at {name}"
+    return name
 
 
 def get(sock_path: str, timeout: float = 5.0) -> bytes:
@@ -343,8 +353,16 @@ VARIANTS: dict[str, Scenario] = {
     "hold-swap.drain_killed": Scenario(HOLD, ("swap.drain_killed",)),
 }
 
-# Double crashes: crash at the first point, restart crashing at the second (reached during
-# recovery), then restart clean. The flow is the first point's.
+# Double crashes: every scenario is run again with its recovering agent crashed a second
+# time, at the first crash point its recovery reaches (VIGIL_CRASH_AT=*#k, k-th point of any
+# name) once it has passed the adoptions on start, which every recovery does first and which
+# would otherwise always be the first point (the bystander is adopted in every scenario).
+# Points whose recovery is adoption alone (nothing past it is left to do) are crashed at the
+# first adoption instead, and the clean agent after them is armed past its adoptions: it
+# must reach nothing, which proves the entry here right.
+ADOPTION_ONLY: set[str] = set()
+
+# Hand-written chains the generic double crash does not produce: a third crash.
 PAIRS: list[tuple[str, ...]] = [
     ("wake.recorded", "wake.reaping"),
     ("wake.spawned", "wake.reaping", "wake.reaped"),
@@ -383,7 +401,19 @@ def snapshot(v: Vigil) -> Snapshot:
             if g.pid is not None and same_process_alive(g.pid, g.create_time)}
 
 
-def run_scenario(v: Vigil, flow: Flow, chain: tuple[str, ...]) -> None:
+def adoptions(v: Vigil) -> int:
+    """How many times the next agent reaches recover.adopted before anything else: its
+    recovery passes it once per current generation on a leased host (workflows/recovery.py;
+    every agent of a state dir has the same id, so every lease is its own)."""
+    return v.store.read(lambda s: s.execute(
+        select(func.count()).select_from(Generation).join(Lease, Lease.host == Generation.host)
+        .where(Generation.state == GenState.current)).scalar_one())
+
+
+def run_scenario(v: Vigil, flow: Flow, chain: tuple[str, ...], double: bool = False) -> str | None:
+    """Crash along `chain`, then (`double`) crash the recovering agent once more at the first
+    point its recovery reaches (see DOUBLE); recover with a clean agent and check.
+    Returns the point of the second crash, if any."""
     t0 = time.monotonic()
 
     def phase(what: str) -> None:  # shown with the captured output of a failing test
@@ -420,10 +450,30 @@ def run_scenario(v: Vigil, flow: Flow, chain: tuple[str, ...]) -> None:
             flow.drive(v)
         expect_sigkill(v, agent, point, off)
         phase(f"agent died at {point}")
-    at_crash = snapshot(v)
+    at_crash = [snapshot(v)]
+
+    second = None
+    clean_at = None  # the clean agent is armed only to prove ADOPTION_ONLY right
+    if double:
+        n = adoptions(v)
+        only = chain[-1] in ADOPTION_ONLY
+        at = "*#1" if only else f"*#{n + 1}"
+        agent, off = start(v, crash_at=at)
+        second = expect_sigkill(v, agent, at, off, hint=(
+            f"recovery from {chain[-1]} reached no crash point past its {n} adoptions; "
+            "if that is right, add it to ADOPTION_ONLY"))
+        assert (second == ADOPTED) == only, (
+            f"the second crash ({at}, {n} adoptions ahead) hit {second}")
+        phase(f"recovering agent died at {second} ({at})")
+        at_crash.append(snapshot(v))
+        if only:
+            clean_at = f"*#{adoptions(v) + 1}"
 
     # Recovery by a clean agent.
-    agent, off = start(v)
+    agent, off = start(v, crash_at=clean_at)
+    if clean_at is not None and not ready_or_dead(v, agent, off, READY_BOUND):
+        raise AssertionError(f"{chain[-1]} is in ADOPTION_ONLY, but its recovery reached a "
+                             f"point past adoption:\n{tail(v, off)}")
     ready(v, agent, off)
     phase("clean agent ready")
     try:
@@ -432,20 +482,21 @@ def run_scenario(v: Vigil, flow: Flow, chain: tuple[str, ...]) -> None:
         check_invariants(v, flow, before, at_crash)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n--- agent log ---\n{tail(v)}") from None
-    assert agent.poll() is None, "the clean agent died"
+    assert agent.poll() is None, f"the clean agent died:\n{tail(v, off)}"
     phase("checked")
+    return second
 
 
-def check_invariants(v: Vigil, flow: Flow, before: Snapshot, at_crash: Snapshot) -> None:
+def check_invariants(v: Vigil, flow: Flow, before: Snapshot, at_crash: list[Snapshot]) -> None:
     v.check()
     cur = currents(v)
 
     # A generation the workflow was not ending kept its generation and pid: what served
-    # before the workflow started, and what served (alive) when the last agent died.
+    # before the workflow started, and what served (alive) when each crashed agent died.
     # (A hold swap crashed right after its admission still has the old one current: the
     # workflow is ending it, as target_fate "ended" says.)
     kept = [(h, before[h]) for h in [BYSTANDER] + ([TARGET] if flow.target_fate == "kept" else [])]
-    kept += [(h, snap) for h, snap in at_crash.items()
+    kept += [(h, snap) for crash in at_crash for h, snap in crash.items()
              if not (h == TARGET and flow.target_fate == "ended" and snap == before[TARGET])]
     for host, (gid, pid, ctime) in kept:
         now = f"g{cur[host].id} pid {cur[host].pid}" if host in cur else "nothing"
@@ -582,8 +633,15 @@ def test_crash_variant(vigil: Vigil, variant: str) -> None:
     run_scenario(vigil, sc.flow, sc.chain)
 
 
+@pytest.mark.parametrize("point", sorted(SCENARIOS))
+def test_double_crash(vigil: Vigil, point: str) -> None:
+    sc = SCENARIOS[point]
+    second = run_scenario(vigil, sc.flow, sc.chain or (point,), double=True)
+    print(f"double crash {point}+{second}")
+
+
 @pytest.mark.parametrize("chain", PAIRS, ids=["+".join(c) for c in PAIRS])
-def test_double_crash(vigil: Vigil, chain: tuple[str, ...]) -> None:
+def test_crash_chain(vigil: Vigil, chain: tuple[str, ...]) -> None:
     run_scenario(vigil, SCENARIOS[chain[0]].flow, chain)
 
 
