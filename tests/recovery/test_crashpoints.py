@@ -12,6 +12,10 @@ canonical link, on the right build, or asleep with nothing left).
 A new crash point needs one entry in SCENARIOS (a new workflow also one Flow):
 `test_every_crashpoint_has_a_scenario` fails until it is there.
 
+Each scenario also runs as a double crash (`test_double_crash`): the agent recovering from
+the first crash is itself SIGKILLed at the first crash point its recovery reaches, whichever
+that is (VIGIL_CRASH_AT=*#k), then a clean agent recovers and the same invariants are checked.
+
 Every test also carries a *bystander* host, woken before the crash and never touched by the
 workflow under test: whatever happens, it must be adopted with the same pid.
 """
@@ -360,9 +364,17 @@ VARIANTS: dict[str, Scenario] = {
 # Points whose recovery is adoption alone (nothing past it is left to do) are crashed at the
 # first adoption instead, and the clean agent after them is armed past its adoptions: it
 # must reach nothing, which proves the entry here right.
-ADOPTION_ONLY: set[str] = set()
+ADOPTION_ONLY = {
+    "recover.adopted",  # adoption was what it was doing
+    "wake.current",  # the wake is done but for the link, which adoption repoints
+    "swap.drained",  # the attempt is done
+    "release.done",  # the lease is given back
+}
 
-# Hand-written chains the generic double crash does not produce: a third crash.
+DOUBLE = sorted(SCENARIOS)  # every point is double-crashed (asserted below)
+
+# Hand-written chains the generic double crash does not produce: a second crash deeper in
+# the recovery than its first point, or a third crash.
 PAIRS: list[tuple[str, ...]] = [
     ("wake.recorded", "wake.reaping"),
     ("wake.spawned", "wake.reaping", "wake.reaped"),
@@ -613,6 +625,9 @@ def test_every_crashpoint_has_a_scenario() -> None:
         assert sc.chain and set(sc.chain) <= names, sc.chain
     for chain in PAIRS:
         assert set(chain) <= names and chain[0] in SCENARIOS, chain
+    no_double = names - set(DOUBLE)
+    assert not no_double, f"crash points never double-crashed: {sorted(no_double)}"
+    assert ADOPTION_ONLY <= set(SCENARIOS), ADOPTION_ONLY - set(SCENARIOS)
     assert set(MARKER_POINTS) <= set(SCENARIOS)
 
 
@@ -633,7 +648,7 @@ def test_crash_variant(vigil: Vigil, variant: str) -> None:
     run_scenario(vigil, sc.flow, sc.chain)
 
 
-@pytest.mark.parametrize("point", sorted(SCENARIOS))
+@pytest.mark.parametrize("point", DOUBLE)
 def test_double_crash(vigil: Vigil, point: str) -> None:
     sc = SCENARIOS[point]
     second = run_scenario(vigil, sc.flow, sc.chain or (point,), double=True)
