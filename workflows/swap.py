@@ -36,7 +36,13 @@ from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.lease import acquire, held_fence, owe_release, release_owed
 from workflows.members import drive_member, leave_set, run_restores
 from workflows.ports import SpawnError, SpawnSpec
-from workflows.workers import ONESHOT_DONE, clean_attempt, settle_one_shot, yield_own_starts
+from workflows.workers import (
+    COALESCED,
+    ONESHOT_DONE,
+    clean_attempt,
+    settle_one_shot,
+    yield_own_starts,
+)
 
 ADMITTED = define("swap.admitted", "the attempt is admitted (overlap: its successor is a member)")
 RAISED = define("swap.raised", "the parent limit is raised (or there is none); nothing spawned")
@@ -166,7 +172,8 @@ def _verify(ctx: Context, a: Attempt) -> Build:
     return build
 
 
-def _asleep(s: Session, ctx: Context, a: Attempt, h: Host) -> bool:
+def _asleep(s: Session, ctx: Context, a: Attempt, h: Host,
+            coalesced: list[int] | None = None) -> bool:
     """A host with nothing current: the build is set for its next start (a documented
     choice), and a host that should be up gets a wake. True when the attempt ended here."""
     if s.execute(select(Generation.id).where(Generation.host == a.host,
@@ -174,7 +181,7 @@ def _asleep(s: Session, ctx: Context, a: Attempt, h: Host) -> bool:
         return False
     waking = s.execute(select(Wake.id).where(Wake.host == a.host, Wake.state.in_(OPEN_WAKE))).first()
     # A worker's own restart still waiting out its backoff gives way: this attempt spawns.
-    if waking is not None and not yield_own_starts(s, a.host):
+    if waking is not None and not yield_own_starts(s, a.host, coalesced):
         raise Poke(f"waiting for wake #{waking.id} of {a.host}")
     if h.one_shot:
         return False  # a one-shot worker's attempt runs the job itself (clean_exit recorded)
@@ -455,13 +462,14 @@ def _hold(ctx: Context, a: Attempt) -> None:
     """Stop the current generation (proven), then start the new build."""
     if a.step is AttemptStep.queued:
         build = _verify(ctx, a)
+        coalesced: list[int] = []  # a worker's own queued restart that gave way to this
 
         def admit(s: Session) -> bool:
             h = s.get(Host, a.host)
             assert h is not None
             a.fence = held_fence(s, ctx, a.host)
             gate(s, ctx, a)
-            if _asleep(s, ctx, a, h):
+            if _asleep(s, ctx, a, h, coalesced):
                 return False
             if a.fence is None and h.one_shot:  # nothing runs: the run takes the lease
                 a.fence = acquire(s, ctx, a.host)
@@ -471,6 +479,8 @@ def _hold(ctx: Context, a: Attempt) -> None:
             return True
 
         if not ctx.store.write(admit):
+            if coalesced:
+                crashpoint(COALESCED)
             return
         crashpoint(ADMITTED)
         _stop_old(ctx, a)
@@ -542,10 +552,10 @@ def _hold(ctx: Context, a: Attempt) -> None:
             owe_release(s, ctx, a.host)
 
     ctx.store.write(current)
+    if proven:
+        ctx.proc.release(ref_of(gen))
     crashpoint(ONESHOT_DONE if clean else SWITCHED)
     if clean:
-        if proven:
-            ctx.proc.release(ref_of(gen))
         release_owed(ctx, a.host)
     if gen.socket:
         ctx.files.point_link(ctx.link_for(a.host), gen.socket)

@@ -168,13 +168,15 @@ def coalesce(s: Session, w: Wake) -> Attempt | None:
     return a
 
 
-def yield_own_starts(s: Session, host: str) -> bool:
-    """For an attempt finding its host asleep: cancel the worker's own queued starts.
-    True when no open wake is left to wait for."""
+def yield_own_starts(s: Session, host: str, cancelled: list[int] | None = None) -> bool:
+    """For an attempt finding its host asleep: the worker's own queued starts give way to
+    it (their ids appended to `cancelled`). True when no open wake is left to wait for."""
     for w in s.execute(select(Wake).where(Wake.host == host, Wake.state == WakeState.queued,
                                           Wake.cause.in_(OWN_STARTS))).scalars().all():
-        coalesce(s, w)
-    return s.execute(select(Wake.id).where(Wake.host == host, Wake.state.in_(OPEN_WAKE))).first() is None
+        if coalesce(s, w) is not None and cancelled is not None:
+            cancelled.append(w.id)
+    return s.execute(select(Wake.id).where(Wake.host == host,
+                                           Wake.state.in_(OPEN_WAKE))).first() is None
 
 
 # -- staged builds ---------------------------------------------------------------------------
