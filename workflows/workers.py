@@ -22,7 +22,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from tenacity import RetryCallState, wait_exponential
 
-from models.errors import BadInput
+from models.errors import BadInput, LostRace
 from models.states import OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, MemberRole, WakeState
 from models.store import emit, fenced, guarded_update, utcnow
 from models.tables import Attempt, Build, Generation, Host, Lease, Member, Stop, Wake
@@ -53,7 +53,7 @@ POLICY_DEFAULTS = {"one_shot": False, "max_run": None, "restart_floor": 1.0, "re
 
 def check_policy(kind: HostKind, policy: dict[str, object]) -> dict[str, object]:
     """Validate `vigil host add`'s worker options; returns the columns to write."""
-    given = {k: v for k, v in policy.items() if v not in (None, False)}
+    given = {k: v for k, v in policy.items() if v is not None and v is not False}
     if given and kind is not HostKind.worker:
         flags = ", ".join("--" + k.replace("_", "-") for k in sorted(given))
         raise BadInput(f"{flags} only apply to workers", "add --kind worker, or drop them")
@@ -294,29 +294,43 @@ def sweep(ctx: Context, budget: int, sweep_no: int = 0) -> int:
     for gen, host in rows:
         if gen.host in refused or not ctx.proc.leader_alive(ref_of(gen)):
             continue  # the liveness sweep's (or the operator's) business
-        if ctx.store.read(lambda s, h=gen.host: _busy(s, h)):
-            continue  # coalescing: whatever is open makes the next spawn
-        now = utcnow()
-        drifting = host.build_id != gen.build_id
-        if drifting != (host.drift_since is not None):
-            _note_drift(ctx, host, now if drifting else None)
-            continue
-        if drifting and host.drift_since is not None:
-            lasted = (now - host.drift_since).total_seconds()
-            if lasted >= host.converge_grace and budget > 0:
-                if _replace(ctx, gen, host, "converge", None,
-                            f"live build differs for {lasted:.1f}s", sweep_no):
-                    budget -= 1
-                    moved += 1
-                    crashpoint(CONVERGING)
-                continue
-        if host.max_run is not None and gen.current_at is not None and \
-                (now - gen.current_at).total_seconds() >= host.max_run:
-            if _replace(ctx, gen, host, "recycle", gen.build_id,
-                        f"up for {host.max_run:g}s (max-run)", sweep_no):
+        try:
+            moved_how = _sweep_one(ctx, gen, host, budget > 0, sweep_no)
+            if moved_how:
                 moved += 1
-                crashpoint(RECYCLING)
+                budget -= moved_how == "converge"
+        except LostRace:  # the host moved under us (a CLI intent, a lease): next sweep
+            continue
     return moved
+
+
+def _sweep_one(ctx: Context, gen: Generation, host: Host, may_converge: bool,
+               sweep_no: int) -> str | None:
+    """How the worker was moved ("converge" or "recycle"), or None."""
+    if ctx.store.read(lambda s: _busy(s, gen.host)):
+        return None  # coalescing: whatever is open makes the next spawn
+    now = utcnow()
+    drifting = host.build_id != gen.build_id
+    if drifting != (host.drift_since is not None):
+        _note_drift(ctx, host, now if drifting else None)
+        return None
+    lasted = (now - host.drift_since).total_seconds() if host.drift_since is not None else 0.0
+    if drifting and lasted >= host.converge_grace and may_converge:
+        if not _replace(ctx, gen, host, "converge", None,
+                        f"live build differs for {lasted:.1f}s", sweep_no):
+            return None
+        crashpoint(CONVERGING)
+        return "converge"
+    # Not converging (no drift, within its grace, or this sweep's budget is spent): a
+    # worker past its max-run is recycled onto its captured build all the same.
+    if host.max_run is None or gen.current_at is None or \
+            (now - gen.current_at).total_seconds() < host.max_run:
+        return None
+    if not _replace(ctx, gen, host, "recycle", gen.build_id,
+                    f"up for {host.max_run:g}s (max-run)", sweep_no):
+        return None
+    crashpoint(RECYCLING)
+    return "recycle"
 
 
 def _note_drift(ctx: Context, host: Host, since: object) -> None:
@@ -355,7 +369,8 @@ def _replace(ctx: Context, gen: Generation, host: Host, cause: str, build_id: in
                      fence=lease.fence, since=now, next_attempt_at=now))
         s.add(Wake(host=gen.host, state=WakeState.queued, cause=cause, build_id=build_id,
                    since=now, next_attempt_at=now, created_at=now))
-        s.execute(update(Host).where(Host.name == gen.host).values(drift_since=None))
+        if cause == "converge":  # a recycle keeps the drift's age: it must not starve it
+            s.execute(update(Host).where(Host.name == gen.host).values(drift_since=None))
         emit(s, "converging" if cause == "converge" else "recycling", gen.host, gen.id,
              reason=why, sweep=sweep_no, onto_build_id=build_id or host.build_id)
         return True

@@ -225,3 +225,25 @@ def test_a_bad_staged_build_is_refused_until_fixed(vigil: Vigil) -> None:
     vigil.run("wake", "w", "--wait", "--timeout", "60")
     assert vigil.status("w")["state"] == "awake"
     stop_all(vigil, "w")
+
+
+def test_restart_delay_doubles_from_the_floor_to_the_cap() -> None:
+    from workflows.workers import restart_delay
+
+    h = Host(restart_floor=0.5, restart_cap=3.0)
+    assert [restart_delay(h, n) for n in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--max-run", "5"), "--max-run only apply to workers"),
+    (("--kind", "worker", "--restart-floor", "2", "--restart-cap", "1"), "is below --restart-floor"),
+    (("--kind", "worker", "--converge-grace", "0"), "must be a positive number"),
+    (("--kind", "worker", "--one-shot", "--max-run", "5"), "drop one of the two"),
+])
+def test_bad_worker_options_change_nothing(vigil: Vigil, args: tuple[str, ...], says: str) -> None:
+    cp = vigil.run("host", "add", "w", "--build", str(WORKER), *args, check=False)
+    assert cp.returncode != 0 and says in cp.stderr and len(cp.stderr.strip().splitlines()) == 1, cp
+    assert vigil.store.read(lambda s: s.get(Host, "w")) is None
+    assert not (vigil.state_dir / "builds").exists()
+    cp = vigil.run("deploy", "nope", str(WORKER), "--converge", check=False)
+    assert cp.returncode != 0 and "no host named" in cp.stderr
