@@ -247,3 +247,23 @@ def test_bad_worker_options_change_nothing(vigil: Vigil, args: tuple[str, ...], 
     assert not (vigil.state_dir / "builds").exists()
     cp = vigil.run("deploy", "nope", str(WORKER), "--converge", check=False)
     assert cp.returncode != 0 and "no host named" in cp.stderr
+
+
+def test_a_run_that_stayed_up_restarts_from_the_floor(vigil: Vigil) -> None:
+    """restart_reset: the streak (persisted on the host) starts again after a long run."""
+    from workflows.workers import queue_restart
+
+    vigil.add_host("w", WORKER, "--kind", "worker", "--restart-floor", "0.5",
+                   "--restart-reset", "10")
+    bid = build_id(vigil, WORKER)
+
+    def crash(uptime: float) -> float:
+        def step(s: Any) -> None:
+            s.execute(Host.__table__.update().where(Host.name == "w").values(desired="up"))
+            s.execute(Wake.__table__.delete())
+            queue_restart(s, s.get(Host, "w"), bid, uptime, "exited")
+        vigil.store.write(step)
+        return events(vigil, "restart_scheduled", "w")[-1][1]["delay"]
+
+    assert [crash(1.0), crash(1.0), crash(1.0)] == [0.5, 1.0, 2.0]
+    assert crash(10.0) == 0.5 and crash(1.0) == 1.0
