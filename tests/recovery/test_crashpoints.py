@@ -409,15 +409,11 @@ VARIANTS: dict[str, Scenario] = {
     "hold-swap.spawned": Scenario(HOLD, ("swap.spawned",)),
     "hold-swap.switched": Scenario(HOLD, ("swap.switched",)),
     "hold-swap.drain_killed": Scenario(HOLD, ("swap.drain_killed",)),
-    # a worker's start, its adoption, its death and its restart
-    "worker-wake.intent": Scenario(WAKE.but(kind=HostKind.worker, build=WORKER), ("wake.intent",)),
-    "worker-wake.spawned": Scenario(WAKE.but(kind=HostKind.worker, build=WORKER),
-                                    ("wake.spawned",)),
+    # a worker whose agent died is adopted (pid and create_time match); a worker's pending
+    # generation with no process is proven and dropped, and the start retried
     "worker-recover.adopted": Scenario(ADOPT.but(kind=HostKind.worker, build=WORKER),
                                        ("recover.adopted",)),
-    "worker-member.exited": Scenario(MEMBER.but(kind=HostKind.worker, build=WORKER),
-                                     ("member.exited",)),
-    "converge-member.proven": Scenario(CONVERGE, ("member.proven",)),
+    "worker-wake.intent": Scenario(WAKE.but(kind=HostKind.worker, build=WORKER), ("wake.intent",)),
 }
 
 # Double crashes: crash at the first point, restart crashing at the second (reached during
