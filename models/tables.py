@@ -89,6 +89,7 @@ class Build(Base):
     source: Mapped[str] = mapped_column(Text)  # where the operator staged it from
     published_at: Mapped[datetime | None] = mapped_column(DateTime)  # referenced before exec
     created_at: Mapped[datetime] = mapped_column(DateTime)
+    good_at: Mapped[datetime | None] = mapped_column(DateTime)  # a one-shot run exited 0
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime)  # file removed by gc
 
 
@@ -108,6 +109,15 @@ class Host(Base):
     fence_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     box: Mapped[str | None] = mapped_column(String(255))  # placement (several boxes)
     created_at: Mapped[datetime] = mapped_column(DateTime)
+    # Workers (workflows/workers.py): restart policy, recycling, converging.
+    one_shot: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    max_run: Mapped[float | None] = mapped_column(Float)  # recycle after this many seconds up
+    restart_floor: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")
+    restart_cap: Mapped[float] = mapped_column(Float, default=30.0, server_default="30.0")
+    restart_reset: Mapped[float] = mapped_column(Float, default=60.0, server_default="60.0")
+    converge_grace: Mapped[float] = mapped_column(Float, default=60.0, server_default="60.0")
+    restart_streak: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    drift_since: Mapped[datetime | None] = mapped_column(DateTime)  # live build != running one
 
 
 class Generation(Base):
@@ -160,6 +170,9 @@ class Wake(RetryColumns, Base):
     reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+    # The build this start must exec (a worker's captured build); None: the host's build.
+    # No foreign key: see migrations/versions/0003_workers.py (builds rows are never deleted).
+    build_id: Mapped[int | None] = mapped_column(Integer)
 
 
 class Stop(RetryColumns, Base):
@@ -215,6 +228,7 @@ class Attempt(RetryColumns, Base):
     reason: Mapped[str | None] = mapped_column(Text)
     executed: Mapped[bool | None] = mapped_column(Boolean)
     drain_seconds: Mapped[float | None] = mapped_column(Float)
+    clean_exit: Mapped[bool | None] = mapped_column(Boolean)  # a one-shot run exited 0
     created_at: Mapped[datetime] = mapped_column(DateTime)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime)
 

@@ -31,6 +31,7 @@ from workflows.members import retire_dead_currents
 from workflows.obligations import Due, due, next_due, run_one
 from workflows.recovery import recover
 from workflows.takeover import take_over
+from workflows.workers import sweep as sweep_workers
 
 log = logging.getLogger("vigil.agent")
 
@@ -145,8 +146,10 @@ class Reconciler:
 
 class AgentDaemon:
     def __init__(self, ctx: Context, *, safety_interval: float = 10.0,
-                 monitor_interval: float = 1.0, max_hosts: int = 8) -> None:
+                 monitor_interval: float = 1.0, max_hosts: int = 8, converge_budget: int = 1) -> None:
         self.ctx = ctx
+        self.converge_budget = converge_budget  # worker converges per sweep, box-wide
+        self.sweeps = 0
         self.safety_interval = safety_interval
         self.monitor_interval = monitor_interval
         self.max_hosts = max_hosts
@@ -219,6 +222,9 @@ class AgentDaemon:
         if reap is not None:
             reap()
         if retire_dead_currents(self.ctx):
+            reconciler.kick()
+        self.sweeps += 1
+        if sweep_workers(self.ctx, self.converge_budget, self.sweeps):
             reconciler.kick()
         renew(self.ctx)
         if take_over(self.ctx):  # hosts placed here whose owner's lease expired

@@ -76,10 +76,13 @@ def run_checks(store: Store, state_dir: Path) -> list[Violation]:
             att_gens |= {a.successor_id, a.retiring_id}
         known = {g.uuid: g for g in s.execute(select(Generation)).scalars()}
         builds = s.execute(select(Build)).scalars().all()
+        pinned = set(s.execute(select(Wake.build_id).where(  # a worker's pending restart
+            Wake.state.in_(OPEN_WAKE), Wake.build_id.is_not(None))).scalars())
         return (hosts, gens, leases, open_rows, needed, owed, members, wake_gens | stop_gens | att_gens,
-                known, builds)
+                known, builds, pinned)
 
-    hosts, gens, leases, open_rows, needed, owed, members, tracked, known, builds = store.read(read)
+    hosts, gens, leases, open_rows, needed, owed, members, tracked, known, builds, pinned = \
+        store.read(read)
 
     currents: dict[str, list[Generation]] = {}
     for g in gens:
@@ -123,7 +126,7 @@ def run_checks(store: Store, state_dir: Path) -> list[Violation]:
         if not has_lease and needed[h.name] is not None:
             bad.append(Violation("cause_without_lease", f"host {h.name}: {needed[h.name]} but it "
                                  "holds no lease"))
-    referenced = {h.build_id for h in hosts} | {g.build_id for g in gens}
+    referenced = {h.build_id for h in hosts} | {g.build_id for g in gens} | pinned
     for b in builds:
         if b.id in referenced and (b.deleted_at is not None or not os.path.exists(b.path)):
             bad.append(Violation("referenced_build", f"build {b.digest[:12]} ({b.path}) is referenced "

@@ -122,10 +122,18 @@ def host() -> None:
 @click.option("--health-timeout", type=float, default=10.0, show_default=True)
 @click.option("--box", "boxes", multiple=True,
               help="A box (agent id) that may run the host (repeatable); none: any box.")
+@click.option("--one-shot", is_flag=True, help="Worker: run once; exit 0 is success, no respawn.")
+@click.option("--max-run", type=float, default=None, help="Worker: recycle after S seconds up.")
+@click.option("--restart-floor", type=float, default=None, help="Worker: first restart delay (1).")
+@click.option("--restart-cap", type=float, default=None, help="Worker: longest restart delay (30).")
+@click.option("--restart-reset", type=float, default=None,
+              help="Worker: up this long, the backoff starts again from the floor (60).")
+@click.option("--converge-grace", type=float, default=None,
+              help="Worker: how long its live build may differ before it converges (60).")
 @click.pass_obj
 def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
              envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
-             boxes: tuple[str, ...]) -> None:
+             boxes: tuple[str, ...], **policy: Any) -> None:
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
     from workflows.hosts import check_name
     from workflows.placement import encode
@@ -140,13 +148,16 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         pairs[key] = value
     if cwd is not None and not os.path.isdir(cwd):
         raise BadInput(f"--cwd {cwd} is not a directory", "pass an existing directory")
+    from workflows.workers import check_policy
+
+    check_policy(HostKind(kind), policy)  # before anything is staged
     store = env.store()
     path, digest = stage_build(build_path, env.state_dir)
     store.write(lambda s: add_host(
         s, name, kind=HostKind(kind), build_path=path, digest=digest,
         source=str(Path(build_path).absolute()), args=list(args), env=pairs,
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
-        health_timeout=health_timeout, box=placed))
+        health_timeout=health_timeout, box=placed, policy=policy))
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
 
 
@@ -251,13 +262,28 @@ def stop(env: Env, name: str, wait: bool, timeout: float) -> None:
               default="release", show_default=True)
 @click.option("--wait", is_flag=True, help="Show the steps as they happen; exit 0 when done.")
 @click.option("--timeout", type=float, default=600.0, show_default=True)
+@click.option("--converge", is_flag=True,
+              help="Worker: only make BUILD its live build; it converges after its grace.")
 @click.pass_obj
 def deploy(env: Env, name: str, build_path: str, mode: str, canary: bool, cause: str, wait: bool,
-           timeout: float) -> None:
+           timeout: float, converge: bool) -> None:
     """Move a host to a new build (overlap: zero downtime; hold: stop, then start)."""
     store = env.store()
-    if store.read(lambda s: s.get(Host, name)) is None:
+    h = store.read(lambda s: s.get(Host, name))
+    if h is None:
         raise NotFound(f"no host named {name!r}", "see `vigil host list`")
+    if converge:
+        from workflows.workers import stage_live
+
+        if h.kind is not HostKind.worker:
+            raise BadInput(f"host {name} is an instance: only workers converge",
+                           f"drop --converge: `vigil deploy {name} {build_path}`")
+        path, digest = stage_build(build_path, env.state_dir)
+        store.write(lambda s: stage_live(s, name, record_build(
+            s, path, digest, str(Path(build_path).absolute()))))
+        click.echo(f"build {digest[:12]} is the live build of {name}; it converges after "
+                   f"{h.converge_grace:g}s")
+        return
     path, digest = stage_build(build_path, env.state_dir)
 
     def intent(s):  # type: ignore[no-untyped-def]
@@ -429,9 +455,13 @@ def crashpoints() -> None:
               help="Name this box (its agent id) on the first start (env VIGIL_BOX).")
 @click.option("--lease-ttl", envvar="VIGIL_LEASE_TTL", type=float, default=30.0,
               show_default=True, help="Seconds a host lease lasts without renewal.")
+@click.option("--converge-budget", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Workers converged onto their live build per sweep, box-wide.")
+@click.option("--sweep-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="Seconds between liveness sweeps (dead currents, worker drift and max-run).")
 @click.pass_obj
 def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
-          lease_ttl: float) -> None:
+          lease_ttl: float, converge_budget: int, sweep_interval: float) -> None:
     """Run the agent: recover, then keep every obligation moving until it is proven done."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
@@ -447,7 +477,8 @@ def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
                        "give between 1 and 3600 seconds (default 30)")
     store = env.store()
     ctx = make_context(env.state_dir, store, agent_id(env.state_dir, box), lease_ttl=lease_ttl)
-    sys.exit(AgentDaemon(ctx, safety_interval=safety_interval).run())
+    sys.exit(AgentDaemon(ctx, safety_interval=safety_interval, monitor_interval=sweep_interval,
+                         converge_budget=converge_budget).run())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,17 +5,21 @@ from __future__ import annotations
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from models.states import GenState
+from models.states import OPEN_WAKE, GenState
 from models.store import emit, utcnow
-from models.tables import Attempt, Build, Generation, Host
+from models.tables import Attempt, Build, Generation, Host, Wake
 
 
 def referenced_ids(s: Session) -> set[int]:
-    """A host's configured build, any generation not proven gone, any open attempt."""
+    """A host's configured build, any generation not proven gone, any open attempt, any
+    open wake's pinned build."""
     ids = set(s.execute(select(Host.build_id)).scalars())
     ids |= set(s.execute(select(Generation.build_id).where(
         Generation.state != GenState.proven)).scalars())
     ids |= set(s.execute(select(Attempt.build_id).where(Attempt.outcome.is_(None))).scalars())
+    # A worker's pending restart names its captured build: it will exec it again.
+    ids |= set(s.execute(select(Wake.build_id).where(Wake.state.in_(OPEN_WAKE),
+                                                     Wake.build_id.is_not(None))).scalars())
     return ids
 
 

@@ -23,6 +23,7 @@ from models.states import (
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Lease, Stop, Wake
 from workflows.lease import still_needed
+from workflows.workers import check_policy
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
@@ -46,16 +47,18 @@ def record_build(s: Session, path: str, digest: str, source: str) -> Build:
 
 def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: str, source: str,
              args: list[str], env: dict[str, str], cwd: str | None, drain_timeout: float,
-             health_timeout: float, memory_tier_mb: int | None = None, box: str | None = None) -> None:
+             health_timeout: float, memory_tier_mb: int | None = None, box: str | None = None,
+             policy: dict[str, Any] | None = None) -> None:
     check_name(name)
     if drain_timeout <= 0 or health_timeout <= 0:
         raise BadInput("timeouts must be positive numbers of seconds", "e.g. --drain-timeout 10")
     if s.get(Host, name) is not None:
         raise BadInput(f"host {name} already exists", f"remove it first with `vigil host rm {name}`")
+    worker = check_policy(kind, policy or {})  # restart policy, max-run, one-shot, converge
     build = record_build(s, build_path, digest, source)
     s.add(Host(name=name, kind=kind, build_id=build.id, args=json.dumps(args), env=json.dumps(env),
                cwd=cwd, drain_timeout=drain_timeout, health_timeout=health_timeout,
-               memory_tier_mb=memory_tier_mb, box=box, created_at=utcnow()))
+               memory_tier_mb=memory_tier_mb, box=box, created_at=utcnow(), **worker))
     emit(s, "host_added", name, build=digest[:12], kind=kind.value)
 
 
@@ -116,5 +119,23 @@ def status(s: Session, name: str | None = None) -> list[dict[str, Any]]:
             "socket": gen.socket if gen else None,
             "since": (gen.current_at.isoformat() + "Z") if gen and gen.current_at else None,
             "lease": {"holder": lease.holder, "fence": lease.fence} if lease else None,
+            **_worker_status(s, h, gen),
         })
+    return out
+
+
+def _worker_status(s: Session, h: Host, gen: Generation | None) -> dict[str, Any]:
+    """A worker's restart state, and why it is not running when a start failed or was refused."""
+    if h.kind is not HostKind.worker:
+        return {}
+    out: dict[str, Any] = {"one_shot": h.one_shot, "restart_streak": h.restart_streak,
+                           "live_build_id": h.build_id,
+                           "build_id": gen.build_id if gen else None,
+                           "drift_since": (h.drift_since.isoformat() + "Z") if h.drift_since else None}
+    w = s.execute(select(Wake).where(Wake.host == h.name).order_by(Wake.id.desc()).limit(1)
+                  ).scalar_one_or_none()
+    if w is not None and w.state in OPEN_WAKE and w.cause == "restart":
+        out["restart_at"] = w.next_attempt_at.isoformat() + "Z"
+    if gen is None and w is not None and w.state is WakeState.failed:
+        out["problem"] = w.reason
     return out

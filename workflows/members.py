@@ -11,7 +11,7 @@ from datetime import UTC
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.states import OPEN_WAKE, Desired, GenState, MemberRole, WakeState
+from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole, WakeState
 from models.store import emit, guarded_update, utcnow
 from models.tables import Generation, Host, Lease, Member, Restore, Wake
 from workflows.context import Context, Poke, Result
@@ -19,6 +19,7 @@ from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, ref_of
 from workflows.lease import owe_release, release_owed
 from workflows.sanity import impossible_hosts
+from workflows.workers import worker_exited
 
 EXITED = define("member.exited", "a dead current generation is retiring and a member")
 PROVEN = define("member.proven", "a member is proven gone and has left the set")
@@ -38,7 +39,9 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
                  since=now, next_attempt_at=now))
     emit(s, "exited", gen.host, gen.id, pid=gen.pid, reason=why)
     host = s.get(Host, gen.host)
-    if restart and host is not None and host.desired is Desired.up:
+    if restart and host is not None and host.kind is HostKind.worker:
+        worker_exited(s, ctx, gen, host)  # backoff, onto its captured build; one-shot: none
+    elif restart and host is not None and host.desired is Desired.up:
         queued = s.execute(select(Wake.id).where(Wake.host == gen.host,
                                                  Wake.state.in_(OPEN_WAKE))).first()
         if queued is None:

@@ -33,9 +33,16 @@ from workflows.classify import BuildFailed, Cancelled, Stale, StepEnd, classify
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
-from workflows.lease import held_fence
+from workflows.lease import acquire, held_fence, owe_release, release_owed
 from workflows.members import drive_member, leave_set, run_restores
 from workflows.ports import SpawnError, SpawnSpec
+from workflows.workers import (
+    COALESCED,
+    ONESHOT_DONE,
+    clean_attempt,
+    settle_one_shot,
+    yield_own_starts,
+)
 
 ADMITTED = define("swap.admitted", "the attempt is admitted (overlap: its successor is a member)")
 RAISED = define("swap.raised", "the parent limit is raised (or there is none); nothing spawned")
@@ -165,15 +172,19 @@ def _verify(ctx: Context, a: Attempt) -> Build:
     return build
 
 
-def _asleep(s: Session, ctx: Context, a: Attempt, h: Host) -> bool:
+def _asleep(s: Session, ctx: Context, a: Attempt, h: Host,
+            coalesced: list[int] | None = None) -> bool:
     """A host with nothing current: the build is set for its next start (a documented
     choice), and a host that should be up gets a wake. True when the attempt ended here."""
     if s.execute(select(Generation.id).where(Generation.host == a.host,
                                              Generation.state == GenState.current)).first():
         return False
     waking = s.execute(select(Wake.id).where(Wake.host == a.host, Wake.state.in_(OPEN_WAKE))).first()
-    if waking is not None:
+    # A worker's own restart still waiting out its backoff gives way: this attempt spawns.
+    if waking is not None and not yield_own_starts(s, a.host, coalesced):
         raise Poke(f"waiting for wake #{waking.id} of {a.host}")
+    if h.one_shot:
+        return False  # a one-shot worker's attempt runs the job itself (clean_exit recorded)
     s.execute(Host.__table__.update().where(Host.name == a.host).values(build_id=a.build_id))
     reason = "host was not running: build set for its next wake"
     if h.desired is Desired.up:
@@ -344,14 +355,21 @@ def _spawn(ctx: Context, a: Attempt, host: Host, build: Build, gen: Generation) 
     return gen
 
 
-def _check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Generation) -> None:
-    """Health, then the optional canary settle: failures here are the build's own."""
+def _check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Generation) -> bool:
+    """Health, then the optional canary settle: failures here are the build's own.
+    True when a one-shot run already exited 0."""
     ref = ref_of(gen)
+    clean = False
     if gen.socket:
         problem = ctx.health.check(gen.socket, host.health_timeout,
                                    alive=lambda: ctx.proc.leader_alive(ref))
         if problem is not None:
             raise BuildFailed(problem)
+    elif host.one_shot:
+        code = settle_one_shot(ctx, ref)
+        if code not in (None, 0):
+            raise BuildFailed(f"one-shot run exited with status {code}")
+        clean = code == 0
     elif not ctx.proc.leader_alive(ref):
         raise BuildFailed("worker exited right after its start")
 
@@ -363,8 +381,8 @@ def _check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Gene
 
     ctx.store.write(healthy)
     crashpoint(HEALTHY)
-    if not a.canary:
-        return
+    if not a.canary or clean:
+        return clean
     deadline = ctx.clock.now() + ctx.settle_seconds
     next_gate = 0.0
     while ctx.clock.now() < deadline:
@@ -376,6 +394,7 @@ def _check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Gene
         ctx.clock.sleep(0.05)
     ctx.store.write(lambda s: (gate(s, ctx, a), _step(s, a, AttemptStep.settled)))
     crashpoint(SETTLED)
+    return False
 
 
 def _drain(ctx: Context, a: Attempt) -> None:
@@ -443,20 +462,25 @@ def _hold(ctx: Context, a: Attempt) -> None:
     """Stop the current generation (proven), then start the new build."""
     if a.step is AttemptStep.queued:
         build = _verify(ctx, a)
+        coalesced: list[int] = []  # a worker's own queued restart that gave way to this
 
         def admit(s: Session) -> bool:
             h = s.get(Host, a.host)
             assert h is not None
             a.fence = held_fence(s, ctx, a.host)
             gate(s, ctx, a)
-            if _asleep(s, ctx, a, h):
+            if _asleep(s, ctx, a, h, coalesced):
                 return False
+            if a.fence is None and h.one_shot:  # nothing runs: the run takes the lease
+                a.fence = acquire(s, ctx, a.host)
             if a.fence is None:
                 raise Stale(f"this agent does not hold the lease of {a.host}")
             _step(s, a, AttemptStep.admitted, fence=a.fence)
             return True
 
         if not ctx.store.write(admit):
+            if coalesced:
+                crashpoint(COALESCED)
             return
         crashpoint(ADMITTED)
         _stop_old(ctx, a)
@@ -504,24 +528,35 @@ def _hold(ctx: Context, a: Attempt) -> None:
     a.successor_id = gen.id
     crashpoint(SUCCESSOR)
     spawned = _spawn(ctx, a, host, build, gen)
-    _check(ctx, a, host, gen, spawned)
+    clean = _check(ctx, a, host, gen, spawned)
+    proven = clean and end_generation(ctx, gen, drain_until=None) is None
 
     def current(s: Session) -> None:
         gate(s, ctx, a)
-        guarded_update(s, Generation, [Generation.id == gen.id],
-                       {"state": GenState.current, "current_at": utcnow()},
-                       f"generation g{gen.id} running -> current", state_col="state",
-                       expected=GenState.running)
-        s.execute(Member.__table__.delete().where(Member.generation_id == gen.id))
+        if clean:  # a one-shot run that exited 0: nothing becomes current
+            clean_attempt(s, ctx, a, gen, proven)
+        else:
+            guarded_update(s, Generation, [Generation.id == gen.id],
+                           {"state": GenState.current, "current_at": utcnow()},
+                           f"generation g{gen.id} running -> current", state_col="state",
+                           expected=GenState.running)
+            s.execute(Member.__table__.delete().where(Member.generation_id == gen.id))
         s.execute(Host.__table__.update().where(Host.name == a.host).values(build_id=a.build_id))
         _step(s, a, AttemptStep.switched)
-        _step(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True, reason="replaced",
-              ended_at=utcnow())
+        _step(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True,
+              reason="one-shot run exited 0" if clean else "replaced", ended_at=utcnow(),
+              **({"clean_exit": True} if clean else {}))
         emit(s, "swapped", a.host, gen.id, attempt=a.id, mode=Mode.hold.value,
              retired=a.retiring_id, drain_seconds=round(a.drain_seconds or 0.0, 3))
+        if clean:  # nothing current: the lease goes back once nothing else needs it
+            owe_release(s, ctx, a.host)
 
     ctx.store.write(current)
-    crashpoint(SWITCHED)
+    if proven:
+        ctx.proc.release(ref_of(gen))
+    crashpoint(ONESHOT_DONE if clean else SWITCHED)
+    if clean:
+        release_owed(ctx, a.host)
     if gen.socket:
         ctx.files.point_link(ctx.link_for(a.host), gen.socket)
 
@@ -541,7 +576,10 @@ def _stop_old(ctx: Context, a: Attempt) -> None:
     def step(s: Session) -> None:
         gate(s, ctx, a)
         old = s.execute(select(Generation).where(Generation.host == a.host,
-                                                 Generation.state == GenState.current)).scalar_one()
+                                                 Generation.state == GenState.current)).scalar_one_or_none()
+        if old is None:  # a one-shot worker with no run in progress: nothing to stop
+            _step(s, a, AttemptStep.stopping_old)
+            return
         mark_retiring(s, old.id, GenState.current, "hold swap")
         now = utcnow()
         s.add(Member(generation_id=old.id, host=a.host, role=MemberRole.retiring, attempt_id=a.id,
@@ -560,12 +598,13 @@ def _finish_old(ctx: Context, a: Attempt) -> None:
     """The old generation: drain, kill, proof; then the build is published for the start."""
     if a.step is AttemptStep.admitted:
         _stop_old(ctx, a)
-    old, drain = _end_retiring(ctx, a, mark_unproven=False)
+    old, drain = _end_retiring(ctx, a, mark_unproven=False) if a.retiring_id is not None \
+        else (None, 0.0)
 
     def step(s: Session) -> None:
-        if s.get(Generation, old.id).state is GenState.retiring:  # type: ignore[union-attr]
+        if old is not None and s.get(Generation, old.id).state is GenState.retiring:  # type: ignore[union-attr]
             mark_proven(s, old.id, "hold swap")
-        if s.get(Member, old.id) is not None:
+        if old is not None and s.get(Member, old.id) is not None:
             leave_set(s, ctx, a.host, old.id)
         s.execute(Build.__table__.update().where(Build.id == a.build_id, Build.published_at.is_(None))
                   .values(published_at=utcnow()))
@@ -573,7 +612,8 @@ def _finish_old(ctx: Context, a: Attempt) -> None:
 
     ctx.store.write(step)
     a.drain_seconds = drain
-    ctx.proc.release(ref_of(old))
+    if old is not None:
+        ctx.proc.release(ref_of(old))
     crashpoint(OLD_STOPPED)
 
 
@@ -609,9 +649,11 @@ def _end(ctx: Context, attempt_id: int, exc: BaseException) -> None:
              executed=executed, mode=a.effective_mode.value)
         if outcome is Outcome.down:
             emit(s, "down", a.host, None, attempt=a.id, reason=str(exc))
+        owe_release(s, ctx, a.host)  # e.g. a one-shot attempt's lease, when nothing needs it
 
     ctx.store.write(step)
     crashpoint(ENDED)
+    release_owed(ctx, a.host)
     _relink(ctx, a.host)
     if successor is not None:
         _reap_inline(ctx, successor)

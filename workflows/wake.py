@@ -25,6 +25,14 @@ from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.lease import acquire, owe_release, release_owed
 from workflows.ports import SpawnError, SpawnSpec
+from workflows.workers import (
+    COALESCED,
+    after_failed_start,
+    clean_wake,
+    coalesce,
+    settle_one_shot,
+    staged_problem,
+)
 
 LEASED = define("wake.leased", "the lease is taken and its fence written on the wake")
 INTENT = define("wake.intent", "the generation row is written (spawning); nothing exec'd yet")
@@ -119,6 +127,9 @@ def _lease(ctx: Context, w: Wake) -> bool:
         if stop is not None:
             raise Poke(f"waiting for stop #{stop.id} of {w.host} to finish")
         where = [Wake.id == w.id]
+        if coalesce(s, w) is not None:  # a worker's own start yields to a queued release
+            coalesced.append(w.id)
+            return False
         if unproven_wake(s, w.host) is not None:
             guarded_update(s, Wake, where, {"state": WakeState.failed, "ended_at": utcnow(),
                                             "reason": "refused: an earlier failed wake is unproven"},
@@ -136,9 +147,12 @@ def _lease(ctx: Context, w: Wake) -> bool:
                        f"wake #{w.id} queued -> leased", state_col="state", expected=WakeState.queued)
         return True
 
+    coalesced: list[int] = []
     ok = ctx.store.write(step)
     if ok:
         crashpoint(LEASED)
+    if coalesced:
+        crashpoint(COALESCED)
     return ok
 
 
@@ -155,20 +169,16 @@ def _start(ctx: Context, w: Wake) -> Result:
             raise Poke(f"generation g{live.id} of {w.host} is {live.state.value}, not proven gone")
         h = s.get(Host, w.host)
         assert h is not None
-        b = s.get(Build, h.build_id)
+        # A worker's restart, recycle or converge names its build; anything else: the host's.
+        b = s.get(Build, w.build_id if w.build_id is not None else h.build_id)
         assert b is not None
         return h, b
 
     # Prove the host holds no leftover process before spawning anything new.
     host, build = ctx.store.read(leftovers)
-    try:
-        digest = ctx.files.digest(build.path)
-    except OSError as exc:
-        return _refuse_build(ctx, w, f"staged build {build.path} cannot be read ({exc.strerror}): "
-                                     "stage it again with `vigil deploy HOST BUILD`")
-    if digest != build.digest:
-        return _refuse_build(ctx, w, f"staged build {build.path} does not match its digest "
-                                     f"({digest[:16]} != {build.digest[:16]}): stage it again with `vigil deploy HOST BUILD`")
+    refusal = staged_problem(ctx, build, host.kind)
+    if refusal is not None:
+        return _refuse_build(ctx, w, refusal)
 
     gen_uuid = str(uuidlib.uuid4())
     cgroup = ctx.proc.containment_for(gen_uuid)
@@ -221,6 +231,12 @@ def _start(ctx: Context, w: Wake) -> Result:
     if gen.socket:
         problem = ctx.health.check(gen.socket, host.health_timeout,
                                    alive=lambda: ctx.proc.leader_alive(ref))
+    elif host.one_shot:
+        code = settle_one_shot(ctx, ref)
+        if code == 0:
+            clean_wake(ctx, w, gen)
+            return Result.progress
+        problem = None if code is None else f"one-shot run exited with status {code}"
     else:
         problem = None if ctx.proc.leader_alive(ref) else "worker exited right after its start"
     if problem is not None:
@@ -292,6 +308,7 @@ def _prove_failed(ctx: Context, w: Wake) -> Result:
                        f"wake #{w.id} unproven -> failed", state_col="state",
                        expected=WakeState.unproven)
         emit(s, "proven", w.host, gen.id, after="failed wake")
+        after_failed_start(s, w)
         owe_release(s, ctx, w.host)
 
     ctx.store.write(step)

@@ -151,11 +151,38 @@ def seed_0001(conn: Connection) -> None:
                                 "kind": "switched", "detail": '{"attempt": 1}'})
 
 
+def seed_0003(conn: Connection) -> None:
+    """A worker with its restart policy, a restart waiting out its backoff on its captured
+    build, a one-shot attempt that exited cleanly and the build it marked good."""
+    raw_insert(conn, "builds", {"id": 3, "digest": "cd" * 32, "path": "/s/builds/b3",
+                                "source": "/src/job", "published_at": T0, "created_at": T0,
+                                "good_at": T0, "deleted_at": None})
+    raw_insert(conn, "hosts", {"name": "jobs", "kind": "worker", "build_id": 3, "args": "[]",
+                               "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "up",
+                               "raised": False, "fence_seq": 1, "box": None, "created_at": T0,
+                               "one_shot": False, "max_run": 3600.0, "restart_floor": 0.5,
+                               "restart_cap": 8.0, "restart_reset": 30.0,
+                               "converge_grace": 5.0, "restart_streak": 2, "drift_since": T0})
+    raw_insert(conn, "wakes", {"id": 30, "host": "jobs", "state": "queued", "cause": "restart",
+                               "fence": None, "generation_id": None, "reason": None,
+                               "created_at": T0, "ended_at": None, "build_id": 3,
+                               **retry_cols(0)})
+    raw_insert(conn, "attempts", {
+        "id": 30, "host": "jobs", "build_id": 3, "digest": "cd" * 32, "cause": "release",
+        "mode": "hold", "effective_mode": "hold", "revision": 1, "canary": False,
+        "step": "ended", "fence": 1, "successor_id": None, "retiring_id": None,
+        "outcome": "done", "reason": "ran to completion", "executed": True,
+        "drain_seconds": 0.0, "clean_exit": True, "created_at": T0, "ended_at": T0,
+        **retry_cols(0)})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
 SEEDS: dict[str, Callable[[Connection], None]] = {
     "0001": seed_0001,
+    "0003": seed_0003,
 }
 SEEDED_KINDS_0001 = {("wake", "web", 1), ("stop", "web", 1), ("release", "web", None),
                      ("restore", "web", None), ("attempt", "web", 1), ("member", "web", 2)}
@@ -270,6 +297,11 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         assert SEEDED_KINDS_0001 <= open_kinds
         assert conn.execute(text("SELECT state FROM generations WHERE id = 1")).scalar() == "current"
         assert conn.execute(text("SELECT fence_seq FROM hosts WHERE name = 'web'")).scalar() == 3
+        assert ("wake", "jobs", None) in open_kinds
+        # Rows written before 0003 take the new columns' defaults.
+        assert tuple(conn.execute(text(
+            "SELECT one_shot, restart_floor, restart_streak FROM hosts WHERE name = 'web'"
+        )).one()) in ((False, 1.0, 0), (0, 1.0, 0))
 
 
 # -- models == migrated schema -----------------------------------------------------------

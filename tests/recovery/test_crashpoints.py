@@ -42,7 +42,7 @@ from sqlalchemy import func, select, update
 from models import schema
 from models.states import LIVE_GEN, GenState, HostKind, WakeState
 from models.store import utcnow
-from models.tables import Attempt, Build, Generation, Host, Lease, Wake
+from models.tables import Attempt, Build, Event, Generation, Host, Lease, Wake
 from runners.doorbell import ring
 from runners.files import stage_build
 from runners.setup import open_store
@@ -188,14 +188,16 @@ def describe(pids: set[int]) -> str:
     return "; ".join(out)
 
 
-def add_host(v: Vigil, name: str, build: Path, **opts: float) -> None:
+def add_host(v: Vigil, name: str, build: Path, kind: HostKind = HostKind.instance,
+             args: tuple[str, ...] = (), policy: dict[str, Any] | None = None,
+             **opts: float) -> None:
     """What `vigil host add` does, in-process (the setup is not under test; this saves a
     CLI start-up per host on a busy box)."""
     path, digest = stage_build(str(build), v.state_dir)
     v.store.write(lambda s: hosts.add_host(
-        s, name, kind=HostKind.instance, build_path=path, digest=digest, source=str(build),
-        args=[], env={}, cwd=None, drain_timeout=opts.get("drain_timeout", 10.0),
-        health_timeout=opts.get("health_timeout", 10.0)))
+        s, name, kind=kind, build_path=path, digest=digest, source=str(build),
+        args=list(args), env={}, cwd=None, drain_timeout=opts.get("drain_timeout", 10.0),
+        health_timeout=opts.get("health_timeout", 10.0), policy=policy))
 
 
 def new_build(v: Vigil, source: Path = HELLO) -> Path:
@@ -208,6 +210,9 @@ def new_build(v: Vigil, source: Path = HELLO) -> Path:
 
 
 # -- flows: how to bring a workflow to its crash points and where it must end ---------------
+
+JOB = FIXTURES / "job.py"  # a worker that runs argv[1] seconds and exits argv[2]
+WORKER = FIXTURES / "worker.py"  # a worker that runs until SIGTERM
 
 
 @dataclass(frozen=True)
@@ -239,6 +244,16 @@ class Flow:
     target_fate: str | None = None
     raised: bool = False
     attempt: tuple[str, bool | None] | None = None
+    # Workers: the kind, its args and policy (workflows/workers.py), the settle window,
+    # a step run after the crashes and before the clean agent, and which build the target
+    # must run at the end ("live": the host's build; "first": the one it was added with).
+    kind: HostKind = HostKind.instance
+    args: tuple[str, ...] = ()
+    policy: dict[str, Any] = field(default_factory=dict)
+    settle: str = SETTLE
+    between: Callable[[Vigil], None] | None = None
+    on_build: str | None = None
+    until: Callable[[Vigil], bool] | None = None  # what the clean agent does without an obligation
 
     def but(self, **changes: Any) -> Flow:
         return dataclasses.replace(self, **changes)
@@ -308,6 +323,51 @@ HOLD = Flow("hold", cli_deploy("hold"), **_DEPLOY, target_fate="ended", attempt=
 TAKEOVER = Flow("takeover", orphan_target, end="awake", pre_awake=True, target_fate="ended")
 
 
+# Workers (workflows/workers.py).
+def cli_converge(v: Vigil) -> None:
+    v.run("deploy", TARGET, str(new_build(v, WORKER)), "--converge")
+
+
+def set_max_run(seconds: float | None) -> Callable[[Vigil], None]:
+    """The host's max-run, set in the store (no CLI edits a host yet): the next sweep
+    recycles a worker up for longer; cleared again before the clean agent starts."""
+    def step(v: Vigil) -> None:
+        v.store.write(lambda s: s.execute(Host.__table__.update().where(Host.name == TARGET)
+                                          .values(max_run=seconds)))
+
+    return step
+
+
+def crash_then_release(v: Vigil) -> None:
+    """The worker crashes, its restart waits out a long backoff, and a release is queued:
+    the restart gives way to the release attempt."""
+    v.run("wake", TARGET)
+    wait_for(lambda: rows(v, Event, Event.host == TARGET, Event.kind == "restart_scheduled"),
+             20, what="the crash's restart")
+    v.run("deploy", TARGET, str(new_build(v, WORKER)))
+
+
+def converged(v: Vigil) -> bool:
+    """The target runs its live build (a converge is paced, not an obligation)."""
+    live = rows(v, Host, Host.name == TARGET)[0].build_id
+    return any(g.build_id == live for g in generations(v, TARGET) if g.state is GenState.current)
+
+
+_WORKER = dict(kind=HostKind.worker, build=WORKER, host={"drain_timeout": 1.0})
+CONVERGE = Flow("converge", cli_converge, end="awake", pre_awake=True, target_fate="ended",
+                policy={"converge_grace": 1.0}, on_build="live", until=converged, **_WORKER)
+RECYCLE = Flow("recycle", set_max_run(0.5), end="awake", pre_awake=True, target_fate="ended",
+               between=set_max_run(None), on_build="first", **_WORKER)
+COALESCE = Flow("coalesce", crash_then_release, end="awake", kind=HostKind.worker, build=JOB,
+                args=("0.3", "1"), policy={"restart_floor": 30.0}, on_build="live",
+                attempt=("done", False))
+_ONE_SHOT = dict(kind=HostKind.worker, build=JOB, args=("0", "0"), policy={"one_shot": True},
+                 settle="10")
+ONE_SHOT_WAKE = Flow("one-shot-wake", cli_wake, end="ran", **_ONE_SHOT)
+ONE_SHOT_DEPLOY = Flow("one-shot-deploy", cli_deploy("hold", JOB), end="ran",
+                       attempt=("done", True), **_ONE_SHOT)
+
+
 @dataclass(frozen=True)
 class Scenario:
     flow: Flow
@@ -366,6 +426,14 @@ SCENARIOS: dict[str, Scenario] = {
     "swap.old_stopping": Scenario(HOLD),
     "swap.old_stopped": Scenario(HOLD),
     "swap.successor": Scenario(HOLD),
+    # workers: drift noted, converged after the grace, recycled at max-run onto the
+    # captured build, a restart coalesced with a queued release, one-shot runs
+    "worker.drift": Scenario(CONVERGE),
+    "worker.converging": Scenario(CONVERGE),
+    "worker.recycling": Scenario(RECYCLE),
+    "worker.coalesced": Scenario(COALESCE),
+    "oneshot.clean_exit": Scenario(ONE_SHOT_WAKE),
+    "oneshot.done": Scenario(ONE_SHOT_DEPLOY),
 }
 
 # The same points reached through another workflow (shared step names).
@@ -374,6 +442,11 @@ VARIANTS: dict[str, Scenario] = {
     "hold-swap.spawned": Scenario(HOLD, ("swap.spawned",)),
     "hold-swap.switched": Scenario(HOLD, ("swap.switched",)),
     "hold-swap.drain_killed": Scenario(HOLD, ("swap.drain_killed",)),
+    # a worker whose agent died is adopted (pid and create_time match); a worker's pending
+    # generation with no process is proven and dropped, and the start retried
+    "worker-recover.adopted": Scenario(ADOPT.but(kind=HostKind.worker, build=WORKER),
+                                       ("recover.adopted",)),
+    "worker-wake.intent": Scenario(WAKE.but(kind=HostKind.worker, build=WORKER), ("wake.intent",)),
 }
 
 # Double crashes: every scenario is run again with its recovering agent crashed a second
@@ -452,10 +525,10 @@ def run_scenario(v: Vigil, flow: Flow, chain: tuple[str, ...], depth: int = 0) -
     def phase(what: str) -> None:  # shown with the captured output of a failing test
         print(f"{time.monotonic() - t0:6.2f}s {what}")
 
-    v.env["VIGIL_SETTLE_SECONDS"] = SETTLE
+    v.env["VIGIL_SETTLE_SECONDS"] = flow.settle
     build = flow.build(v) if callable(flow.build) else flow.build
     add_host(v, BYSTANDER, HELLO)
-    add_host(v, TARGET, build, **flow.host)
+    add_host(v, TARGET, build, flow.kind, flow.args, flow.policy, **flow.host)
 
     # Setup: a clean agent wakes what must be serving before the crash.
     setup, off = start(v)
@@ -484,6 +557,8 @@ def run_scenario(v: Vigil, flow: Flow, chain: tuple[str, ...], depth: int = 0) -
         expect_sigkill(v, agent, point, off)
         phase(f"agent died at {point}")
     at_crash = [snapshot(v)]
+    if flow.between is not None:
+        flow.between(v)
 
     second = None
     clean_at = None  # the clean agent is armed only to prove ADOPTION_ONLY right
@@ -511,6 +586,8 @@ def run_scenario(v: Vigil, flow: Flow, chain: tuple[str, ...], depth: int = 0) -
     ready(v, agent, off)
     phase("clean agent ready")
     try:
+        if flow.until is not None:
+            wait_for(lambda: flow.until(v), 30, what=f"{flow.name} to finish")  # type: ignore[misc]
         v.quiesce(20)
         phase("quiescent")
         check_invariants(v, flow, before, at_crash)
@@ -577,7 +654,9 @@ def check_invariants(v: Vigil, flow: Flow, before: Snapshot, at_crash: list[Snap
     assert not [h.name for h in rows(v, Host) if h.raised], "a parent limit is still marked raised"
 
     assert_serving(v, BYSTANDER)
-    if flow.end == "awake":
+    if flow.end == "awake" and flow.kind is HostKind.worker:
+        assert_running(v, TARGET, flow)
+    elif flow.end == "awake":
         assert_serving(v, TARGET)
     else:
         st = v.status(TARGET)
@@ -588,14 +667,16 @@ def check_invariants(v: Vigil, flow: Flow, before: Snapshot, at_crash: list[Snap
         assert not os.path.lexists(v.state_dir / "run" / f"{TARGET}.sock"), "canonical link left"
         if flow.end == "asleep":
             assert st["desired"] == "down", st
+        elif flow.end == "ran":  # a one-shot worker's run exited 0, exactly once
+            assert len(rows(v, Event, Event.host == TARGET, Event.kind == "clean_exit")) == 1
         else:
             wakes = [w.state for w in rows(v, Wake, Wake.host == TARGET)]
             assert wakes and all(w is WakeState.failed for w in wakes), wakes
     if flow.attempt is not None:
-        check_attempt(v, flow, cur[TARGET])
+        check_attempt(v, flow, cur.get(TARGET))
 
 
-def check_attempt(v: Vigil, flow: Flow, current: Generation) -> None:
+def check_attempt(v: Vigil, flow: Flow, current: Generation | None) -> None:
     assert flow.attempt is not None
     attempts = rows(v, Attempt, Attempt.host == TARGET)
     assert len(attempts) == 1, f"{len(attempts)} attempts"
@@ -606,7 +687,14 @@ def check_attempt(v: Vigil, flow: Flow, current: Generation) -> None:
     if executed is not None:
         assert a.executed is executed, f"attempt #{a.id} executed={a.executed}, expected {executed}"
     host = rows(v, Host, Host.name == TARGET)[0]
-    if outcome == "done":
+    if flow.end == "ran":  # one-shot: nothing is current, the run's clean exit is recorded
+        assert current is None and host.build_id == a.build_id and a.clean_exit is True, a
+        assert rows(v, Build, Build.id == a.build_id)[0].good_at is not None
+        return
+    assert current is not None
+    if outcome == "done" and flow.kind is HostKind.worker:
+        assert current.build_id == a.build_id == host.build_id
+    elif outcome == "done":
         assert current.build_id == a.build_id == host.build_id, (
             f"serving build #{current.build_id}, deployed #{a.build_id}, host's #{host.build_id}")
         digest = rows(v, Build, Build.id == a.build_id)[0].digest
@@ -615,6 +703,20 @@ def check_attempt(v: Vigil, flow: Flow, current: Generation) -> None:
     else:
         assert current.build_id == host.build_id != a.build_id, (
             f"serving build #{current.build_id}, host's #{host.build_id}, attempt's #{a.build_id}")
+
+
+def assert_running(v: Vigil, host: str, flow: Flow) -> None:
+    """A worker: awake, wanted up, exactly one current generation whose leader runs, on the
+    build the flow names."""
+    st = v.status(host)
+    assert st["state"] == "awake" and st["desired"] == "up", st
+    (g,) = [g for g in generations(v, host) if g.state is GenState.current]
+    assert same_process_alive(g.pid, g.create_time), f"{host}: g{g.id} pid {g.pid} is not running"
+    h = rows(v, Host, Host.name == host)[0]
+    if flow.on_build == "live":
+        assert g.build_id == h.build_id, f"g{g.id} runs build #{g.build_id}, live #{h.build_id}"
+    elif flow.on_build == "first":
+        assert g.build_id == generations(v, host)[0].build_id, f"g{g.id} left its build"
 
 
 def assert_serving(v: Vigil, host: str) -> None:
