@@ -142,10 +142,10 @@ def main() -> None:
     ap.add_argument("--raw-commits", type=int, default=2_000)
     ap.add_argument("--dbos-steps", type=int, default=500)
     ap.add_argument("--dir", default="/tmp", help="where the databases go (the disk measured)")
-    ap.add_argument("--quick", action="store_true", help="1 run of 300 obligations, for CI")
+    ap.add_argument("--quick", action="store_true", help="1 run of 150 obligations, for CI")
     args = ap.parse_args()
     if args.quick:
-        args.runs, args.obligations, args.raw_commits, args.dbos_steps = 1, 300, 200, 50
+        args.runs, args.obligations, args.raw_commits, args.dbos_steps = 1, 150, 200, 30
     load0 = loadavg()
     raws: list[float] = []
     vigils: list[float] = []
