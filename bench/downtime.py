@@ -254,14 +254,15 @@ def main() -> None:
                 print(f"close {s.who}: {e}", file=sys.stderr)
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nevents per supervisor: {n} (interleaved); loadavg start {load0}, end {loadavg()}")
-    print(f"{'supervisor':<12} {'failed/event median (min-max)':<30} {'longest gap ms median (min-max)':<34} wall ms median (min-max)")
+    print(f"{'supervisor':<12} {'failed/event':<18} {'longest gap ms':<26} command wall ms   (median (min-max))")
     for who, evs in results.items():
         f = [e.failed for e in evs]
         g = [e.gap * 1000 for e in evs]
         w = [e.wall * 1000 for e in evs]
-        print(f"{who:<12} {statistics.median(f):<6g} ({min(f)}-{max(f)}){'':<18} "
-              f"{statistics.median(g):7.1f} ({min(g):.1f}-{max(g):.1f}){'':<12} "
-              f"{statistics.median(w):7.1f} ({min(w):.1f}-{max(w):.1f})")
+        fs = f"{statistics.median(f):g} ({min(f)}-{max(f)})"
+        gs = f"{statistics.median(g):.1f} ({min(g):.1f}-{max(g):.1f})"
+        ws = f"{statistics.median(w):.1f} ({min(w):.1f}-{max(w):.1f})"
+        print(f"{who:<12} {fs:<18} {gs:<26} {ws}")
     for who in ("supervisord", "circus"):
         if versions[who] is None:
             print(f"{who:<12} not installed (run bench/install-peers)")
