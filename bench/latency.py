@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 runs, for CI: keeps the script alive")
     args = ap.parse_args()
     runs = 2 if args.quick else args.runs
+    load0 = Path("/proc/loadavg").read_text().split()[:3]
     tmp = Path(tempfile.mkdtemp(prefix="vgbench", dir="/tmp"))
     home = tmp / "state"
     other = tmp / "hello2.py"
@@ -107,11 +108,17 @@ def main() -> None:
         def fmt(xs: list[float]) -> str:
             return f"median {statistics.median(xs) * 1000:7.1f} ms  (min {min(xs) * 1000:.1f}, max {max(xs) * 1000:.1f})"
 
-        print(f"runs: {runs} (interleaved)")
+        print(f"runs: {runs} (interleaved); loadavg start {' '.join(load0)}, "
+              f"end {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
         print(f"floor  spawn->healthy (bare Popen) : {fmt(floors)}")
         print(f"vigil  intent->switch              : {fmt(switch)}")
         print(f"vigil  intent->drain proven        : {fmt(drained)}")
-        print(f"ratio  intent->switch / floor      : {statistics.median(switch) / statistics.median(floors):.2f} (goal <= 1.25)")
+        ratios = [s / f for s, f in zip(switch, floors, strict=True)]
+        ratio = statistics.median(switch) / statistics.median(floors)
+        print(f"ratio  intent->switch / floor      : {ratio:.2f} (goal <= 1.25); per pair "
+              f"median {statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})")
+        print(f"result: latency ratio={ratio:.2f} switch_ms={statistics.median(switch) * 1000:.1f} "
+              f"floor_ms={statistics.median(floors) * 1000:.1f}")
         vigil(home, "stop", "hello", "--wait")
     finally:
         if agent is not None:

@@ -39,27 +39,37 @@ log = logging.getLogger("vigil.agent")
 
 class Reconciler:
     """One due row per host per round, rotating which host goes first, at most
-    `max_hosts` hosts in flight."""
+    `max_hosts` hosts in flight.
 
-    def __init__(self, ctx: Context, scheduler: BackgroundScheduler, max_hosts: int = 8) -> None:
+    A round reads its rows in one query, up to `snapshot` hosts (one row each), and hands
+    them out as slots free up: a drive that ends takes the next host of the same round
+    instead of paying for a new query over every open row. Anything else that starts a
+    round (a new intent, a row falling due, the safety scan) reads afresh."""
+
+    def __init__(self, ctx: Context, scheduler: BackgroundScheduler, max_hosts: int = 8,
+                 snapshot: int = 256) -> None:
         self.ctx = ctx
         self.scheduler = scheduler
         self.max_hosts = max_hosts
+        self.snapshot = max(snapshot, max_hosts)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_hosts, thread_name_prefix="drive")
         self.inflight: set[str] = set()
         self.cursor = ""
+        self.backlog: list[Due] = []  # the current round's rows not handed out yet
         self._lock = threading.Lock()
         self._running = False
         self._dirty = False
+        self._fresh = False
         self.rounds = 0
 
-    def kick(self) -> None:
+    def kick(self, fresh: bool = True) -> None:
         if self.ctx.shutting_down.is_set():
             return
-        self.scheduler.add_job(self.round, misfire_grace_time=None)
+        self.scheduler.add_job(self.round, kwargs={"fresh": fresh}, misfire_grace_time=None)
 
-    def round(self) -> None:
+    def round(self, fresh: bool = True) -> None:
         with self._lock:
+            self._fresh = self._fresh or fresh
             if self._running:
                 self._dirty = True
                 return
@@ -81,35 +91,47 @@ class Reconciler:
         if self.ctx.shutting_down.is_set():
             return
         self.rounds += 1
-        rows = sorted(due(self.ctx, utcnow()), key=lambda d: d.host)
-        # Rotate: hosts after the cursor go first, so no host is always last.
-        rows = [d for d in rows if d.host > self.cursor] + [d for d in rows if d.host <= self.cursor]
-        i = 0
-        while i < len(rows):
+        with self._lock:
+            busy = set(self.inflight)
+            if self._fresh:
+                self.backlog, self._fresh = [], False
+            backlog = [d for d in self.backlog if d.host not in busy]
+        free = self.max_hosts - len(busy)
+        if free > 0 and len(backlog) < free:
+            # Rotate: hosts after the cursor go first, so no host is always last.
+            skip = busy | {d.host for d in backlog}
+            backlog += due(self.ctx, utcnow(), skip=skip, after=self.cursor,
+                           limit=self.snapshot - len(backlog))
+        taken = 0
+        while True:
             admitted = []
-            while i < len(rows):
-                d = rows[i]
+            for d in backlog[taken:]:
                 with self._lock:
+                    if d.host in self.inflight:
+                        taken += 1
+                        continue
                     if len(self.inflight) >= self.max_hosts:
                         break
-                    i += 1
-                    if d.host in self.inflight:
-                        continue
                     self.inflight.add(d.host)
+                taken += 1
                 # Past the last host admitted: a full window moves on by its whole width, so
                 # a late host never waits behind the same slow hosts round after round.
                 self.cursor = d.host
                 admitted.append(d)
-            won = self._claim(admitted)
+            won = self._claim(admitted) if admitted else []
             for d in admitted:
                 if won is not None and d in won:
                     self.pool.submit(self._drive, d)
                 else:
                     with self._lock:
                         self.inflight.discard(d.host)
-            if won is None or len(won) == len(admitted):  # nothing lost to another agent
+            # Rows another agent claimed first free their slot for the next host of the round.
+            if won is None or len(won) == len(admitted) or taken >= len(backlog):
                 break
         with self._lock:
+            self.backlog = backlog[taken:]
+            if self.backlog:
+                return  # the drives in flight come back for the rest of this round
             busy = set(self.inflight)
         when = next_due(self.ctx, busy)
         if when is not None:
@@ -138,7 +160,7 @@ class Reconciler:
         finally:
             with self._lock:
                 self.inflight.discard(d.host)
-            self.kick()
+            self.kick(fresh=False)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

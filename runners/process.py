@@ -92,8 +92,30 @@ def detect_cgroup_base(mode: str = "auto", cgroup_root: str | None = None) -> st
     return base
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+_BOOT: list[float] = []  # boot time, read once (psutil.Process re-reads /proc/stat each time)
+_STATES = {"R": psutil.STATUS_RUNNING, "S": psutil.STATUS_SLEEPING, "D": psutil.STATUS_DISK_SLEEP,
+           "T": psutil.STATUS_STOPPED, "t": psutil.STATUS_TRACING_STOP, "Z": psutil.STATUS_ZOMBIE,
+           "X": psutil.STATUS_DEAD, "x": psutil.STATUS_DEAD, "W": psutil.STATUS_WAKING,
+           "I": psutil.STATUS_IDLE, "P": psutil.STATUS_PARKED}
+
+
 def _status(pid: int) -> tuple[float, str] | None:
-    """(create_time, status) or None when gone."""
+    """(create_time, status) or None when gone. One read of /proc/<pid>/stat, the start time
+    computed as psutil does (start ticks / CLK_TCK + boot time): the liveness sweep checks
+    every current generation every second, and psutil.Process costs several /proc reads."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        fields = data[data.rindex(b")") + 2:].split()  # after "pid (comm) "
+        if not _BOOT:
+            _BOOT.append(psutil.boot_time())
+        state = fields[0].decode()
+        return int(fields[19]) / _TICKS + _BOOT[0], _STATES.get(state, state)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except (OSError, ValueError, IndexError):
+        pass  # no /proc here: ask psutil
     try:
         p = psutil.Process(pid)
         return p.create_time(), p.status()

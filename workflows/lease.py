@@ -111,11 +111,16 @@ def drive_release(ctx: Context, release_id: int) -> Result:
 
 
 def renew(ctx: Context) -> int:
-    """Push the expiry of every lease this agent holds; returns how many."""
+    """Push the expiry of every lease this agent holds that is past half its length;
+    returns how many. The sweep runs every second: pushing every lease each time rewrote
+    every lease row every second (10,000 rows a second with 10,000 hosts)."""
 
     def step(s: Session) -> int:
-        expires = utcnow() + timedelta(seconds=ctx.lease_ttl)
-        result = s.execute(update(Lease).where(Lease.holder == ctx.agent_id)
+        now = utcnow()
+        expires = now + timedelta(seconds=ctx.lease_ttl)
+        half = now + timedelta(seconds=ctx.lease_ttl / 2)
+        result = s.execute(update(Lease).where(Lease.holder == ctx.agent_id,
+                                               Lease.expires_at < half)
                            .values(expires_at=expires))
         return int(result.rowcount)  # type: ignore[attr-defined]
 

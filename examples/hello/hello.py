@@ -2,12 +2,15 @@
 """hello: a tiny HTTP app on the unix socket named by $VIGIL_SOCKET.
 
 Env: HELLO_BUILD (build label), HELLO_FAIL_HEALTH=1 (answer 500), HELLO_DELAY=<sec> (per request).
+`hello.py --fd N` serves an inherited listening unix socket instead (a supervisor such as
+circus owns it and passes it to every process; bench/downtime.py uses that).
 SIGTERM: close the listener, finish in-flight requests, exit 0.
 """
 
 import hashlib
 import os
 import signal
+import socket
 import socketserver
 import sys
 import threading
@@ -68,7 +71,25 @@ class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         super().process_request(request, client_address)
 
 
+def serve_inherited(fd: int) -> int:
+    """Serve a listener someone else owns: on SIGTERM stop accepting and finish in-flight
+    requests; the listener (and whatever is queued on it) stays with its owner."""
+    srv = Server(None, Handler, bind_and_activate=False)  # type: ignore[arg-type]
+    srv.socket.close()
+    srv.socket = socket.socket(fileno=fd)
+    loop = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    loop.start()
+    while not STOP.wait(0.5):
+        pass
+    srv.shutdown()
+    with _idle:
+        _idle.wait_for(lambda: _inflight == 0)
+    return 0
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--fd":
+        return serve_inherited(int(sys.argv[2]))
     path = os.environ.get("VIGIL_SOCKET")
     if not path:
         print("hello: VIGIL_SOCKET is not set", file=sys.stderr)
