@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from datetime import UTC, datetime
 
 import psutil
@@ -21,6 +22,7 @@ from models.errors import Refused
 from models.schema import require_head
 from models.store import emit, utcnow
 from models.tables import Agent as AgentRow
+from runners import metrics, schedules
 from runners.doorbell import DOORBELL, LOCK
 from workflows.context import Context, Result
 from workflows.lease import renew
@@ -62,7 +64,9 @@ class Reconciler:
         try:
             while True:
                 self._dirty = False
+                started = time.monotonic()
                 self._dispatch()
+                metrics.ROUND.observe(time.monotonic() - started)
                 with self._lock:
                     if not self._dirty:
                         self._running = False
@@ -118,8 +122,10 @@ class Reconciler:
 
 class AgentDaemon:
     def __init__(self, ctx: Context, *, safety_interval: float = 10.0,
-                 monitor_interval: float = 1.0, max_hosts: int = 8) -> None:
+                 monitor_interval: float = 1.0, max_hosts: int = 8,
+                 metrics_listen: str | None = None) -> None:
         self.ctx = ctx
+        self.metrics_listen = metrics_listen
         self.safety_interval = safety_interval
         self.monitor_interval = monitor_interval
         self.max_hosts = max_hosts
@@ -200,6 +206,8 @@ class AgentDaemon:
     def run(self) -> int:
         self._take_lock()
         require_head(self.ctx.store.engine)
+        if self.metrics_listen:
+            metrics.serve(self.ctx, self.metrics_listen)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop.set())
         self._register()
@@ -213,14 +221,17 @@ class AgentDaemon:
         scheduler.add_job(reconciler.round, "interval", seconds=self.safety_interval, id="scan")
         scheduler.add_job(self.safety, "interval", seconds=self.monitor_interval, id="safety",
                           args=[reconciler])
+        schedules.attach(scheduler, self.ctx, reconciler.kick)
         self._doorbell(reconciler)
         scheduler.start()
         reconciler.round()  # finish what was in flight before the first interval
         self.recovered.set()
-        log.info("ready agent=%s state_dir=%s", self.ctx.agent_id, self.ctx.state_dir)
+        log.info("ready agent=%s state_dir=%s%s", self.ctx.agent_id, self.ctx.state_dir,
+                 f" metrics={self.metrics_listen}" if self.metrics_listen else "")
         self.stop.wait()
         log.info("stopping agent=%s", self.ctx.agent_id)
         self.ctx.shutting_down.set()
+        schedules.detach(scheduler)
         scheduler.shutdown(wait=False)
         reconciler.shutdown()
         self.ctx.store.write(lambda s: s.execute(update(AgentRow).where(
