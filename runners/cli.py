@@ -157,6 +157,9 @@ def host_list(env: Env, as_json: bool) -> None:
 @click.pass_obj
 def host_rm(env: Env, name: str) -> None:
     env.store().write(lambda s: remove_host(s, name))
+    from runners.schedules import forget
+
+    forget(env.store(), name)
     click.echo(f"host {name} removed")
 
 

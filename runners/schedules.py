@@ -104,6 +104,16 @@ def remove(store: Store, host: str) -> None:
                            "see `vigil schedule list`") from None
 
 
+def forget(store: Store, host: str) -> None:
+    """A removed host's schedule goes with it (a firing for a host that is gone only
+    writes a `restart_skipped` event)."""
+    with opened(store) as scheduler:
+        try:
+            scheduler.remove_job(job_id(host))
+        except JobLookupError:
+            pass
+
+
 def describe(job: Any) -> dict[str, Any]:
     nxt = job.next_run_time
     return {"host": job.args[0], "cron": job.name,
