@@ -226,8 +226,7 @@ class AgentDaemon:
         scheduler.start()
         reconciler.round()  # finish what was in flight before the first interval
         self.recovered.set()
-        log.info("ready agent=%s state_dir=%s%s", self.ctx.agent_id, self.ctx.state_dir,
-                 f" metrics={self.metrics_listen}" if self.metrics_listen else "")
+        log.info("ready agent=%s state_dir=%s", self.ctx.agent_id, self.ctx.state_dir)
         self.stop.wait()
         log.info("stopping agent=%s", self.ctx.agent_id)
         self.ctx.shutting_down.set()

@@ -8,6 +8,7 @@ and starts from zero with it: reconciler round durations and failed termination 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from models.tables import Attempt, Host
 from workflows.context import Context
 from workflows.hosts import host_state
 
+log = logging.getLogger("vigil.metrics")
 REGISTRY = CollectorRegistry()
 
 ROUND = Histogram("vigil_reconciler_round_seconds",
@@ -67,6 +69,7 @@ def serve(ctx: Context, listen: str) -> Any:
         raise Refused(f"cannot serve metrics on {listen}: {exc.strerror or exc}",
                       "pass a free local ADDRESS:PORT to --metrics-listen") from None
     ctx.on_proof_failed = PROOFS_FAILED.inc
+    log.info("metrics listen=%s:%d path=/metrics", addr, port)
     return server
 
 
