@@ -327,6 +327,7 @@ def gc(env: Env) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def status_cmd(env: Env, name: str | None, as_json: bool) -> None:
+    """Each host: state, generation, pid, build and how long it has served."""
     rows = env.store().read(lambda s: status(s, name))
     if as_json:
         _json(rows)
@@ -401,6 +402,7 @@ def schedule_add(env: Env, name: str, expr: str) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def schedule_list(env: Env, as_json: bool) -> None:
+    """Every restart schedule and its next run."""
     from runners import output, schedules
 
     rows = schedules.listing(env.store())
@@ -418,6 +420,7 @@ def schedule_list(env: Env, as_json: bool) -> None:
 @click.argument("name")
 @click.pass_obj
 def schedule_rm(env: Env, name: str) -> None:
+    """Remove HOST's restart schedule."""
     from runners import schedules
 
     schedules.remove(env.store(), name)
