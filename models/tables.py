@@ -8,15 +8,19 @@ from datetime import datetime
 
 from sqlalchemy import (
     Boolean,
+    Column,
     DateTime,
     Enum,
     Float,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
+    Table,
     Text,
+    Unicode,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -257,3 +261,14 @@ class Event(Base):
 
 
 OBLIGATION_TABLES = (Wake, Stop, Release, Restore, Attempt, Member)
+
+# APScheduler 3.11's SQLAlchemyJobStore table (scheduled restarts), column for column as
+# apscheduler/jobstores/sqlalchemy.py defines it. Created by migration 0005, not by the
+# job store (its create-if-missing finds it there).
+SCHEDULER_JOBS = Table(
+    "apscheduler_jobs",
+    Base.metadata,
+    Column("id", Unicode(191), primary_key=True),
+    Column("next_run_time", Float(25), index=True),
+    Column("job_state", LargeBinary, nullable=False),
+)

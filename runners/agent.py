@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from datetime import UTC, datetime
 
 import psutil
@@ -21,7 +22,7 @@ from models.errors import Refused
 from models.schema import require_head
 from models.store import emit, utcnow
 from models.tables import Agent as AgentRow
-from runners import wakeup
+from runners import metrics, schedules, wakeup
 from runners.doorbell import DOORBELL, LOCK
 from runners.fencing import FencedProcess, FenceGuard, Timing
 from workflows.claim import claim
@@ -77,7 +78,9 @@ class Reconciler:
         try:
             while True:
                 self._dirty = False
+                started = time.monotonic()
                 self._dispatch()
+                metrics.ROUND.observe(time.monotonic() - started)
                 with self._lock:
                     if not self._dirty:
                         self._running = False
@@ -168,8 +171,10 @@ class Reconciler:
 
 class AgentDaemon:
     def __init__(self, ctx: Context, *, safety_interval: float = 10.0,
-                 monitor_interval: float = 1.0, max_hosts: int = 8, converge_budget: int = 1) -> None:
+                 monitor_interval: float = 1.0, max_hosts: int = 8, converge_budget: int = 1,
+                 metrics_listen: str | None = None) -> None:
         self.ctx = ctx
+        self.metrics_listen = metrics_listen
         self.converge_budget = converge_budget  # worker converges per sweep, box-wide
         self.sweeps = 0
         self.safety_interval = safety_interval
@@ -257,6 +262,8 @@ class AgentDaemon:
     def run(self) -> int:
         self._take_lock()
         require_head(self.ctx.store.engine)
+        if self.metrics_listen:
+            metrics.serve(self.ctx, self.metrics_listen)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop.set())
         self._register()
@@ -275,6 +282,7 @@ class AgentDaemon:
         scheduler.add_job(reconciler.round, "interval", seconds=self.safety_interval, id="scan")
         scheduler.add_job(self.safety, "interval", seconds=self.monitor_interval, id="safety",
                           args=[reconciler])
+        schedules.attach(scheduler, self.ctx, reconciler.kick)
         self._doorbell(reconciler)
         wakeup.start(self.ctx.store, reconciler.kick, self.stop)
         scheduler.start()
@@ -286,6 +294,7 @@ class AgentDaemon:
         self.ctx.shutting_down.set()
         if guard is not None:
             guard.close()
+        schedules.detach(scheduler)
         scheduler.shutdown(wait=False)
         reconciler.shutdown()
         self.ctx.store.write(lambda s: s.execute(update(AgentRow).where(

@@ -4,10 +4,10 @@ reads it, so it works whether the agent is up or down."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from models import schema
 from models.errors import BadInput, NotFound, VigilError
 from models.states import Cause, HostKind, Mode, Outcome
 from models.store import Store
-from models.tables import Attempt, Event, Generation, Host, Release, Stop, Wake
+from models.tables import Attempt, Generation, Host, Release, Stop, Wake
 from runners.doorbell import agent_id, ring, running_agent_pid
 from runners.files import stage_build
 from runners.setup import make_context, open_store
@@ -180,6 +180,9 @@ def host_list(env: Env, as_json: bool) -> None:
 @click.pass_obj
 def host_rm(env: Env, name: str) -> None:
     env.store().write(lambda s: remove_host(s, name))
+    from runners.schedules import forget
+
+    forget(env.store(), name)
     click.echo(f"host {name} removed")
 
 
@@ -362,16 +365,14 @@ def gc(env: Env) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def status_cmd(env: Env, name: str | None, as_json: bool) -> None:
+    """Each host: state, generation, pid, build and how long it has served."""
     rows = env.store().read(lambda s: status(s, name))
     if as_json:
         _json(rows)
         return
-    t = table("host", "state", "gen", "pid", "build", "since", "socket")
-    for r in rows:
-        t.add_row(r["host"], r["state"], f"g{r['generation']}" if r["generation"] else "",
-                  str(r["pid"] or ""), (r["build_digest"] or "")[:12], r["since"] or "",
-                  r["socket"] or "")
-    show(t)
+    from runners.output import status_table
+
+    show(status_table(rows))
 
 
 @cli.command()
@@ -387,35 +388,81 @@ def obligations(env: Env, as_json: bool) -> None:
     if as_json:
         _json(rows)
         return
-    t = table(*cols)
-    for r in rows:
-        t.add_row(*[str(r[c]) if r[c] is not None else "" for c in cols])
-    show(t)
+    from runners.output import obligations_table
+
+    show(obligations_table(rows))
 
 
 @cli.command()
 @click.argument("name", required=False)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="A JSON array; with --follow, one JSON object a line.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events (Ctrl-C to end).")
 @click.option("--limit", type=int, default=50, show_default=True)
 @click.pass_obj
-def events(env: Env, name: str | None, as_json: bool, limit: int) -> None:
-    """Recent event rows, oldest first."""
-    def q(s):  # type: ignore[no-untyped-def]
-        stmt = select(Event).order_by(Event.id.desc()).limit(limit)
-        if name:
-            stmt = stmt.where(Event.host == name)
-        return list(reversed(s.execute(stmt).scalars().all()))
+def events(env: Env, name: str | None, as_json: bool, follow: bool, limit: int) -> None:
+    """Recent event rows, oldest first: time, host, generation, kind, detail."""
+    from runners import output
 
-    rows = env.store().read(q)
-    data = [{"id": e.id, "at": e.at.isoformat() + "Z", "host": e.host, "generation": e.generation_id,
-             "kind": e.kind, "detail": json.loads(e.detail)} for e in rows]
-    if as_json:
+    store = env.store()
+    data = output.events_after(store, name, -1, limit)
+    if as_json and not follow:
         _json(data)
         return
+
+    def emit(d: dict[str, Any]) -> None:
+        click.echo(json.dumps(d, default=str) if as_json else output.event_line(d))
+
     for d in data:
-        extra = " ".join(f"{k}={v}" for k, v in d["detail"].items())
-        gen = f" g{d['generation']}" if d["generation"] else ""
-        click.echo(f"{d['at']} {d['kind']} {d['host'] or '-'}{gen} {extra}".rstrip())
+        emit(d)
+    if follow:
+        output.follow(store, name, data[-1]["id"] if data else 0, emit)
+
+
+@cli.group()
+def schedule() -> None:
+    """Scheduled restarts (cron, UTC), kept in the store; the agent runs them."""
+
+
+@schedule.command("add")
+@click.argument("name")
+@click.option("--cron", "expr", required=True, help="Five crontab fields in UTC, e.g. '30 4 * * *'.")
+@click.pass_obj
+def schedule_add(env: Env, name: str, expr: str) -> None:
+    """Restart HOST on a cron schedule: an overlap deploy of the build it runs (cause restart)."""
+    from runners import schedules
+
+    job = schedules.add(env.store(), name, expr)
+    click.echo(f"restart of {name} scheduled ({expr}); next run {job['next_run']}")
+
+
+@schedule.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def schedule_list(env: Env, as_json: bool) -> None:
+    """Every restart schedule and its next run."""
+    from runners import output, schedules
+
+    rows = schedules.listing(env.store())
+    if as_json:
+        _json(rows)
+        return
+    t = output.table("host", "cron (UTC)", "next run", "in")
+    for r in rows:
+        t.add_row(r["host"], r["cron"], r["next_run"] or "paused", output.until(
+            datetime.fromisoformat(r["next_run"]).replace(tzinfo=None) if r["next_run"] else None))
+    show(t)
+
+
+@schedule.command("rm")
+@click.argument("name")
+@click.pass_obj
+def schedule_rm(env: Env, name: str) -> None:
+    """Remove HOST's restart schedule."""
+    from runners import schedules
+
+    schedules.remove(env.store(), name)
+    click.echo(f"restart schedule of {name} removed")
 
 
 @cli.command()
@@ -459,14 +506,17 @@ def crashpoints() -> None:
               help="Workers converged onto their live build per sweep, box-wide.")
 @click.option("--sweep-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
               help="Seconds between liveness sweeps (dead currents, worker drift and max-run).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), envvar="VIGIL_LOG_FORMAT",
+              default="text", show_default=True,
+              help="One line per event: key=value text or a JSON object (env VIGIL_LOG_FORMAT).")
+@click.option("--metrics-listen", default=None, metavar="ADDRESS:PORT",
+              help="Serve Prometheus metrics over HTTP there, e.g. 127.0.0.1:9108.")
 @click.pass_obj
 def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
-          lease_ttl: float, converge_budget: int, sweep_interval: float) -> None:
+          lease_ttl: float, converge_budget: int, sweep_interval: float, log_format: str,
+          metrics_listen: str | None) -> None:
     """Run the agent: recover, then keep every obligation moving until it is proven done."""
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    from runners import logs
     from runners.agent import AgentDaemon
     from workflows.placement import check_box
 
@@ -475,10 +525,15 @@ def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
     if not 1.0 <= lease_ttl <= 3600:
         raise BadInput(f"--lease-ttl {lease_ttl:g} is out of range",
                        "give between 1 and 3600 seconds (default 30)")
+    if metrics_listen is not None:
+        from runners.metrics import parse_listen
+
+        parse_listen(metrics_listen)  # a bad value is refused before anything starts
+    logs.configure(log_level, log_format)
     store = env.store()
     ctx = make_context(env.state_dir, store, agent_id(env.state_dir, box), lease_ttl=lease_ttl)
     sys.exit(AgentDaemon(ctx, safety_interval=safety_interval, monitor_interval=sweep_interval,
-                         converge_budget=converge_budget).run())
+                         converge_budget=converge_budget, metrics_listen=metrics_listen).run())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,7 @@ class Context:
     proof_wait: float = 2.0  # how long a proof may poll for the kernel to finish a kill
     settle_seconds: float = 10.0  # canary settle window
     shutting_down: threading.Event = field(default_factory=threading.Event)
+    on_proof_failed: Callable[[], None] = lambda: None  # counted by the agent's metrics
 
     @property
     def run_dir(self) -> Path:

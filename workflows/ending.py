@@ -37,6 +37,7 @@ def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
             crashpoint(points[1])
     if ctx.wait_until(lambda: ctx.proc.proven(ref), ctx.proof_wait, interval=0.02):
         return None
+    ctx.on_proof_failed()
     left = ctx.proc.live_members(ref)
     leader = "leader alive" if ctx.proc.leader_alive(ref) else "leader exited"
     return f"generation g{gen.id} not proven gone: {leader}, live pids {left}"

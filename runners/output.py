@@ -1,0 +1,125 @@
+"""What people read: ages, tables (rich) and event lines for the CLI. `--json` output is
+built elsewhere and never goes through here."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select
+
+from models.store import Store, utcnow
+from models.tables import Event
+
+
+def age(when: datetime | str | None, now: datetime | None = None) -> str:
+    """`4s`, `3m12s`, `2h05m`, `3d04h` since `when` (naive UTC or ISO text ending in Z)."""
+    if when is None:
+        return ""
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when.removesuffix("Z"))
+    if when.tzinfo is not None:
+        when = when.astimezone(UTC).replace(tzinfo=None)
+    return duration(((now or utcnow()) - when).total_seconds())
+
+
+def duration(seconds: float) -> str:
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def until(when: datetime | str | None) -> str:
+    if when is None:
+        return ""
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when.removesuffix("Z"))
+    left = (when - utcnow()).total_seconds()
+    return "due" if left <= 0 else f"in {duration(left + 0.999)}"
+
+
+def table(*columns: str, title: str | None = None) -> Any:
+    from rich.table import Table  # rich is imported only when a table is printed
+
+    t = Table(*columns, title=title, title_justify="left")
+    return t
+
+
+def show(t: Any) -> None:
+    from rich.console import Console
+
+    Console().print(t)
+
+
+def status_table(rows: list[dict[str, Any]]) -> Any:
+    t = table("host", "kind", "state", "gen", "pid", "build", "up for", "socket")
+    for r in rows:
+        t.add_row(r["host"], r["kind"], r["state"],
+                  f"g{r['generation']}" if r["generation"] else "", str(r["pid"] or ""),
+                  (r["build_digest"] or "")[:12], age(r["since"]), r["socket"] or "")
+    return t
+
+
+def obligations_table(rows: list[dict[str, Any]]) -> Any:
+    t = table("kind", "host", "gen", "open for", "tries", "next try", "last error")
+    for r in rows:
+        t.add_row(r["kind"], r["host"], f"g{r['generation']}" if r["generation"] else "",
+                  age(r["since"]), str(r["attempts"]), until(r["next_attempt_at"]),
+                  r["last_error"] or "")
+    return t
+
+
+# -- events ---------------------------------------------------------------------------------
+
+def event_dict(e: Event) -> dict[str, Any]:
+    return {"id": e.id, "at": e.at.isoformat() + "Z", "host": e.host, "generation": e.generation_id,
+            "kind": e.kind, "detail": json.loads(e.detail)}
+
+
+def event_line(d: dict[str, Any]) -> str:
+    """`2026-11-29 19:02:03.120  web  g3  swapped  attempt=4 drain_seconds=0.52 ...`"""
+    at = d["at"].removesuffix("Z").replace("T", " ")[:23]
+    gen = f"g{d['generation']}" if d["generation"] else "-"
+    extra = " ".join(f"{k}={v}" for k, v in d["detail"].items())
+    return f"{at:<23}  {d['host'] or '-':<16} {gen:<5} {d['kind']:<18} {extra}".rstrip()
+
+
+def events_after(store: Store, host: str | None, after: int, limit: int) -> list[dict[str, Any]]:
+    """Events with id > after, oldest first; with after < 0, the newest `limit` of them."""
+    def q(s):  # type: ignore[no-untyped-def]
+        stmt = select(Event)
+        if host:
+            stmt = stmt.where(Event.host == host)
+        if after < 0:
+            return list(reversed(s.execute(stmt.order_by(Event.id.desc()).limit(limit))
+                                 .scalars().all()))
+        return list(s.execute(stmt.where(Event.id > after).order_by(Event.id).limit(1000))
+                    .scalars().all())
+
+    return [event_dict(e) for e in store.read(q)]
+
+
+def follow(store: Store, host: str | None, last: int, emit: Callable[[dict[str, Any]], None],
+           interval: float = 0.5) -> None:
+    """Poll the events table by id until SIGTERM or Ctrl-C; both end it cleanly."""
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.is_set():
+            for d in events_after(store, host, last, 0):
+                emit(d)
+                last = d["id"]
+            stop.wait(interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
