@@ -108,6 +108,9 @@ class Host(Base):
     fence_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     box: Mapped[str | None] = mapped_column(String(255))  # placement (several boxes)
     created_at: Mapped[datetime] = mapped_column(DateTime)
+    # Who may connect to its socket (None: the agent-wide setting); see runners/sockets.py.
+    socket_group: Mapped[str | None] = mapped_column(String(32))
+    socket_mode: Mapped[int | None] = mapped_column(Integer)
 
 
 class Generation(Base):

@@ -22,6 +22,8 @@ from models.schema import require_head
 from models.store import emit, utcnow
 from models.tables import Agent as AgentRow
 from runners.doorbell import DOORBELL, LOCK
+from runners.notify import notify
+from runners.sockets import settle_state_dir
 from workflows.context import Context, Result
 from workflows.lease import renew
 from workflows.members import retire_dead_currents
@@ -200,6 +202,7 @@ class AgentDaemon:
     def run(self) -> int:
         self._take_lock()
         require_head(self.ctx.store.engine)
+        settle_state_dir(self.ctx)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop.set())
         self._register()
@@ -218,8 +221,10 @@ class AgentDaemon:
         reconciler.round()  # finish what was in flight before the first interval
         self.recovered.set()
         log.info("ready agent=%s state_dir=%s", self.ctx.agent_id, self.ctx.state_dir)
+        notify("READY=1", f"STATUS=ready: adopted {counts['adopted']}, retired {counts['retired']}")
         self.stop.wait()
         log.info("stopping agent=%s", self.ctx.agent_id)
+        notify("STOPPING=1", "STATUS=stopping (apps keep running)")
         self.ctx.shutting_down.set()
         scheduler.shutdown(wait=False)
         reconciler.shutdown()

@@ -113,13 +113,18 @@ def host() -> None:
 @click.option("--cwd", default=None, help="Working directory of the app.")
 @click.option("--drain-timeout", type=float, default=10.0, show_default=True)
 @click.option("--health-timeout", type=float, default=10.0, show_default=True)
+@click.option("--socket-group", default=None,
+              help="Group that may connect to its socket (overrides the agent's).")
+@click.option("--socket-mode", default=None, help="Mode of its socket, octal (default 0660).")
 @click.pass_obj
 def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
-             envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float) -> None:
+             envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
+             socket_group: str | None, socket_mode: str | None) -> None:
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
     from workflows.hosts import check_name
 
     check_name(name)
+    group, mode = _socket_options(socket_group, socket_mode)
     pairs: dict[str, str] = {}
     for item in envs:
         key, sep, value = item.partition("=")
@@ -134,8 +139,22 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         s, name, kind=HostKind(kind), build_path=path, digest=digest,
         source=str(Path(build_path).absolute()), args=list(args), env=pairs,
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
-        health_timeout=health_timeout))
+        health_timeout=health_timeout, socket_group=group, socket_mode=mode))
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
+
+
+def _socket_options(group: str | None, mode: str | None) -> tuple[str | None, int | None]:
+    from runners.sockets import check_group, parse_mode
+
+    try:
+        if group is not None:
+            check_group(group)
+    except ValueError as exc:
+        raise BadInput(f"--socket-group: {exc}", "name an existing group (see `getent group`)") from None
+    try:
+        return group, parse_mode(mode) if mode is not None else None
+    except ValueError as exc:
+        raise BadInput(f"--socket-mode: {exc}", "pass an octal mode such as 0660") from None
 
 
 @host.command("list")
@@ -413,9 +432,17 @@ def crashpoints() -> None:
 @click.option("--safety-interval", type=float, default=10.0, show_default=True,
               help="Seconds between full scans when nothing rings.")
 @click.option("--log-level", default="INFO", show_default=True)
+@click.option("--socket-group", envvar="VIGIL_SOCKET_GROUP", default=None,
+              help="Group that may connect to every host's socket (env VIGIL_SOCKET_GROUP).")
+@click.option("--socket-mode", envvar="VIGIL_SOCKET_MODE", default=None,
+              help="Mode of those sockets, octal (default 0660; env VIGIL_SOCKET_MODE).")
 @click.pass_obj
-def agent(env: Env, safety_interval: float, log_level: str) -> None:
+def agent(env: Env, safety_interval: float, log_level: str, socket_group: str | None,
+          socket_mode: str | None) -> None:
     """Run the agent: recover, then keep every obligation moving until it is proven done."""
+    from runners.sockets import SocketAccess
+
+    group, mode = _socket_options(socket_group, socket_mode)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
@@ -423,7 +450,8 @@ def agent(env: Env, safety_interval: float, log_level: str) -> None:
     from runners.agent import AgentDaemon
 
     store = env.store()
-    ctx = make_context(env.state_dir, store, agent_id(env.state_dir))
+    ctx = make_context(env.state_dir, store, agent_id(env.state_dir),
+                       sockets=SocketAccess(env.state_dir, group, mode))
     sys.exit(AgentDaemon(ctx, safety_interval=safety_interval).run())
 
 

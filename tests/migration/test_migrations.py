@@ -151,11 +151,21 @@ def seed_0001(conn: Connection) -> None:
                                 "kind": "switched", "detail": '{"attempt": 1}'})
 
 
+def seed_0004(conn: Connection) -> None:
+    """A host whose socket is opened to a group (0004: hosts.socket_group, socket_mode)."""
+    raw_insert(conn, "hosts", {"name": "edge", "kind": "instance", "build_id": 1, "args": "[]",
+                               "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "down",
+                               "raised": False, "fence_seq": 0, "box": None, "created_at": T0,
+                               "socket_group": "www-data", "socket_mode": 0o660})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
 SEEDS: dict[str, Callable[[Connection], None]] = {
     "0001": seed_0001,
+    "0004": seed_0004,
 }
 SEEDED_KINDS_0001 = {("wake", "web", 1), ("stop", "web", 1), ("release", "web", None),
                      ("restore", "web", None), ("attempt", "web", 1), ("member", "web", 2)}
@@ -270,6 +280,10 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         assert SEEDED_KINDS_0001 <= open_kinds
         assert conn.execute(text("SELECT state FROM generations WHERE id = 1")).scalar() == "current"
         assert conn.execute(text("SELECT fence_seq FROM hosts WHERE name = 'web'")).scalar() == 3
+        if "0004" in SEEDS:
+            assert tuple(conn.execute(text(
+                "SELECT socket_group, socket_mode FROM hosts WHERE name = 'edge'")).one()) == \
+                ("www-data", 0o660)
 
 
 # -- models == migrated schema -----------------------------------------------------------
