@@ -179,6 +179,46 @@ def host_rm(env: Env, name: str) -> None:
     click.echo(f"host {name} removed")
 
 
+@cli.command("apply")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.pass_obj
+def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
+    """Create, update and remove hosts to match a TOML file (see README: Operating vigil)."""
+    from runners.files import LocalFiles, staging_root
+    from runners.hostfile import load
+    from workflows.apply import Wanted, apply_host, plan, remove_absent
+
+    specs = load(file)  # every key checked first: a bad file changes nothing
+    store = env.store()
+
+    def wanted(stage: bool) -> list[Wanted]:
+        out = []
+        for h in specs:
+            if stage:
+                path, digest = stage_build(h.build, env.state_dir)
+            else:
+                digest = LocalFiles().digest(h.build)
+                path = str(staging_root(env.state_dir) / digest / Path(h.build).name)
+            out.append(Wanted(h.name, h.fields, path, digest, h.build))
+        return out
+
+    changes = store.read(lambda s: plan(s, wanted(stage=False)))  # refusals: nothing changed
+    if dry_run:
+        for c in changes:
+            click.echo(c.line())
+        click.echo("dry run: nothing changed")
+        return
+    keep = {c.host for c in changes if c.action != "remove"}
+    done = [store.write(lambda s, w=w: apply_host(s, w)) for w in wanted(stage=True)]
+    done += [store.write(lambda s, n=c.host: remove_absent(s, n))
+             for c in changes if c.host not in keep]
+    for c in done:
+        click.echo(c.line())
+    if any(c.attempt is not None for c in done):
+        ring(env.state_dir)
+
+
 def _wait_row(env: Env, model: Any, row_id: int, timeout: float) -> Any:
     store = env.store()
     started = time.monotonic()
