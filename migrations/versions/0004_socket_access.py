@@ -14,12 +14,15 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("hosts") as batch:
+    with op.batch_alter_table("hosts", recreate="never") as batch:  # ALTER TABLE ADD COLUMN
         batch.add_column(sa.Column("socket_group", sa.String(length=32), nullable=True))
         batch.add_column(sa.Column("socket_mode", sa.Integer(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("hosts") as batch:
+    # Never recreate `hosts` on SQLite: the copy-drop-rename would run with foreign keys on
+    # and its DROP TABLE would cascade-delete every row that references a host. Native
+    # ALTER TABLE ... DROP COLUMN (SQLite 3.35+) keeps them.
+    with op.batch_alter_table("hosts", recreate="never") as batch:
         batch.drop_column("socket_mode")
         batch.drop_column("socket_group")

@@ -280,10 +280,9 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         assert SEEDED_KINDS_0001 <= open_kinds
         assert conn.execute(text("SELECT state FROM generations WHERE id = 1")).scalar() == "current"
         assert conn.execute(text("SELECT fence_seq FROM hosts WHERE name = 'web'")).scalar() == 3
-        if "0004" in SEEDS:
-            assert tuple(conn.execute(text(
-                "SELECT socket_group, socket_mode FROM hosts WHERE name = 'edge'")).one()) == \
-                ("www-data", 0o660)
+        assert tuple(conn.execute(text(
+            "SELECT socket_group, socket_mode FROM hosts WHERE name = 'edge'")).one()) == \
+            ("www-data", 0o660)
 
 
 # -- models == migrated schema -----------------------------------------------------------
