@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from models.errors import Refused
 from models.states import Cause, HostKind, Mode
 from models.store import emit, guarded_update, utcnow
-from models.tables import Build, Host, Lease
+from models.tables import Attempt, Build, Host, Lease
 from workflows.hosts import check_name, host_state, record_build, remove_host
 from workflows.lease import still_needed
 from workflows.swap import request_deploy
@@ -92,6 +92,9 @@ def diff(s: Session, w: Wanted) -> Change:
     details = [f"{c} {_show(c, _stored(h, c))} -> {_show(c, w.fields[c])}" for c in changed]
     build = s.get(Build, h.build_id)
     state = host_state(s, w.name)
+    if state not in RUNS and s.execute(select(Attempt.id).where(
+            Attempt.host == w.name, Attempt.outcome.is_(None))).first() is not None:
+        state = "deploying"  # a queued attempt would set its own build: supersede it
     if "kind" in changed and state not in ("asleep", "down"):
         raise Refused(f"host {w.name} is {state}: its kind cannot change while it runs",
                       f"stop it first with `vigil stop {w.name} --wait`, then apply again")

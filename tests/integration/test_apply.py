@@ -102,3 +102,8 @@ def test_apply_adds_updates_deploys_and_removes(vigil: Vigil, short_tmp: Path) -
     assert [h["host"] for h in vigil.json("host", "list")] == ["web"]
     vigil.check()
     vigil.stop_agent(agent)
+
+
+def test_shipped_example_file_plans(vigil: Vigil) -> None:
+    out = vigil.run("apply", "--dry-run", str(HELLO.parent.parent / "hosts.toml")).stdout
+    assert "+ add hello: instance" in out
