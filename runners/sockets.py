@@ -45,7 +45,7 @@ def parse_mode(text: str) -> int:
         raise ValueError(f"{text!r} is not a permission mode between 0000 and 0777")
     if mode & 0o060 != 0o060:
         raise ValueError(f"{text} does not let the group read and write the socket "
-                         "(connecting needs both); use 0660")
+                         "(connecting needs both)")
     return mode
 
 
