@@ -118,8 +118,8 @@ def nginx(box: Path, vigil_edge: Vigil) -> Iterator[int]:
                 return False
 
         wait_for(listening, 20, what="nginx listening")
-        workers = psutil.Process(p.pid).children()
-        assert workers and all(w.username() == USER for w in workers), "worker is not unprivileged"
+        workers = wait_for(lambda: psutil.Process(p.pid).children(), 20, what="nginx worker")
+        assert all(w.username() == USER for w in workers), "worker is not unprivileged"
         yield port
     finally:
         workers = [c.pid for c in psutil.Process(p.pid).children()] if p.poll() is None else []
