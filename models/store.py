@@ -76,7 +76,9 @@ def prepare_state_dir(state_dir: Path) -> Path:
             )
     else:
         state_dir.mkdir(parents=True, mode=0o700)
-    os.chmod(state_dir, 0o700)
+    # 0710/0711: opened for traversal to a socket group by the agent (runners/sockets.py).
+    if stat.S_IMODE(state_dir.stat().st_mode) not in (0o700, 0o710, 0o711):
+        os.chmod(state_dir, 0o700)
     return state_dir
 
 

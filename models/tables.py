@@ -122,6 +122,9 @@ class Host(Base):
     converge_grace: Mapped[float] = mapped_column(Float, default=60.0, server_default="60.0")
     restart_streak: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     drift_since: Mapped[datetime | None] = mapped_column(DateTime)  # live build != running one
+    # Who may connect to its socket (None: the agent-wide setting); see runners/sockets.py.
+    socket_group: Mapped[str | None] = mapped_column(String(32))
+    socket_mode: Mapped[int | None] = mapped_column(Integer)
 
 
 class Generation(Base):

@@ -25,6 +25,8 @@ from models.tables import Agent as AgentRow
 from runners import metrics, schedules, wakeup
 from runners.doorbell import DOORBELL, LOCK
 from runners.fencing import FencedProcess, FenceGuard, Timing
+from runners.notify import notify
+from runners.sockets import settle_state_dir
 from workflows.claim import claim
 from workflows.context import Context, Result
 from workflows.lease import renew
@@ -262,6 +264,7 @@ class AgentDaemon:
     def run(self) -> int:
         self._take_lock()
         require_head(self.ctx.store.engine)
+        settle_state_dir(self.ctx)
         if self.metrics_listen:
             metrics.serve(self.ctx, self.metrics_listen)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -289,8 +292,10 @@ class AgentDaemon:
         reconciler.round()  # finish what was in flight before the first interval
         self.recovered.set()
         log.info("ready agent=%s state_dir=%s", self.ctx.agent_id, self.ctx.state_dir)
+        notify("READY=1", f"STATUS=ready: adopted {counts['adopted']}, retired {counts['retired']}")
         self.stop.wait()
         log.info("stopping agent=%s", self.ctx.agent_id)
+        notify("STOPPING=1", "STATUS=stopping (apps keep running)")
         self.ctx.shutting_down.set()
         if guard is not None:
             guard.close()

@@ -122,6 +122,9 @@ def host() -> None:
 @click.option("--health-timeout", type=float, default=10.0, show_default=True)
 @click.option("--box", "boxes", multiple=True,
               help="A box (agent id) that may run the host (repeatable); none: any box.")
+@click.option("--socket-group", default=None,
+              help="Group that may connect to its socket (overrides the agent's).")
+@click.option("--socket-mode", default=None, help="Mode of its socket, octal (default 0660).")
 @click.option("--one-shot", is_flag=True, help="Worker: run once; exit 0 is success, no respawn.")
 @click.option("--max-run", type=float, default=None, help="Worker: recycle after S seconds up.")
 @click.option("--restart-floor", type=float, default=None, help="Worker: first restart delay (1).")
@@ -133,13 +136,15 @@ def host() -> None:
 @click.pass_obj
 def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
              envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
-             boxes: tuple[str, ...], **policy: Any) -> None:
+             boxes: tuple[str, ...], socket_group: str | None, socket_mode: str | None,
+             **policy: Any) -> None:
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
     from workflows.hosts import check_name
     from workflows.placement import encode
 
     check_name(name)
     placed = encode(boxes)
+    group, mode = _socket_options(socket_group, socket_mode)
     pairs: dict[str, str] = {}
     for item in envs:
         key, sep, value = item.partition("=")
@@ -157,8 +162,23 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         s, name, kind=HostKind(kind), build_path=path, digest=digest,
         source=str(Path(build_path).absolute()), args=list(args), env=pairs,
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
-        health_timeout=health_timeout, box=placed, policy=policy))
+        health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
+        policy=policy))
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
+
+
+def _socket_options(group: str | None, mode: str | None) -> tuple[str | None, int | None]:
+    from runners.sockets import check_group, parse_mode
+
+    try:
+        if group is not None:
+            check_group(group)
+    except ValueError as exc:
+        raise BadInput(f"--socket-group: {exc}", "name an existing group (see `getent group`)") from None
+    try:
+        return group, parse_mode(mode) if mode is not None else None
+    except ValueError as exc:
+        raise BadInput(f"--socket-mode: {exc}", "pass an octal mode such as 0660") from None
 
 
 @host.command("list")
@@ -184,6 +204,46 @@ def host_rm(env: Env, name: str) -> None:
 
     forget(env.store(), name)
     click.echo(f"host {name} removed")
+
+
+@cli.command("apply")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.pass_obj
+def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
+    """Create, update and remove hosts to match a TOML file (see README: Operating vigil)."""
+    from runners.files import LocalFiles, staging_root
+    from runners.hostfile import load
+    from workflows.apply import Wanted, apply_host, plan, remove_absent
+
+    specs = load(file)  # every key checked first: a bad file changes nothing
+    store = env.store()
+
+    def wanted(stage: bool) -> list[Wanted]:
+        out = []
+        for h in specs:
+            if stage:
+                path, digest = stage_build(h.build, env.state_dir)
+            else:
+                digest = LocalFiles().digest(h.build)
+                path = str(staging_root(env.state_dir) / digest / Path(h.build).name)
+            out.append(Wanted(h.name, h.fields, path, digest, h.build))
+        return out
+
+    changes = store.read(lambda s: plan(s, wanted(stage=False)))  # refusals: nothing changed
+    if dry_run:
+        for c in changes:
+            click.echo(c.line())
+        click.echo("dry run: nothing changed")
+        return
+    keep = {c.host for c in changes if c.action != "remove"}
+    done = [store.write(lambda s, w=w: apply_host(s, w)) for w in wanted(stage=True)]
+    done += [store.write(lambda s, n=c.host: remove_absent(s, n))
+             for c in changes if c.host not in keep]
+    for c in done:
+        click.echo(c.line())
+    if any(c.attempt is not None for c in done):
+        ring(env.state_dir)
 
 
 def _wait_row(env: Env, model: Any, row_id: int, timeout: float) -> Any:
@@ -511,12 +571,19 @@ def crashpoints() -> None:
               help="One line per event: key=value text or a JSON object (env VIGIL_LOG_FORMAT).")
 @click.option("--metrics-listen", default=None, metavar="ADDRESS:PORT",
               help="Serve Prometheus metrics over HTTP there, e.g. 127.0.0.1:9108.")
+@click.option("--socket-group", envvar="VIGIL_SOCKET_GROUP", default=None,
+              help="Group that may connect to every host's socket (env VIGIL_SOCKET_GROUP).")
+@click.option("--socket-mode", envvar="VIGIL_SOCKET_MODE", default=None,
+              help="Mode of those sockets, octal (default 0660; env VIGIL_SOCKET_MODE).")
 @click.pass_obj
 def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
           lease_ttl: float, converge_budget: int, sweep_interval: float, log_format: str,
-          metrics_listen: str | None) -> None:
+          metrics_listen: str | None, socket_group: str | None, socket_mode: str | None) -> None:
     """Run the agent: recover, then keep every obligation moving until it is proven done."""
     from runners import logs
+    from runners.sockets import SocketAccess
+
+    group, mode = _socket_options(socket_group, socket_mode)
     from runners.agent import AgentDaemon
     from workflows.placement import check_box
 
@@ -531,7 +598,8 @@ def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
         parse_listen(metrics_listen)  # a bad value is refused before anything starts
     logs.configure(log_level, log_format)
     store = env.store()
-    ctx = make_context(env.state_dir, store, agent_id(env.state_dir, box), lease_ttl=lease_ttl)
+    ctx = make_context(env.state_dir, store, agent_id(env.state_dir, box), lease_ttl=lease_ttl,
+                       sockets=SocketAccess(env.state_dir, group, mode))
     sys.exit(AgentDaemon(ctx, safety_interval=safety_interval, monitor_interval=sweep_interval,
                          converge_budget=converge_budget, metrics_listen=metrics_listen).run())
 

@@ -11,6 +11,7 @@ from runners.files import LocalFiles
 from runners.health import HttpHealth
 from runners.limits import CgroupMemoryLimit
 from runners.process import ProcessBackend
+from runners.sockets import SocketAccess
 from workflows.context import Context
 
 
@@ -31,6 +32,7 @@ def open_store(state_dir: Path, db: str | None, *, create: bool = False) -> Stor
 def make_context(state_dir: Path, store: Store, agent_id: str, **kw: object) -> Context:
     proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"))
     settle = float(os.environ.get("VIGIL_SETTLE_SECONDS", "10"))
+    kw.setdefault("sockets", SocketAccess(state_dir))  # per-host groups; no agent-wide one
     return Context(store=store, agent_id=agent_id, state_dir=state_dir.absolute(), proc=proc,
                    health=HttpHealth(), files=LocalFiles(), limits=CgroupMemoryLimit(proc.base),
                    settle_seconds=settle, **kw)  # type: ignore[arg-type]

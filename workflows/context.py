@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.store import Store
-from workflows.ports import Files, HealthPort, LimitPort, ProcessPort
+from workflows.ports import Files, HealthPort, LimitPort, ProcessPort, SocketPort
 
 
 class Result(str, enum.Enum):
@@ -42,6 +42,7 @@ class Context:
     health: HealthPort
     files: Files
     limits: LimitPort | None = None
+    sockets: SocketPort | None = None  # None: sockets stay owner-only
     clock: SystemClock = field(default_factory=SystemClock)
     lease_ttl: float = 30.0
     proof_wait: float = 2.0  # how long a proof may poll for the kernel to finish a kill

@@ -48,7 +48,8 @@ def record_build(s: Session, path: str, digest: str, source: str) -> Build:
 def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: str, source: str,
              args: list[str], env: dict[str, str], cwd: str | None, drain_timeout: float,
              health_timeout: float, memory_tier_mb: int | None = None, box: str | None = None,
-             policy: dict[str, Any] | None = None) -> None:
+             policy: dict[str, Any] | None = None, socket_group: str | None = None,
+             socket_mode: int | None = None) -> None:
     check_name(name)
     if drain_timeout <= 0 or health_timeout <= 0:
         raise BadInput("timeouts must be positive numbers of seconds", "e.g. --drain-timeout 10")
@@ -58,7 +59,8 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
     build = record_build(s, build_path, digest, source)
     s.add(Host(name=name, kind=kind, build_id=build.id, args=json.dumps(args), env=json.dumps(env),
                cwd=cwd, drain_timeout=drain_timeout, health_timeout=health_timeout,
-               memory_tier_mb=memory_tier_mb, box=box, created_at=utcnow(), **worker))
+               memory_tier_mb=memory_tier_mb, box=box, socket_group=socket_group,
+               socket_mode=socket_mode, created_at=utcnow(), **worker))
     emit(s, "host_added", name, build=digest[:12], kind=kind.value)
 
 

@@ -110,3 +110,14 @@ class LimitPort(Protocol):
 
     def set_limit(self, host: str, megabytes: int) -> None:
         """Set the host's parent limit. Raises OSError when it could not be written."""
+
+
+class SocketPort(Protocol):
+    """Who may connect to a host's sockets (runners/sockets.py). `group`/`mode` are the
+    host's own settings; None falls back to the agent-wide ones."""
+
+    def prepare_dir(self, socket_dir: str, group: str | None, mode: int | None) -> None:
+        """Create the host's socket directory before the spawn, reachable by the group."""
+
+    def grant(self, socket: str, group: str | None, mode: int | None) -> None:
+        """Give the socket its group and mode (before it becomes canonical). Raises OSError."""

@@ -10,6 +10,7 @@ from sqlalchemy import select
 from models.states import GenState
 from models.store import emit
 from models.tables import Generation, Host, Lease
+from workflows.access import reopen_adopted
 from workflows.claim import release_claims
 from workflows.context import Context
 from workflows.crash import crashpoint, define
@@ -43,7 +44,11 @@ def recover(ctx: Context) -> dict[str, int]:
             problem = ctx.health.check(gen.socket, min(host.health_timeout, 5.0),
                                        alive=lambda r=ref: ctx.proc.leader_alive(r))
         if problem is None:
-            ctx.store.write(lambda s, g=gen: emit(s, "adopted", g.host, g.id, pid=g.pid))
+            # The agent's socket group may have changed since the spawn: apply it now
+            # (without restarting the app); a failure is reported, never a reason to kill.
+            denied = reopen_adopted(ctx, host, gen.socket) if gen.socket else None
+            extra = {"socket_access": denied} if denied else {}
+            ctx.store.write(lambda s, g=gen, x=extra: emit(s, "adopted", g.host, g.id, pid=g.pid, **x))
             if gen.socket:  # the link may not have been repointed before the crash
                 ctx.files.point_link(ctx.link_for(gen.host), gen.socket)
             adopted += 1

@@ -29,6 +29,7 @@ from models.states import (
 )
 from models.store import emit, guarded_update, utcnow
 from models.tables import Attempt, Build, Generation, Host, Member, Stop, Wake
+from workflows.access import grant_socket, prepare_socket_dir
 from workflows.classify import BuildFailed, Cancelled, Stale, StepEnd, classify
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
@@ -334,7 +335,7 @@ def _spawn(ctx: Context, a: Attempt, host: Host, build: Build, gen: Generation) 
     crashpoint(SPAWNING)
     os.makedirs(os.path.dirname(ctx.log_for(a.host)), exist_ok=True)
     if gen.socket:
-        os.makedirs(os.path.dirname(gen.socket), mode=0o700, exist_ok=True)
+        prepare_socket_dir(ctx, host, gen.socket)
     spec = SpawnSpec(generation_uuid=gen.uuid, host=a.host, argv=[build.path, *json.loads(host.args)],
                      env={**json.loads(host.env), "VIGIL_HOME": str(ctx.state_dir)}, cwd=host.cwd,
                      socket_path=gen.socket, log_path=ctx.log_for(a.host), cgroup=gen.cgroup)
@@ -365,6 +366,9 @@ def _check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Gene
                                    alive=lambda: ctx.proc.leader_alive(ref))
         if problem is not None:
             raise BuildFailed(problem)
+        problem = grant_socket(ctx, host, gen.socket)  # before the switch makes it canonical
+        if problem is not None:
+            raise Stale(problem)
     elif host.one_shot:
         code = settle_one_shot(ctx, ref)
         if code not in (None, 0):

@@ -20,6 +20,7 @@ from models.errors import NotFound, Refused
 from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, WakeState
 from models.store import emit, fenced, guarded_update, utcnow
 from models.tables import Build, Generation, Host, Stop, Wake
+from workflows.access import grant_socket, prepare_socket_dir
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
@@ -203,12 +204,12 @@ def _start(ctx: Context, w: Wake) -> Result:
     gen = ctx.store.write(intent)
     crashpoint(INTENT)
     os.makedirs(os.path.dirname(ctx.log_for(w.host)), exist_ok=True)
-    if gen.socket:
-        os.makedirs(os.path.dirname(gen.socket), mode=0o700, exist_ok=True)
     spec = SpawnSpec(generation_uuid=gen.uuid, host=w.host, argv=[build.path, *json.loads(host.args)],
                      env={**json.loads(host.env), "VIGIL_HOME": str(ctx.state_dir)}, cwd=host.cwd, socket_path=gen.socket,
                      log_path=ctx.log_for(w.host), cgroup=cgroup)
     try:
+        if gen.socket:
+            prepare_socket_dir(ctx, host, gen.socket)
         spawned = ctx.proc.spawn(spec)
     except SpawnError as exc:  # it did not start
         return _fail(ctx, w, gen, WakeState.spawning, GenState.spawning, f"spawn failed: {exc}")
@@ -239,6 +240,8 @@ def _start(ctx: Context, w: Wake) -> Result:
         problem = None if code is None else f"one-shot run exited with status {code}"
     else:
         problem = None if ctx.proc.leader_alive(ref) else "worker exited right after its start"
+    if problem is None and gen.socket:
+        problem = grant_socket(ctx, host, gen.socket)  # before it is current and linked
     if problem is not None:
         return _fail(ctx, w, gen, WakeState.checking, GenState.running, problem)
 

@@ -175,6 +175,17 @@ def seed_0003(conn: Connection) -> None:
         "outcome": "done", "reason": "ran to completion", "executed": True,
         "drain_seconds": 0.0, "clean_exit": True, "created_at": T0, "ended_at": T0,
         **retry_cols(0)})
+
+
+def seed_0004(conn: Connection) -> None:
+    """A host whose socket is opened to a group (0004: hosts.socket_group, socket_mode)."""
+    raw_insert(conn, "hosts", {"name": "edge", "kind": "instance", "build_id": 1, "args": "[]",
+                               "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "down",
+                               "raised": False, "fence_seq": 0, "box": None, "created_at": T0,
+                               "socket_group": "www-data", "socket_mode": 0o660})
+
+
 def seed_0005(conn: Connection) -> None:
     """A scheduled restart in APScheduler's job store table (0005: apscheduler_jobs)."""
     raw_insert(conn, "apscheduler_jobs", {"id": "restart:web", "next_run_time": 1767323045.6,
@@ -187,6 +198,7 @@ def seed_0005(conn: Connection) -> None:
 SEEDS: dict[str, Callable[[Connection], None]] = {
     "0001": seed_0001,
     "0003": seed_0003,
+    "0004": seed_0004,
     "0005": seed_0005,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
@@ -312,6 +324,9 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         )).one()) in ((False, 1.0, 0), (0, 1.0, 0))
         assert tuple(conn.execute(text("SELECT id, next_run_time FROM apscheduler_jobs")).one()) \
             == ("restart:web", 1767323045.6)
+        assert tuple(conn.execute(text(
+            "SELECT socket_group, socket_mode FROM hosts WHERE name = 'edge'")).one()) == \
+            ("www-data", 0o660)
 
 
 # -- models == migrated schema -----------------------------------------------------------
