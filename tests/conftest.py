@@ -15,19 +15,109 @@ import subprocess as _subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
 
-from models.store import Store
+from models.store import Store, sqlite_url
 from workflows.hosts import status
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 HELLO = ROOT / "examples" / "hello" / "hello.py"
+
+
+# -- the database under test -------------------------------------------------------------
+# `pytest --db postgresql` or VIGIL_TEST_DB=postgresql runs the suite on PostgreSQL: every
+# box gets a throwaway database (VIGIL_TEST_PG names the admin URL). Default: SQLite files.
+TEST_DB_ENV = "VIGIL_TEST_DB"
+DIALECTS = ("sqlite", "postgresql")
+PG_ADMIN = os.environ.get("VIGIL_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
+PG_PREFIX = f"vigil_t{os.getpid():x}_"  # this pytest run's databases
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--db", choices=DIALECTS, default=None,
+                     help=f"database the suite runs on (default ${TEST_DB_ENV} or sqlite)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    db = config.getoption("--db") or os.environ.get(TEST_DB_ENV) or "sqlite"
+    if db not in DIALECTS:
+        raise pytest.UsageError(f"{TEST_DB_ENV}={db!r}: use one of {', '.join(DIALECTS)}")
+    os.environ[TEST_DB_ENV] = db  # read lazily below (tests also import this module)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"vigil database: {selected_db()}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`@pytest.mark.sqlite_only("why")` / `postgresql_only("why")`: inherently one-dialect
+    tests, skipped with their reason on the other database."""
+    for item in items:
+        for dialect in DIALECTS:
+            mark = item.get_closest_marker(f"{dialect}_only")
+            if mark is not None and selected_db() != dialect:
+                why = mark.args[0] if mark.args else "one-dialect test"
+                item.add_marker(pytest.mark.skip(reason=f"{dialect} only: {why}"))
+
+
+def pytest_sessionfinish() -> None:
+    if on_postgresql():  # a database whose test died before its teardown
+        for name in _pg_admin_sql(
+                "SELECT datname FROM pg_database WHERE datname LIKE :p", p=PG_PREFIX + "%"):
+            drop_db(_pg_url(name))
+
+
+def selected_db() -> str:
+    return os.environ.get(TEST_DB_ENV, "sqlite")
+
+
+def on_postgresql() -> bool:
+    return selected_db() == "postgresql"
+
+
+def _pg_url(name: str) -> str:
+    return sa.make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False)
+
+
+def _pg_admin_sql(sql: str, **params: Any) -> list[Any]:
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with admin.connect() as conn:
+            result = conn.execute(sa.text(sql), params)
+            return list(result.scalars()) if result.returns_rows else []
+    finally:
+        admin.dispose()
+
+
+def new_db(state_dir: Path, template: str | None = None) -> str:
+    """A fresh database for one box: on SQLite its state dir's file (a copy of `template`'s
+    file if given), on PostgreSQL a new database (created from `template` if given)."""
+    if not on_postgresql():
+        if template is not None:
+            db = state_dir / "vigil.db"
+            shutil.copyfile(sa.make_url(template).database or "", db)
+            os.chmod(db, 0o600)
+        return sqlite_url(state_dir)
+    name = f"{PG_PREFIX}{uuid.uuid4().hex[:12]}"
+    copy = f' TEMPLATE "{sa.make_url(template).database}"' if template else ""
+    _pg_admin_sql(f'CREATE DATABASE "{name}"{copy}')
+    return _pg_url(name)
+
+
+def drop_db(url: str) -> None:
+    """Drop a PostgreSQL database from new_db (its leftover sessions ended first); a SQLite
+    file goes with its directory."""
+    if url.startswith("postgresql"):
+        _pg_admin_sql(f'DROP DATABASE IF EXISTS "{sa.make_url(url).database}" WITH (FORCE)')
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05,
@@ -106,6 +196,13 @@ class Vigil:
         self.state_dir = state_dir
         self.env = {**os.environ, "VIGIL_HOME": str(state_dir), **(extra_env or {})}
         self.env.pop("VIGIL_CRASH_AT", None)
+        # On PostgreSQL the CLI (in-process or not), the agent and `store` all use one
+        # throwaway database; on SQLite, <state>/vigil.db.
+        self.db_url = new_db(state_dir) if on_postgresql() else None
+        if self.db_url:
+            self.env["VIGIL_DB"] = self.db_url
+        else:
+            self.env.pop("VIGIL_DB", None)
         self.agents: list[subprocess.Popen[bytes]] = []
         self._store: Store | None = None
 
@@ -130,7 +227,7 @@ class Vigil:
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = Store(f"sqlite:///{self.state_dir / 'vigil.db'}")
+            self._store = Store(self.db_url or f"sqlite:///{self.state_dir / 'vigil.db'}")
         return self._store
 
     def status(self, host: str) -> dict[str, Any]:
@@ -211,6 +308,8 @@ class Vigil:
                 pass
         for pid in marked_pids(self.state_dir):
             wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"pid {pid} to die")
+        if self.db_url:  # after every process that used it is gone
+            drop_db(self.db_url)
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ from models.store import utcnow
 from models.tables import Attempt, Build, Host, Lease
 from runners.check import run_checks
 from runners.files import LocalFiles
-from tests.conftest import pid_dead, wait_for
+from tests.conftest import drop_db, pid_dead, wait_for
 from tests.model.apps import write_app
 from tests.model.box import Box, CrashTrap, template_db
 from workflows import crash as crash_mod
@@ -121,7 +121,7 @@ class Env:
     """What every example shares: a template database and the app sources."""
 
     root: Path
-    template: Path
+    template: str  # template_db's URL
     sources: dict[str, Path]
     trap: CrashTrap
 
@@ -142,6 +142,7 @@ def env() -> Iterator[Env]:
         try:
             yield ENV
         finally:
+            drop_db(ENV.template)
             ENV = None
             # Each example's teardown ends its own processes; this catches an example that
             # failed before it could (every app here carries VIGIL_HOME under root).

@@ -27,13 +27,13 @@ import workflows.obligations as obligations
 from models import schema
 from models.errors import LostRace
 from models.states import HostKind
-from models.store import Store, prepare_state_dir, sqlite_url, utcnow
+from models.store import Store, prepare_state_dir, utcnow
 from models.tables import Build, Host, Lease, Release
 from runners.agent import Reconciler
 from runners.files import LocalFiles
 from runners.health import HttpHealth
 from runners.process import ProcessBackend
-from tests.conftest import wait_for
+from tests.conftest import drop_db, new_db, wait_for
 from workflows.context import Context, Poke, Result
 from workflows.lease import drive_release
 from workflows.obligations import Due, backoff, due, run_one
@@ -48,12 +48,13 @@ def state_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(state_dir: Path) -> Iterator[Store]:
-    s = Store(sqlite_url(state_dir))
+    s = Store(new_db(state_dir))
     schema.upgrade(s.engine)
     try:
         yield s
     finally:
         s.dispose()
+        drop_db(s.url)
 
 
 def make_ctx(store: Store, state_dir: Path) -> Context:
@@ -143,7 +144,7 @@ def test_poke_backs_off_persistently_and_progress_resets(
     # Survives a restart: a new Store on the same file reads the same pacing, and the row
     # is not due before it.
     store.dispose()
-    reopened = Store(sqlite_url(state_dir))
+    reopened = Store(store.url)
     try:
         row2 = reopened.read(lambda s: s.get(Release, rid))
         assert row2 is not None and row.next_attempt_at is not None

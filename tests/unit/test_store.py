@@ -32,6 +32,7 @@ from models.store import (
     utcnow,
 )
 from models.tables import Attempt, Build, Event, Generation, Host, Lease, Stop, Wake
+from tests.conftest import drop_db, new_db
 
 AGENT = "agent-1"
 FENCE = 3
@@ -44,12 +45,13 @@ def state_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(state_dir: Path) -> Iterator[Store]:
-    s = Store(sqlite_url(state_dir))
+    s = Store(new_db(state_dir))
     schema.upgrade(s.engine)
     try:
         yield s
     finally:
         s.dispose()
+        drop_db(s.url)
 
 
 @pytest.fixture
@@ -86,6 +88,7 @@ def pragma(store: Store, name: str) -> object:
 
 # -- pragmas ----------------------------------------------------------------------------
 
+@pytest.mark.sqlite_only("SQLite pragmas")
 def test_pragmas_by_default(store: Store) -> None:
     assert pragma(store, "journal_mode") == "wal"
     assert pragma(store, "synchronous") == 2  # FULL
@@ -93,6 +96,7 @@ def test_pragmas_by_default(store: Store) -> None:
     assert pragma(store, "busy_timeout") == 5000
 
 
+@pytest.mark.sqlite_only("SQLite pragmas")
 def test_pragmas_when_asked(state_dir: Path) -> None:
     s = Store(sqlite_url(state_dir), synchronous="NORMAL", busy_timeout_ms=1234)
     try:
@@ -104,6 +108,7 @@ def test_pragmas_when_asked(state_dir: Path) -> None:
         s.dispose()
 
 
+@pytest.mark.sqlite_only("SQLite pragmas")
 def test_pragmas_hold_on_every_pooled_connection(store: Store) -> None:
     ro = {"vigil_readonly": True}  # plain BEGIN: two open connections do not queue
     with store.engine.connect().execution_options(**ro) as a, \
@@ -120,10 +125,11 @@ def test_foreign_keys_are_enforced(store: Store) -> None:
         s.add(Lease(host="nobody", holder=AGENT, fence=1, acquired_at=utcnow(),
                     expires_at=utcnow()))
 
-    with pytest.raises(IntegrityError, match="FOREIGN KEY"):
+    with pytest.raises(IntegrityError, match="(?i)foreign key"):
         store.write(orphan)
 
 
+@pytest.mark.sqlite_only("a corrupt SQLite file")
 def test_a_file_that_is_not_a_database_is_named(state_dir: Path) -> None:
     (state_dir / DB_FILE).write_bytes(b"not a database, not even close " * 64)
     s = Store(sqlite_url(state_dir))
@@ -150,6 +156,7 @@ def open_umask() -> Iterator[None]:
         os.umask(old)
 
 
+@pytest.mark.sqlite_only("file modes of the SQLite file and its -wal/-shm")
 def test_state_dir_and_db_file_modes(tmp_path: Path, open_umask: None) -> None:
     d = prepare_state_dir(tmp_path / "a" / "state")
     assert d.is_dir() and mode(d) == 0o700
@@ -178,6 +185,7 @@ def test_existing_state_dir_is_tightened(tmp_path: Path) -> None:
     assert mode(d) == 0o700
 
 
+@pytest.mark.sqlite_only("the SQLite file in the state dir")
 def test_sqlite_url_keeps_an_existing_database(store: Store, gen_id: int, state_dir: Path) -> None:
     assert sqlite_url(state_dir) == store.url
     assert gen_state(store, gen_id) is GenState.spawning
@@ -324,6 +332,7 @@ class WriteLock:
         self.thread.join(5)
 
 
+@pytest.mark.sqlite_only("SQLite's `database is locked`")
 def test_write_retries_database_is_locked(store: Store, state_dir: Path) -> None:
     fast = Store(store.url, busy_timeout_ms=50)
     fast.read(lambda s: s.execute(text("SELECT 1")).scalar())  # connected before the lock
@@ -347,6 +356,7 @@ def test_write_retries_database_is_locked(store: Store, state_dir: Path) -> None
         fast.dispose()
 
 
+@pytest.mark.sqlite_only("SQLite WAL readers vs a BEGIN IMMEDIATE writer")
 def test_reads_are_not_blocked_by_a_writer(store: Store, gen_id: int, state_dir: Path) -> None:
     lock = WriteLock(state_dir / DB_FILE, 10)
     try:
