@@ -436,6 +436,7 @@ print(held)
 """
 
 
+@pytest.mark.sqlite_only("SQLite's `database is locked` from a second writer of the file")
 def test_lock_storm_from_another_writer_surfaces_nothing(box: Box, apps: dict[str, Path],
                                                          short_tmp: Path) -> None:
     """Another process takes the write lock again and again for 20-120 ms. The store's

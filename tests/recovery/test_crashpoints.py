@@ -60,7 +60,7 @@ def vigil(short_tmp: Path, containment: str) -> Iterator[Vigil]:
     """conftest's `vigil`, with the store created in-process (`vigil db upgrade` is not
     under test here, and a CLI start-up per test adds up over this many scenarios)."""
     v = Vigil(short_tmp / "state", {"VIGIL_CONTAINMENT": containment})
-    store = open_store(v.state_dir, None, create=True)
+    store = open_store(v.state_dir, v.db_url, create=True)
     try:
         schema.upgrade(store.engine)
     finally:

@@ -32,7 +32,7 @@ from models.store import (
     utcnow,
 )
 from models.tables import Attempt, Build, Event, Generation, Host, Lease, Stop, Wake
-from tests.conftest import drop_db, new_db
+from tests.conftest import drop_db, new_db, wait_for
 
 AGENT = "agent-1"
 FENCE = 3
@@ -364,6 +364,53 @@ def test_reads_are_not_blocked_by_a_writer(store: Store, gen_id: int, state_dir:
         assert not lock.released_at, "the read waited for the writer"
     finally:
         lock.join()
+
+
+@pytest.mark.postgresql_only("a real deadlock, detected by PostgreSQL (SQLSTATE 40P01)")
+def test_write_retries_a_real_deadlock(store: Store, gen_id: int) -> None:
+    """Another session locks the host row, then waits for the generation row a step holds;
+    the step then wants the host row. PostgreSQL aborts the step's transaction (the other
+    session's deadlock_timeout is far longer), and the store runs the step again."""
+    step_has_gen, other_has_host = threading.Event(), threading.Event()
+    other_pid: list[int] = []
+    gen, host = "UPDATE generations SET pid = :p WHERE id = :g", "UPDATE hosts SET fence_seq = :f"
+
+    def other() -> None:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("SET LOCAL deadlock_timeout = '30s'")
+            other_pid.append(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+            conn.execute(text(host), {"f": FENCE})
+            other_has_host.set()
+            assert step_has_gen.wait(30)
+            conn.execute(text(gen), {"p": 7, "g": gen_id})  # waits for the step's lock
+
+    def other_waits() -> bool:
+        with store.engine.connect() as conn:
+            return bool(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p "
+                                          "AND wait_event_type = 'Lock'"), {"p": other_pid[0]})
+                        .scalar_one())
+
+    calls = 0
+
+    def step(s: Session) -> None:
+        nonlocal calls
+        calls += 1
+        s.execute(text(gen), {"p": 1, "g": gen_id})
+        if calls == 1:
+            step_has_gen.set()
+            wait_for(other_waits, 30, what="the other session to wait for the generation row")
+        s.execute(text(host), {"f": FENCE})
+
+    thread = threading.Thread(target=other, name="deadlocker")
+    thread.start()
+    try:
+        assert other_has_host.wait(30)
+        store.write(step)
+    finally:
+        step_has_gen.set()
+        thread.join(60)
+    assert calls == 2, "the deadlock was not retried"
+    assert store.read(lambda s: s.get(Generation, gen_id)).pid == 1  # the retry wrote last
 
 
 def test_other_errors_are_not_retried(store: Store, gen_id: int) -> None:
