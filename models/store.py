@@ -137,7 +137,17 @@ class Store:
 
 def make_engine(url: str, synchronous: str, busy_timeout_ms: int) -> Engine:
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+        pg = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+        if synchronous.upper() == "OFF":
+            # As with SQLite: a crash of the database server (not of vigil) may lose the
+            # last commits, never corrupt them.
+            @event.listens_for(pg, "connect")
+            def _no_wait_for_flush(dbapi_conn: Any, _record: Any) -> None:
+                with dbapi_conn.cursor() as cur:
+                    cur.execute("SET synchronous_commit = off")
+                dbapi_conn.commit()
+
+        return pg
     engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000})
 
     @event.listens_for(engine, "connect")

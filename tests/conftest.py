@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -69,10 +70,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.skip(reason=f"{dialect} only: {why}"))
 
 
+def pytest_sessionstart() -> None:
+    """Drop what an earlier run, killed before its teardown, left on a local server."""
+    if not on_postgresql():
+        return
+    try:
+        left = _pg_databases("vigil_t")
+    except sa.exc.OperationalError as exc:
+        pytest.exit(f"--db postgresql: cannot connect to {sa.make_url(PG_ADMIN)} "
+                    f"({' '.join(str(exc.orig).split())}); start PostgreSQL (see .ci/run) or "
+                    "set VIGIL_TEST_PG to an admin URL", returncode=4)
+    if sa.make_url(PG_ADMIN).host in ("127.0.0.1", "localhost", None):
+        for name in left:
+            pid = re.fullmatch(r"vigil_t([0-9a-f]+)_[0-9a-f]{12}", name)
+            if pid and not psutil.pid_exists(int(pid[1], 16)):
+                drop_db(_pg_url(name))
+
+
 def pytest_sessionfinish() -> None:
     if on_postgresql():  # a database whose test died before its teardown
-        for name in _pg_admin_sql(
-                "SELECT datname FROM pg_database WHERE datname LIKE :p", p=PG_PREFIX + "%"):
+        for name in _pg_databases(PG_PREFIX):
             drop_db(_pg_url(name))
 
 
@@ -96,6 +113,11 @@ def _pg_admin_sql(sql: str, **params: Any) -> list[Any]:
             return list(result.scalars()) if result.returns_rows else []
     finally:
         admin.dispose()
+
+
+def _pg_databases(prefix: str) -> list[str]:
+    return _pg_admin_sql("SELECT datname FROM pg_database WHERE starts_with(datname, :p)",
+                         p=prefix)
 
 
 def new_db(state_dir: Path, template: str | None = None) -> str:

@@ -243,7 +243,7 @@ def test_health_no_socket_times_out(h: Harness) -> None:
     t0 = time.monotonic()
     reason = HttpHealth().check(sock_of(h, ref), 0.5, lambda: h.b.leader_alive(ref))
     assert reason == f"health: no answer on {sock_of(h, ref)} within 0.5s"
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 10.0  # bounded, with room for a loaded CI box
 
 
 def test_health_process_exits(h: Harness) -> None:

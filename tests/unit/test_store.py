@@ -129,6 +129,20 @@ def test_foreign_keys_are_enforced(store: Store) -> None:
         store.write(orphan)
 
 
+@pytest.mark.postgresql_only("synchronous_commit is PostgreSQL's")
+def test_synchronous_off_maps_to_synchronous_commit_off(store: Store) -> None:
+    def sync(s: Session) -> object:
+        return s.execute(text("SHOW synchronous_commit")).scalar()
+
+    assert store.read(sync) == "on"
+    off = Store(store.url, synchronous="OFF")
+    try:
+        assert off.read(sync) == "off"
+        assert off.write(sync) == "off"
+    finally:
+        off.dispose()
+
+
 @pytest.mark.sqlite_only("a corrupt SQLite file")
 def test_a_file_that_is_not_a_database_is_named(state_dir: Path) -> None:
     (state_dir / DB_FILE).write_bytes(b"not a database, not even close " * 64)
