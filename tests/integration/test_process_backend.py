@@ -22,7 +22,8 @@ from runners.health import HttpHealth, get_status
 from runners.process import ProcessBackend, SpawnError, detect_cgroup_base
 from workflows.ports import ProcRef, SpawnSpec
 
-pytestmark = pytest.mark.timeout(60)
+# The process backend alone: no database, so nothing to repeat on PostgreSQL.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.no_db]
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
