@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from models import schema
-from models.errors import LostRace, StoreNotReady
+from models.errors import BadInput, LostRace, StoreNotReady
 from models.states import TRANSITIONS, AttemptStep, GenState, HostKind, StopState, WakeState
 from models.store import (
     DB_FILE,
@@ -27,6 +27,7 @@ from models.store import (
     fenced,
     guarded_update,
     is_transient,
+    normalize_url,
     prepare_state_dir,
     sqlite_url,
     utcnow,
@@ -152,6 +153,17 @@ def test_a_file_that_is_not_a_database_is_named(state_dir: Path) -> None:
             s.read(lambda x: x.execute(text("SELECT 1")).scalar())
     finally:
         s.dispose()
+
+
+@pytest.mark.no_db
+def test_database_urls_are_sqlite_or_postgresql_through_psycopg() -> None:
+    assert normalize_url("sqlite:////s/vigil.db") == "sqlite:////s/vigil.db"
+    for bare in ("postgresql://u:pw@h:5433/db", "postgres://u:pw@h:5433/db",
+                 "postgresql+psycopg://u:pw@h:5433/db"):
+        assert normalize_url(bare) == "postgresql+psycopg://u:pw@h:5433/db"
+    for other in ("mysql://u@h/db", "postgresql+psycopg2://u@h/db", "not a url"):
+        with pytest.raises(BadInput, match="sqlite:///PATH or postgresql[+]psycopg://"):
+            normalize_url(other)
 
 
 # -- files and directories ----------------------------------------------------------------
