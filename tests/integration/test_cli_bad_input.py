@@ -20,10 +20,9 @@ from tests.integration.unproven_double import in_process, leave_unproven_wake
 def dump(v: Vigil, ignore: frozenset[tuple[str, str]] = frozenset()) -> dict[str, object]:
     """Schema (tables, columns, views) and every row of every table (minus `ignore`d
     (table, column) pairs) of the box's database, on either dialect."""
-    engine = v.store.engine
-    insp = sa.inspect(engine)
-    out: dict[str, object] = {"views": sorted(insp.get_view_names())}
-    with engine.connect() as conn:
+    with v.store.engine.connect().execution_options(vigil_readonly=True) as conn:
+        insp = sa.inspect(conn)
+        out: dict[str, object] = {"views": sorted(insp.get_view_names())}
         for table in sorted(insp.get_table_names()):
             cols = [c["name"] for c in insp.get_columns(table)]
             out[f"{table} columns"] = cols
