@@ -53,8 +53,10 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def _unreadable(engine: Engine, exc: DatabaseError) -> StoreNotReady:
+    reason = " ".join(str(exc.orig).split())  # one line (a driver's message may span several)
     return StoreNotReady(f"cannot read the schema version of {engine.url.render_as_string()}: "
-                         f"{exc.orig}", "point --state-dir or --db at a vigil database")
+                         f"{reason}", "make sure the database server is up and point "
+                         "--state-dir or --db at a vigil database")
 
 
 def require_head(engine: Engine) -> None:

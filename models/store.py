@@ -13,12 +13,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, exists, update
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy import Engine, create_engine, event, exists, make_url, update
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
-from models.errors import LostRace, StoreNotReady
+from models.errors import BadInput, LostRace, StoreNotReady
 from models.states import allowed
 from models.tables import Event, Lease
 
@@ -52,10 +52,23 @@ transient_retry = retry(
 )
 
 
+SUPPORTED_URLS = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DATABASE"
+
+
 def normalize_url(url: str) -> str:
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
+    """The databases vigil runs on: SQLite and PostgreSQL through psycopg 3 (a bare
+    postgresql:// URL means psycopg). Anything else is refused before anything is opened."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise BadInput(f"cannot parse the database URL {url!r}", f"use {SUPPORTED_URLS}") from None
+    backend, _, driver = parsed.drivername.partition("+")
+    if backend in ("postgresql", "postgres") and driver in ("", "psycopg"):
+        return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    if backend == "sqlite" and driver in ("", "pysqlite"):
+        return url
+    raise BadInput(f"vigil does not run on {parsed.drivername} (database URL "
+                   f"{parsed.render_as_string()})", f"use {SUPPORTED_URLS}")
 
 
 def prepare_state_dir(state_dir: Path) -> Path:
@@ -135,7 +148,17 @@ class Store:
 
 def make_engine(url: str, synchronous: str, busy_timeout_ms: int) -> Engine:
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+        pg = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+        if synchronous.upper() == "OFF":
+            # As with SQLite: a crash of the database server (not of vigil) may lose the
+            # last commits, never corrupt them.
+            @event.listens_for(pg, "connect")
+            def _no_wait_for_flush(dbapi_conn: Any, _record: Any) -> None:
+                with dbapi_conn.cursor() as cur:
+                    cur.execute("SET synchronous_commit = off")
+                dbapi_conn.commit()
+
+        return pg
     engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000})
 
     @event.listens_for(engine, "connect")

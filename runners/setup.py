@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from models.errors import StoreNotReady
-from models.store import Store, prepare_state_dir, sqlite_url
+from models.store import Store, normalize_url, prepare_state_dir, sqlite_url
 from runners.files import LocalFiles
 from runners.health import HttpHealth
 from runners.limits import CgroupMemoryLimit
@@ -19,6 +19,7 @@ def open_store(state_dir: Path, db: str | None, *, create: bool = False) -> Stor
     """Open the store. Without `create`, a state directory that does not exist yet is an
     error that names the command creating it (and nothing is created)."""
     state_dir = state_dir.absolute()
+    db = normalize_url(db) if db else None  # a bad URL is refused before anything is created
     if not create and not state_dir.exists():
         raise StoreNotReady(f"no vigil state directory at {state_dir}",
                             "run `vigil db upgrade` to create it, or pass --state-dir / VIGIL_HOME")

@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,19 +16,132 @@ import subprocess as _subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
 
-from models.store import Store
+from models.store import Store, sqlite_url
 from workflows.hosts import status
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 HELLO = ROOT / "examples" / "hello" / "hello.py"
+
+
+# -- the database under test -------------------------------------------------------------
+# `pytest --db postgresql` or VIGIL_TEST_DB=postgresql runs the suite on PostgreSQL: every
+# box gets a throwaway database (VIGIL_TEST_PG names the admin URL). Default: SQLite files.
+TEST_DB_ENV = "VIGIL_TEST_DB"
+DIALECTS = ("sqlite", "postgresql")
+PG_ADMIN = os.environ.get("VIGIL_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
+PG_PREFIX = f"vigil_t{os.getpid():x}_"  # this pytest run's databases
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--db", choices=DIALECTS, default=None,
+                     help=f"database the suite runs on (default ${TEST_DB_ENV} or sqlite)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    db = config.getoption("--db") or os.environ.get(TEST_DB_ENV) or "sqlite"
+    if db not in DIALECTS:
+        raise pytest.UsageError(f"{TEST_DB_ENV}={db!r}: use one of {', '.join(DIALECTS)}")
+    os.environ[TEST_DB_ENV] = db  # read lazily below (tests also import this module)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"vigil database: {selected_db()}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`@pytest.mark.sqlite_only("why")` / `postgresql_only("why")`: inherently one-dialect
+    tests, skipped with their reason on the other database; `no_db`: run once, on SQLite."""
+    for item in items:
+        if on_postgresql() and item.get_closest_marker("no_db") is not None:
+            item.add_marker(pytest.mark.skip(reason="touches no database: run by the SQLite run"))
+        for dialect in DIALECTS:
+            mark = item.get_closest_marker(f"{dialect}_only")
+            if mark is not None and selected_db() != dialect:
+                why = mark.args[0] if mark.args else "one-dialect test"
+                item.add_marker(pytest.mark.skip(reason=f"{dialect} only: {why}"))
+
+
+def pytest_sessionstart() -> None:
+    """Drop what an earlier run, killed before its teardown, left on a local server."""
+    if not on_postgresql():
+        return
+    try:
+        left = _pg_databases("vigil_t")
+    except sa.exc.OperationalError as exc:
+        pytest.exit(f"--db postgresql: cannot connect to {sa.make_url(PG_ADMIN)} "
+                    f"({' '.join(str(exc.orig).split())}); start PostgreSQL (see .ci/run) or "
+                    "set VIGIL_TEST_PG to an admin URL", returncode=4)
+    if sa.make_url(PG_ADMIN).host in ("127.0.0.1", "localhost", None):
+        for name in left:
+            pid = re.fullmatch(r"vigil_t([0-9a-f]+)_[0-9a-f]{12}", name)
+            if pid and not psutil.pid_exists(int(pid[1], 16)):
+                drop_db(_pg_url(name))
+
+
+def pytest_sessionfinish() -> None:
+    if on_postgresql():  # a database whose test died before its teardown
+        for name in _pg_databases(PG_PREFIX):
+            drop_db(_pg_url(name))
+
+
+def selected_db() -> str:
+    return os.environ.get(TEST_DB_ENV, "sqlite")
+
+
+def on_postgresql() -> bool:
+    return selected_db() == "postgresql"
+
+
+def _pg_url(name: str) -> str:
+    return sa.make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False)
+
+
+def _pg_admin_sql(sql: str, **params: Any) -> list[Any]:
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with admin.connect() as conn:
+            result = conn.execute(sa.text(sql), params)
+            return list(result.scalars()) if result.returns_rows else []
+    finally:
+        admin.dispose()
+
+
+def _pg_databases(prefix: str) -> list[str]:
+    return _pg_admin_sql("SELECT datname FROM pg_database WHERE starts_with(datname, :p)",
+                         p=prefix)
+
+
+def new_db(state_dir: Path, template: str | None = None) -> str:
+    """A fresh database for one box: on SQLite its state dir's file (a copy of `template`'s
+    file if given), on PostgreSQL a new database (created from `template` if given)."""
+    if not on_postgresql():
+        if template is not None:
+            db = state_dir / "vigil.db"
+            shutil.copyfile(sa.make_url(template).database or "", db)
+            os.chmod(db, 0o600)
+        return sqlite_url(state_dir)
+    name = f"{PG_PREFIX}{uuid.uuid4().hex[:12]}"
+    copy = f' TEMPLATE "{sa.make_url(template).database}"' if template else ""
+    _pg_admin_sql(f'CREATE DATABASE "{name}"{copy}')
+    return _pg_url(name)
+
+
+def drop_db(url: str) -> None:
+    """Drop a PostgreSQL database from new_db (its leftover sessions ended first); a SQLite
+    file goes with its directory."""
+    if url.startswith("postgresql"):
+        _pg_admin_sql(f'DROP DATABASE IF EXISTS "{sa.make_url(url).database}" WITH (FORCE)')
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05,
@@ -102,10 +216,20 @@ def run_in_process(args: list[str], env: dict[str, str]) -> subprocess.Completed
 class Vigil:
     """One box: a state dir, the CLI and the agent."""
 
-    def __init__(self, state_dir: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, state_dir: Path, extra_env: dict[str, str] | None = None,
+                 shared_db: str | None = None) -> None:
         self.state_dir = state_dir
         self.env = {**os.environ, "VIGIL_HOME": str(state_dir), **(extra_env or {})}
         self.env.pop("VIGIL_CRASH_AT", None)
+        # On PostgreSQL the CLI (in-process or not), the agent and `store` all use one
+        # throwaway database; on SQLite, <state>/vigil.db. A `shared_db` (several boxes on
+        # one store, tests/multibox) belongs to whoever made it: used, never dropped here.
+        self.owns_db = shared_db is None and on_postgresql()
+        self.db_url = shared_db or (new_db(state_dir) if self.owns_db else None)
+        if self.db_url:
+            self.env["VIGIL_DB"] = self.db_url
+        else:
+            self.env.pop("VIGIL_DB", None)
         self.agents: list[subprocess.Popen[bytes]] = []
         self._store: Store | None = None
 
@@ -130,7 +254,7 @@ class Vigil:
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = Store(f"sqlite:///{self.state_dir / 'vigil.db'}")
+            self._store = Store(self.db_url or f"sqlite:///{self.state_dir / 'vigil.db'}")
         return self._store
 
     def status(self, host: str) -> dict[str, Any]:
@@ -211,6 +335,8 @@ class Vigil:
                 pass
         for pid in marked_pids(self.state_dir):
             wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"pid {pid} to die")
+        if self.owns_db and self.db_url:  # after every process that used it is gone
+            drop_db(self.db_url)
 
 
 @pytest.fixture

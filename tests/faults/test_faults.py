@@ -42,6 +42,9 @@ from workflows.wake import request_wake
 pytestmark = pytest.mark.timeout(120)
 
 HOST = "app"
+# Upper bounds on wall-clock time show that nothing hangs; CI runs two suites at once on two
+# shared cores, so they leave room for a loaded box.
+SLACK = 10.0
 
 
 # -- harness --------------------------------------------------------------------------------
@@ -392,7 +395,7 @@ def test_wake_whose_health_check_hangs_fails_by_its_timeout_leaving_nothing(
     result, error = drive_now(box, "wake", wid)
     took = time.monotonic() - t0
     assert result is Result.progress, error
-    assert timeout <= took < timeout + 2.0, took
+    assert timeout <= took < timeout + SLACK, took
     w = row(box, "wake", wid)
     assert w.state is WakeState.failed and "health" in (w.reason or ""), (w.state, w.reason)
     g = box.store.read(lambda s: s.get(Generation, w.generation_id))
@@ -409,7 +412,7 @@ def test_deploy_whose_health_check_hangs_fails_and_keeps_the_old_one(
     t0 = time.monotonic()
     result, error = drive_now(box, "attempt", aid)
     assert result is Result.progress, error
-    assert 0.5 <= time.monotonic() - t0 < 2.5
+    assert 0.5 <= time.monotonic() - t0 < 0.5 + SLACK
     a = row(box, "attempt", aid)
     assert (a.outcome, a.executed) == (Outcome.failed, True) and "health" in a.reason, a.reason
     box.quiesce()
@@ -436,6 +439,7 @@ print(held)
 """
 
 
+@pytest.mark.sqlite_only("SQLite's `database is locked` from a second writer of the file")
 def test_lock_storm_from_another_writer_surfaces_nothing(box: Box, apps: dict[str, Path],
                                                          short_tmp: Path) -> None:
     """Another process takes the write lock again and again for 20-120 ms. The store's

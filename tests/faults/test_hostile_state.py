@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
 from models.states import GenState, HostKind, StopState
 from models.tables import Event, Generation, Lease, Stop
@@ -62,6 +61,13 @@ def events(v: Vigil, kind: str, host: str) -> list[dict]:  # type: ignore[type-a
     return [json.loads(e.detail) for e in rows]
 
 
+def sql(v: Vigil, stmt: str, **params: object) -> list[tuple]:
+    """One statement in its own transaction, behind vigil's back (plain SQL, either dialect)."""
+    with v.store.engine.begin() as conn:
+        result = conn.execute(text(stmt), params)
+        return [tuple(r) for r in result] if result.returns_rows else []
+
+
 # -- (a) two current generations ----------------------------------------------------------
 
 
@@ -78,14 +84,13 @@ def test_host_with_two_current_generations_is_refused_others_keep_working(
 
     # The corruption: the index that makes it impossible is dropped, a second current
     # generation is written for the same host (no pid: nothing of it ever ran).
-    db = sqlite3.connect(vigil.state_dir / "vigil.db", timeout=30, isolation_level=None)
-    db.execute("DROP INDEX ux_generations_one_current")
-    db.execute("""INSERT INTO generations (uuid, host, build_id, state, fence, agent_id,
+    sql(vigil, "DROP INDEX ux_generations_one_current")
+    sql(vigil, """INSERT INTO generations (uuid, host, build_id, state, fence, agent_id,
                                            created_at, current_at)
                   SELECT 'bogus-0000-0000-0000-000000000000', host, build_id, 'current', fence,
-                         agent_id, created_at, current_at FROM generations WHERE id = ?""",
-               (g1.id,))
-    g2 = db.execute("SELECT max(id) FROM generations").fetchone()[0]
+                         agent_id, created_at, current_at FROM generations WHERE id = :id""",
+        id=g1.id)
+    ((g2,),) = sql(vigil, "SELECT max(id) FROM generations")
 
     # `vigil check` names it.
     cp = vigil.run("check", "--json", check=False)
@@ -116,7 +121,7 @@ def test_host_with_two_current_generations_is_refused_others_keep_working(
     # The liveness sweep (every second) does not retire the pid-less bogus row either, and
     # nothing of `bad` was signalled.
     time.sleep(1.5)
-    states = dict(db.execute("SELECT id, state FROM generations WHERE host = 'bad'").fetchall())
+    states = dict(sql(vigil, "SELECT id, state FROM generations WHERE host = 'bad'"))
     assert states == {g1.id: "current", g2: "current"}, states
     assert same_process(g1.pid, g1.create_time)
 
@@ -128,15 +133,14 @@ def test_host_with_two_current_generations_is_refused_others_keep_working(
     assert events(vigil, "recovered", None)[-1]["refused"] == 1  # type: ignore[arg-type]
     assert len(events(vigil, "refused", "bad")) == 2
     assert not events(vigil, "adopted", "bad")
-    states = dict(db.execute("SELECT id, state FROM generations WHERE host = 'bad'").fetchall())
+    states = dict(sql(vigil, "SELECT id, state FROM generations WHERE host = 'bad'"))
     assert states == {g1.id: "current", g2: "current"}, states
     assert same_process(g1.pid, g1.create_time)
 
     # Repaired by hand: the pending stop goes through on its next retry.
-    db.execute("UPDATE generations SET state = 'proven' WHERE id = ?", (g2,))
-    db.execute("CREATE UNIQUE INDEX ux_generations_one_current ON generations (host) "
+    sql(vigil, "UPDATE generations SET state = 'proven' WHERE id = :id", id=g2)
+    sql(vigil, "CREATE UNIQUE INDEX ux_generations_one_current ON generations (host) "
                "WHERE state = 'current'")
-    db.close()
     wait_for(lambda: vigil.status("bad")["state"] == "asleep" and not vigil.obligations(), 20,
              what="the stop of bad to finish after the repair")
     assert pid_dead(g1.pid)

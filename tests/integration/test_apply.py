@@ -47,13 +47,13 @@ def test_bad_file_names_line_and_key_and_changes_nothing(vigil: Vigil, short_tmp
     f = short_tmp / "hosts.toml"
     f.write_text(GOOD)
     vigil.run("apply", str(f))
-    before = dump(vigil.state_dir / "vigil.db")
+    before = dump(vigil)
     f.write_text(GOOD.replace(*edit))
     cp = vigil.run("apply", str(f), check=False)
     assert cp.returncode == 2, cp.stdout + cp.stderr
     lines = cp.stderr.strip().splitlines()
     assert len(lines) == 1 and where in lines[0] and str(f) in lines[0], cp.stderr
-    assert dump(vigil.state_dir / "vigil.db") == before
+    assert dump(vigil) == before
 
 
 def test_apply_adds_updates_deploys_and_removes(vigil: Vigil, short_tmp: Path) -> None:
@@ -89,12 +89,12 @@ def test_apply_adds_updates_deploys_and_removes(vigil: Vigil, short_tmp: Path) -
 
     # An awake host left out of the file is refused, and then nothing at all is applied.
     vigil.run("wake", "jobs", "--wait")
-    before = dump(vigil.state_dir / "vigil.db", frozenset({("agents", "heartbeat_at"),
+    before = dump(vigil, frozenset({("agents", "heartbeat_at"),
                                                            ("leases", "expires_at")}))
     cp = vigil.run("apply", str(f), check=False)
     assert cp.returncode == 4 and "host jobs is not in the file but cannot be removed" in cp.stderr
     assert "vigil stop jobs --wait" in cp.stderr
-    assert dump(vigil.state_dir / "vigil.db", frozenset({("agents", "heartbeat_at"),
+    assert dump(vigil, frozenset({("agents", "heartbeat_at"),
                                                          ("leases", "expires_at")})) == before
     vigil.run("stop", "jobs", "--wait")
 

@@ -5,32 +5,31 @@ database file) exactly as it was."""
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from models.schema import downgrade
-from models.store import Store
-from tests.conftest import HELLO, Vigil
+from tests.conftest import HELLO, Vigil, on_postgresql, run_in_process
 from tests.integration.unproven_double import in_process, leave_unproven_wake
 
 
-def dump(db: Path, ignore: frozenset[tuple[str, str]] = frozenset()) -> dict[str, object]:
-    """Schema and every row of every table (minus `ignore`d (table, column) pairs)."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        out: dict[str, object] = {"schema": sorted(conn.execute(
-            "SELECT type, name, sql FROM sqlite_master").fetchall(), key=repr)}
-        for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'"):
-            cur = conn.execute(f'SELECT * FROM "{table}"')
-            keep = [i for i, d in enumerate(cur.description) if (table, d[0]) not in ignore]
-            out[table] = sorted((tuple(r[i] for i in keep) for r in cur), key=repr)
-        return out
-    finally:
-        conn.close()
+def dump(v: Vigil, ignore: frozenset[tuple[str, str]] = frozenset()) -> dict[str, object]:
+    """Schema (tables, columns, views) and every row of every table (minus `ignore`d
+    (table, column) pairs) of the box's database, on either dialect."""
+    with v.store.engine.connect().execution_options(vigil_readonly=True) as conn:
+        insp = sa.inspect(conn)
+        out: dict[str, object] = {"views": sorted(insp.get_view_names())}
+        for table in sorted(insp.get_table_names()):
+            cols = [c["name"] for c in insp.get_columns(table)]
+            out[f"{table} columns"] = cols
+            keep = [c for c in cols if (table, c) not in ignore]
+            rows = conn.execute(sa.text(f'SELECT {", ".join(keep)} FROM "{table}"'))
+            out[table] = sorted((tuple(r) for r in rows), key=repr)
+    return out
 
 
 def refused(cp: subprocess.CompletedProcess[str], *words: str) -> str:
@@ -63,9 +62,9 @@ def db_of(v: Vigil) -> Path:
     ("host", "rm", "nope"),
 ])
 def test_unknown_host(hello: Vigil, args: tuple[str, ...]) -> None:
-    before = dump(db_of(hello))
+    before = dump(hello)
     refused(hello.run(*args, check=False, subprocess=True), "no host named 'nope'", "vigil host list")
-    assert dump(db_of(hello)) == before
+    assert dump(hello) == before
 
 
 @pytest.mark.parametrize("case", ["bad name", "missing build", "not executable", "bad env"])
@@ -79,9 +78,9 @@ def test_host_add_bad_input(hello: Vigil, short_tmp: Path, case: str) -> None:
         "not executable": (("ok", "--build", str(plain)), ("is not executable", f"chmod +x {plain}")),
         "bad env": (("ok", "--build", str(HELLO), "--env", "NOEQUALS"), ("is not K=V", "--env NAME=value")),
     }[case]
-    before = dump(db_of(hello))
+    before = dump(hello)
     refused(hello.run("host", "add", *args, check=False, subprocess=True), *words)
-    assert dump(db_of(hello)) == before
+    assert dump(hello) == before
     staged = [p.name for p in (hello.state_dir / "builds").iterdir()]
     assert staged == [hello.status("hello")["build_digest"]], "nothing new may be staged"
 
@@ -91,13 +90,11 @@ COMMANDS = [("status",), ("wake", "hello"), ("host", "add", "other", "--build", 
 
 
 def test_database_not_at_head(hello: Vigil) -> None:
-    store = Store(f"sqlite:///{db_of(hello)}")
-    downgrade(store.engine, "base")
-    store.dispose()
-    before = dump(db_of(hello))
+    downgrade(hello.store.engine, "base")
+    before = dump(hello)
     for args in COMMANDS:
         refused(hello.run(*args, check=False, subprocess=True, timeout=30), "needs revision", "vigil db upgrade")
-        assert dump(db_of(hello)) == before, args
+        assert dump(hello) == before, args
 
 
 def test_state_dir_never_upgraded(short_tmp: Path) -> None:
@@ -108,13 +105,32 @@ def test_state_dir_never_upgraded(short_tmp: Path) -> None:
                     "vigil db upgrade")
             assert not fresh.state_dir.exists(), f"{args}: a failed command must create nothing"
         fresh.state_dir.mkdir(mode=0o700)
+        missing = "empty database" if on_postgresql() else "no database"  # VIGIL_DB is empty
         for args in (("status",), ("agent",)):
-            refused(fresh.run(*args, check=False, subprocess=True, timeout=30), "no database", "vigil db upgrade")
+            refused(fresh.run(*args, check=False, subprocess=True, timeout=30), missing, "vigil db upgrade")
             assert list(fresh.state_dir.iterdir()) == [], f"{args}: a failed command must create nothing"
     finally:
         fresh.cleanup()
 
 
+@pytest.mark.parametrize("url,words", [
+    ("mysql://u@h/db", ("vigil does not run on mysql", "postgresql+psycopg://")),
+    ("postgresql+psycopg2://u@h/db", ("does not run on postgresql+psycopg2", "sqlite:///")),
+    ("::nonsense", ("cannot parse the database URL", "postgresql+psycopg://")),
+    # Nothing listens on port 1: the driver's two-line message comes out as one line.
+    ("postgresql://u:secret@127.0.0.1:1/db", ("cannot read the schema version", "u:***@",
+                                                "Connection refused", "server is up")),
+])
+def test_database_url_refused(short_tmp: Path, url: str, words: tuple[str, ...]) -> None:
+    state = short_tmp / "state"
+    state.mkdir(mode=0o700)
+    env = {**os.environ, "VIGIL_HOME": str(state), "VIGIL_DB": url}
+    for args in (*COMMANDS, ("db", "upgrade")):
+        assert "secret" not in refused(run_in_process(list(args), env), *words), "password shown"
+        assert list(state.iterdir()) == [], f"{args}: a refused command must create nothing"
+
+
+@pytest.mark.sqlite_only("a corrupt SQLite file in the state dir")
 def test_database_file_that_is_not_a_database(vigil: Vigil) -> None:
     garbage = b"this is not an SQLite database\n" * 200
     db_of(vigil).write_bytes(garbage)
@@ -127,14 +143,14 @@ def test_database_file_that_is_not_a_database(vigil: Vigil) -> None:
 
 def test_state_dir_owned_by_someone_else(hello: Vigil) -> None:
     # We run as root, who passes every permission check: this is vigil's own ownership check.
-    before = dump(db_of(hello))
+    before = dump(hello)
     mode = hello.state_dir.stat().st_mode
     os.chown(hello.state_dir, 65534, 65534)
     try:
         for args in (*COMMANDS, ("db", "upgrade")):
             refused(hello.run(*args, check=False, subprocess=True, timeout=30), "owned by uid 65534", "--state-dir")
             assert hello.state_dir.stat().st_mode == mode, args
-            assert dump(db_of(hello)) == before, args
+            assert dump(hello) == before, args
     finally:
         os.chown(hello.state_dir, os.geteuid(), os.getegid())
 
@@ -143,11 +159,11 @@ def test_state_dir_owned_by_someone_else(hello: Vigil) -> None:
 def test_wake_while_the_last_failed_wake_is_unproven(vigil: Vigil, wait: bool) -> None:
     with in_process(vigil, fails=10**6) as (ctx, proc):
         u = leave_unproven_wake(ctx, proc, vigil)
-        before = dump(db_of(vigil))
+        before = dump(vigil)
         cp = vigil.run("wake", "bad", *(["--wait"] if wait else []), check=False, subprocess=True)
         refused(cp, f"generation g{u.generation_id}", "not proven gone", "vigil obligations")
         assert cp.returncode == 4
-        assert dump(db_of(vigil)) == before
+        assert dump(vigil) == before
 
 
 def test_second_agent_on_the_same_state_dir(hello: Vigil) -> None:
@@ -155,8 +171,8 @@ def test_second_agent_on_the_same_state_dir(hello: Vigil) -> None:
     hello.wait_ready(agent)
     # The running agent keeps beating its heartbeat; everything else must stay as it is.
     ignore = frozenset({("agents", "heartbeat_at")})
-    before = dump(db_of(hello), ignore)
+    before = dump(hello, ignore)
     cp = hello.run("agent", check=False, subprocess=True, timeout=30)
     refused(cp, f"pid {agent.pid}", "already running", f"kill {agent.pid}")
-    assert dump(db_of(hello), ignore) == before
+    assert dump(hello, ignore) == before
     assert agent.poll() is None, "the first agent must keep running"

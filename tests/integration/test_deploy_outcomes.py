@@ -289,10 +289,11 @@ def test_back_to_back_deploys_older_abandoned_newer_done(vigil: Vigil, short_tmp
     wait_for(lambda: attempt(vigil, second).outcome is not None, 30, what="newer attempt ended")
     older, newer = attempt(vigil, first), attempt(vigil, second)
     assert older.outcome is Outcome.abandoned and "superseded" in older.reason, older.reason
-    if older.successor_id is None:
+    successor = None if older.successor_id is None else gen(vigil, older.successor_id)
+    if successor is None or successor.pid is None:  # superseded before it was spawned
         assert older.executed is False  # refused before anything of it ran
     else:
-        assert pid_dead(gen(vigil, older.successor_id).pid)
+        assert pid_dead(successor.pid)
     assert newer.outcome is Outcome.done, newer.reason
     st = vigil.status("hello")
     serves(vigil, "hello", st["pid"], c)

@@ -107,7 +107,7 @@ class Box:
 
 def make_box(vigil: Vigil, *, available: bool, fail_restores: int) -> Box:
     vigil.add_host("hello", HELLO)
-    store = open_store(vigil.state_dir, None)
+    store = open_store(vigil.state_dir, vigil.db_url)
     store.write(lambda s: s.execute(update(Host).where(Host.name == "hello")
                                     .values(memory_tier_mb=TIER)))
     limits = FlakyLimit(store, available, fail_restores)

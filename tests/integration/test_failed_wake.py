@@ -4,7 +4,6 @@ is given back and the invariants hold."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,8 @@ from tests.conftest import FIXTURES, Vigil, wait_for
 
 
 def generations(vigil: Vigil) -> list[tuple]:
-    with sqlite3.connect(vigil.state_dir / "vigil.db") as db:
-        return db.execute("SELECT id, state, pid FROM generations").fetchall()
+    with vigil.store.engine.connect() as conn:
+        return [tuple(r) for r in conn.exec_driver_sql("SELECT id, state, pid FROM generations")]
 
 
 def settled_asleep(vigil: Vigil, host: str) -> None:

@@ -93,7 +93,7 @@ def test_metrics_and_json_logs(vigil: Vigil) -> None:
 
 def test_metrics_listen_refused(vigil: Vigil) -> None:
     vigil.add_host("hello")
-    before = dump(vigil.state_dir / "vigil.db")
+    before = dump(vigil)
     refused(vigil.run("agent", "--metrics-listen", "127.0.0.1:99999", check=False),
             "--metrics-listen", "ADDRESS:PORT")
     with socket.socket() as taken:
@@ -102,17 +102,17 @@ def test_metrics_listen_refused(vigil: Vigil) -> None:
         port = taken.getsockname()[1]
         refused(vigil.run("agent", "--metrics-listen", f"127.0.0.1:{port}", check=False),
                 "cannot serve metrics", "--metrics-listen")
-    assert dump(vigil.state_dir / "vigil.db") == before
+    assert dump(vigil) == before
 
 
 def test_schedule_misfire_is_coalesced_into_one_restart(vigil: Vigil) -> None:
     vigil.add_host("hello")
-    before = dump(vigil.state_dir / "vigil.db")
+    before = dump(vigil)
     refused(vigil.run("schedule", "add", "hello", "--cron", "61 * * * *", check=False),
             "invalid cron expression", "--cron")
     refused(vigil.run("schedule", "add", "nope", "--cron", "* * * * *", check=False), "nope")
     refused(vigil.run("schedule", "rm", "hello", check=False), "no restart schedule")
-    assert dump(vigil.state_dir / "vigil.db") == before
+    assert dump(vigil) == before
 
     agent = vigil.start_agent()
     vigil.wait_ready(agent)

@@ -22,7 +22,8 @@ from runners.health import HttpHealth, get_status
 from runners.process import ProcessBackend, SpawnError, detect_cgroup_base
 from workflows.ports import ProcRef, SpawnSpec
 
-pytestmark = pytest.mark.timeout(60)
+# The process backend alone: no database, so nothing to repeat on PostgreSQL.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.no_db]
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
@@ -243,7 +244,7 @@ def test_health_no_socket_times_out(h: Harness) -> None:
     t0 = time.monotonic()
     reason = HttpHealth().check(sock_of(h, ref), 0.5, lambda: h.b.leader_alive(ref))
     assert reason == f"health: no answer on {sock_of(h, ref)} within 0.5s"
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 10.0  # bounded, with room for a loaded CI box
 
 
 def test_health_process_exits(h: Harness) -> None:

@@ -51,7 +51,7 @@ class Unproven:
 def in_process(vigil: Any, fails: int) -> Iterator[tuple[Context, FlakyProof]]:
     """A workflow Context on the harness's state dir whose proofs fail `fails` times.
     proof_wait=0: each drive reads the proof a fixed, small number of times (no polling)."""
-    store: Store = open_store(vigil.state_dir, None)
+    store: Store = open_store(vigil.state_dir, vigil.db_url)
     ctx = make_context(vigil.state_dir, store, "test-agent", proof_wait=0.0)
     proc = FlakyProof(ctx.proc, fails)
     ctx.proc = proc

@@ -2,15 +2,12 @@
 one head; upgrade from empty; downgrade to base and up again; rows in flight survive;
 the models equal the migrated schema; the database holds the invariants the models name.
 
-Every test runs against a SQLite file in tmp_path and a throwaway PostgreSQL database
-(created and dropped by the `store` fixture; set VIGIL_TEST_PG to another admin URL, or
-leave PostgreSQL down to skip those cases)."""
+Every test runs on the database under test (tests/conftest.py: `--db sqlite|postgresql`):
+a SQLite file in tmp_path or a throwaway PostgreSQL database; CI runs both."""
 
 from __future__ import annotations
 
-import os
 import re
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -22,15 +19,14 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, DateTime, bindparam, inspect, text
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
 
 from models import schema, views
 from models.errors import StoreNotReady
-from models.store import Store, prepare_state_dir, sqlite_url
+from models.store import Store, prepare_state_dir
 from models.tables import Base
+from tests.conftest import drop_db, new_db
 
-PG_ADMIN_ENV = "VIGIL_TEST_PG"
-PG_ADMIN_DEFAULT = "postgresql+psycopg://root@127.0.0.1:5432/test"
 T0 = datetime(2026, 1, 2, 3, 4, 5, 600000)
 
 VIEW_COLUMNS = ["kind", "host", "generation", "since", "attempts", "next_attempt_at", "last_error"]
@@ -38,42 +34,15 @@ VIEW_COLUMNS = ["kind", "host", "generation", "since", "attempts", "next_attempt
 
 # -- databases --------------------------------------------------------------------------
 
-def _pg_admin() -> sa.Engine:
-    url = os.environ.get(PG_ADMIN_ENV, PG_ADMIN_DEFAULT)
-    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
-    try:
-        with admin.connect():
-            pass
-    except OperationalError as exc:
-        admin.dispose()
-        if PG_ADMIN_ENV in os.environ:  # asked for explicitly: being down is a failure
-            raise
-        pytest.skip(f"PostgreSQL not reachable at {url}: {exc.orig}")
-    return admin
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """An empty database (no schema) behind a real Store, on each dialect."""
-    if request.param == "sqlite":
-        s = Store(sqlite_url(prepare_state_dir(tmp_path / "state")))
-        try:
-            yield s
-        finally:
-            s.dispose()
-        return
-    admin = _pg_admin()
-    name = f"vigil_t_{uuid.uuid4().hex[:12]}"
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    s = Store(admin.url.set(database=name).render_as_string(hide_password=False))
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """An empty database (no schema) behind a real Store, on the database under test."""
+    s = Store(new_db(prepare_state_dir(tmp_path / "state")))
     try:
         yield s
     finally:
         s.dispose()
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+        drop_db(s.url)
 
 
 @pytest.fixture

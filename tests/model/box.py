@@ -16,7 +16,6 @@ transaction that was open is rolled back, as the kernel would drop it).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,12 +32,12 @@ from sqlalchemy import select, update
 
 from models import schema
 from models.states import GenState, HostKind
-from models.store import Store, prepare_state_dir, sqlite_url, utcnow
+from models.store import Store, prepare_state_dir, utcnow
 from models.tables import OBLIGATION_TABLES, Generation
 from runners.files import stage_build
 from runners.process import ProcessBackend
 from runners.setup import make_context
-from tests.conftest import marked_pids, pid_dead
+from tests.conftest import drop_db, marked_pids, new_db, pid_dead
 from workflows import crash as crash_mod
 from workflows.context import Context, Result
 from workflows.ending import ref_of
@@ -107,21 +106,22 @@ class HookedHealth:
         return self.inner.check(socket_path, timeout, alive)
 
 
-def template_db(directory: Path) -> Path:
-    """An upgraded, empty database file to copy (an Alembic upgrade per box is slow)."""
-    state = directory / "template"
-    store = Store(sqlite_url(prepare_state_dir(state)))
+def template_db(directory: Path) -> str:
+    """The URL of an upgraded, empty database to copy (an Alembic upgrade per box is slow);
+    drop it with drop_db."""
+    url = new_db(prepare_state_dir(directory / "template"))
+    store = Store(url)
     try:
         schema.upgrade(store.engine)
     finally:
         store.dispose()
-    return state / "vigil.db"
+    return url
 
 
 @dataclass
 class Box:
     root: Path
-    template: Path | None = None
+    template: str | None = None  # template_db's URL
     agent_id: str = "model-agent"
     synchronous: str = "FULL"
     busy_timeout_ms: int = 5000
@@ -137,15 +137,13 @@ class Box:
 
     def __post_init__(self) -> None:
         self.state_dir = prepare_state_dir(self.root / "state")
-        if self.template is not None:
-            shutil.copyfile(self.template, self.state_dir / "vigil.db")
-            os.chmod(self.state_dir / "vigil.db", 0o600)
+        self.db_url = new_db(self.state_dir, self.template)
         self.ctx = self._context()
         if self.template is None:
             schema.upgrade(self.ctx.store.engine)
 
     def _context(self) -> Context:
-        store = Store(sqlite_url(self.state_dir), synchronous=self.synchronous,
+        store = Store(self.db_url, synchronous=self.synchronous,
                       busy_timeout_ms=self.busy_timeout_ms)
         ctx = make_context(self.state_dir, store, self.agent_id, proof_wait=self.proof_wait)
         ctx.health = HookedHealth(ctx.health)
@@ -306,6 +304,7 @@ class Box:
             proc.release(ref_of(g))  # empty cgroup dirs
         for st in self.stores:
             st.dispose()
+        drop_db(self.db_url)
 
 
 def proc_status(pid: int) -> str | None:

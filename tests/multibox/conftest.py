@@ -60,7 +60,7 @@ class Box(Vigil):
     """One box: its own state dir and agent, the shared PostgreSQL store."""
 
     def __init__(self, name: str, state_dir: Path, url: str) -> None:
-        super().__init__(state_dir, {"VIGIL_DB": url, "VIGIL_SETTLE_SECONDS": "0.5"})
+        super().__init__(state_dir, {"VIGIL_SETTLE_SECONDS": "0.5"}, shared_db=url)
         self.name = name
         self.url = url
         state_dir.mkdir(parents=True, mode=0o700)

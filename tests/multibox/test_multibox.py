@@ -23,7 +23,8 @@ from tests.multibox.conftest import LEASE_TTL, Box, Sampler
 from workflows.hosts import add_host
 from workflows.wake import request_wake
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.postgresql_only("several boxes share one PostgreSQL store")]
 
 RENEW_EVERY = LEASE_TTL / 6
 GATED = Path(__file__).parent / "gated.py"

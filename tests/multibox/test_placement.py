@@ -15,6 +15,8 @@ from tests.conftest import HELLO, Vigil
 from workflows.context import Poke
 from workflows.lease import acquire
 
+pytestmark = pytest.mark.postgresql_only("several boxes share one PostgreSQL store")
+
 
 @pytest.mark.parametrize("args", [("--box", "Web 1"), ("--box", "-x")])
 def test_bad_box_name_is_refused(vigil: Vigil, args: tuple[str, ...]) -> None:

@@ -27,13 +27,13 @@ import workflows.obligations as obligations
 from models import schema
 from models.errors import LostRace
 from models.states import HostKind
-from models.store import Store, prepare_state_dir, sqlite_url, utcnow
+from models.store import Store, prepare_state_dir, utcnow
 from models.tables import Build, Host, Lease, Release
 from runners.agent import Reconciler
 from runners.files import LocalFiles
 from runners.health import HttpHealth
 from runners.process import ProcessBackend
-from tests.conftest import wait_for
+from tests.conftest import drop_db, new_db, wait_for
 from workflows.context import Context, Poke, Result
 from workflows.lease import drive_release
 from workflows.obligations import Due, backoff, due, run_one
@@ -48,12 +48,13 @@ def state_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(state_dir: Path) -> Iterator[Store]:
-    s = Store(sqlite_url(state_dir))
+    s = Store(new_db(state_dir))
     schema.upgrade(s.engine)
     try:
         yield s
     finally:
         s.dispose()
+        drop_db(s.url)
 
 
 def make_ctx(store: Store, state_dir: Path) -> Context:
@@ -143,7 +144,7 @@ def test_poke_backs_off_persistently_and_progress_resets(
     # Survives a restart: a new Store on the same file reads the same pacing, and the row
     # is not due before it.
     store.dispose()
-    reopened = Store(sqlite_url(state_dir))
+    reopened = Store(store.url)
     try:
         row2 = reopened.read(lambda s: s.get(Release, rid))
         assert row2 is not None and row.next_attempt_at is not None
@@ -305,7 +306,7 @@ def reconciler(ctx: Context) -> Iterator[Callable[[Any], Reconciler]]:
 
 
 def settle(rec: Reconciler) -> None:
-    wait_for(lambda: not rec.inflight, 5, interval=0.005, what="drives in flight to finish")
+    wait_for(lambda: not rec.inflight, 20, interval=0.005, what="drives in flight to finish")
 
 
 def open_releases(store: Store) -> set[str]:
@@ -323,7 +324,7 @@ def test_failing_host_does_not_delay_the_others(monkeypatch: pytest.MonkeyPatch,
     def drive(c: Context, rid: int) -> Result:
         if ids[rid] == "a" and held["first"]:
             held["first"] = False
-            wait_for(lambda: open_releases(store) == {"a"}, 3, interval=0.01,
+            wait_for(lambda: open_releases(store) == {"a"}, 15, interval=0.01,
                      what="b..e released while a's first try is in flight")
             held["others_done_meanwhile"] = True
         return drive_release(c, rid)
@@ -336,14 +337,14 @@ def test_failing_host_does_not_delay_the_others(monkeypatch: pytest.MonkeyPatch,
     scheduler.start()
     try:
         rec.kick()
-        wait_for(lambda: len(probe.starts("a")) >= 4, 5, interval=0.01,
+        wait_for(lambda: len(probe.starts("a")) >= 4, 20, interval=0.01,
                  what="a retried three times")
     finally:
         # As AgentDaemon does: wait=True could deadlock, APScheduler 3 holding its job
         # store lock while it joins a round that is adding its next wake-up job.
         ctx.shutting_down.set()
         scheduler.shutdown(wait=False)
-        wait_for(lambda: not rec._running, 5, interval=0.01, what="the last round to end")
+        wait_for(lambda: not rec._running, 20, interval=0.01, what="the last round to end")
     rec.shutdown()
 
     assert held["others_done_meanwhile"]
@@ -378,7 +379,7 @@ def test_at_most_eight_hosts_in_flight_one_row_per_host_per_round(
     rec = reconciler(sched)
 
     rec.round()
-    wait_for(lambda: len(probe.in_flight) == 8, 2, interval=0.005, what="8 drives in flight")
+    wait_for(lambda: len(probe.in_flight) == 8, 10, interval=0.005, what="8 drives in flight")
     rec.round()  # a round while the window is full admits nobody
     rec.round()
     time.sleep(0.05)
@@ -422,7 +423,7 @@ def test_rotating_cursor(monkeypatch: pytest.MonkeyPatch, store: Store, reconcil
     for _ in range(6):
         gate.clear()
         rec.round()
-        wait_for(lambda: len(probe.in_flight) == 8, 2, interval=0.005, what="8 drives in flight")
+        wait_for(lambda: len(probe.in_flight) == 8, 10, interval=0.005, what="8 drives in flight")
         gate.set()
         settle(rec)
     rounds = [pool.rounds[n] for n in sorted(pool.rounds)]

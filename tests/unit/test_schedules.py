@@ -1,5 +1,5 @@
 """What one firing of a scheduled restart writes, and when it writes nothing (with a
-`restart_skipped` event saying why). Real SQLite, in-process."""
+`restart_skipped` event saying why). Real database (the selected one), in-process."""
 
 from __future__ import annotations
 
@@ -14,15 +14,16 @@ from sqlalchemy.orm import Session
 
 from models import schema
 from models.states import GenState, HostKind
-from models.store import Store, prepare_state_dir, sqlite_url, utcnow
+from models.store import Store, prepare_state_dir, utcnow
 from models.tables import Attempt, Event, Generation
+from tests.conftest import drop_db, new_db
 from workflows.hosts import add_host
 from workflows.schedules import request_restart
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(sqlite_url(prepare_state_dir(tmp_path / "state")))
+    s = Store(new_db(prepare_state_dir(tmp_path / "state")))
     schema.upgrade(s.engine)
     s.write(lambda x: add_host(x, "web", kind=HostKind.instance, build_path="/b/app",
                                digest="ab" * 32, source="/src/app", args=[], env={}, cwd=None,
@@ -31,6 +32,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
         yield s
     finally:
         s.dispose()
+        drop_db(s.url)
 
 
 def run(store: Store) -> Attempt | None:

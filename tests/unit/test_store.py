@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from models import schema
-from models.errors import LostRace, StoreNotReady
+from models.errors import BadInput, LostRace, StoreNotReady
 from models.states import TRANSITIONS, AttemptStep, GenState, HostKind, StopState, WakeState
 from models.store import (
     DB_FILE,
@@ -27,11 +27,13 @@ from models.store import (
     fenced,
     guarded_update,
     is_transient,
+    normalize_url,
     prepare_state_dir,
     sqlite_url,
     utcnow,
 )
 from models.tables import Attempt, Build, Event, Generation, Host, Lease, Stop, Wake
+from tests.conftest import drop_db, new_db, wait_for
 
 AGENT = "agent-1"
 FENCE = 3
@@ -44,12 +46,13 @@ def state_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(state_dir: Path) -> Iterator[Store]:
-    s = Store(sqlite_url(state_dir))
+    s = Store(new_db(state_dir))
     schema.upgrade(s.engine)
     try:
         yield s
     finally:
         s.dispose()
+        drop_db(s.url)
 
 
 @pytest.fixture
@@ -86,6 +89,7 @@ def pragma(store: Store, name: str) -> object:
 
 # -- pragmas ----------------------------------------------------------------------------
 
+@pytest.mark.sqlite_only("SQLite pragmas")
 def test_pragmas_by_default(store: Store) -> None:
     assert pragma(store, "journal_mode") == "wal"
     assert pragma(store, "synchronous") == 2  # FULL
@@ -93,6 +97,7 @@ def test_pragmas_by_default(store: Store) -> None:
     assert pragma(store, "busy_timeout") == 5000
 
 
+@pytest.mark.sqlite_only("SQLite pragmas")
 def test_pragmas_when_asked(state_dir: Path) -> None:
     s = Store(sqlite_url(state_dir), synchronous="NORMAL", busy_timeout_ms=1234)
     try:
@@ -104,6 +109,7 @@ def test_pragmas_when_asked(state_dir: Path) -> None:
         s.dispose()
 
 
+@pytest.mark.sqlite_only("SQLite pragmas")
 def test_pragmas_hold_on_every_pooled_connection(store: Store) -> None:
     ro = {"vigil_readonly": True}  # plain BEGIN: two open connections do not queue
     with store.engine.connect().execution_options(**ro) as a, \
@@ -120,10 +126,25 @@ def test_foreign_keys_are_enforced(store: Store) -> None:
         s.add(Lease(host="nobody", holder=AGENT, fence=1, acquired_at=utcnow(),
                     expires_at=utcnow()))
 
-    with pytest.raises(IntegrityError, match="FOREIGN KEY"):
+    with pytest.raises(IntegrityError, match="(?i)foreign key"):
         store.write(orphan)
 
 
+@pytest.mark.postgresql_only("synchronous_commit is PostgreSQL's")
+def test_synchronous_off_maps_to_synchronous_commit_off(store: Store) -> None:
+    def sync(s: Session) -> object:
+        return s.execute(text("SHOW synchronous_commit")).scalar()
+
+    assert store.read(sync) == "on"
+    off = Store(store.url, synchronous="OFF")
+    try:
+        assert off.read(sync) == "off"
+        assert off.write(sync) == "off"
+    finally:
+        off.dispose()
+
+
+@pytest.mark.sqlite_only("a corrupt SQLite file")
 def test_a_file_that_is_not_a_database_is_named(state_dir: Path) -> None:
     (state_dir / DB_FILE).write_bytes(b"not a database, not even close " * 64)
     s = Store(sqlite_url(state_dir))
@@ -132,6 +153,17 @@ def test_a_file_that_is_not_a_database_is_named(state_dir: Path) -> None:
             s.read(lambda x: x.execute(text("SELECT 1")).scalar())
     finally:
         s.dispose()
+
+
+@pytest.mark.no_db
+def test_database_urls_are_sqlite_or_postgresql_through_psycopg() -> None:
+    assert normalize_url("sqlite:////s/vigil.db") == "sqlite:////s/vigil.db"
+    for bare in ("postgresql://u:pw@h:5433/db", "postgres://u:pw@h:5433/db",
+                 "postgresql+psycopg://u:pw@h:5433/db"):
+        assert normalize_url(bare) == "postgresql+psycopg://u:pw@h:5433/db"
+    for other in ("mysql://u@h/db", "postgresql+psycopg2://u@h/db", "not a url"):
+        with pytest.raises(BadInput, match="sqlite:///PATH or postgresql[+]psycopg://"):
+            normalize_url(other)
 
 
 # -- files and directories ----------------------------------------------------------------
@@ -150,6 +182,7 @@ def open_umask() -> Iterator[None]:
         os.umask(old)
 
 
+@pytest.mark.sqlite_only("file modes of the SQLite file and its -wal/-shm")
 def test_state_dir_and_db_file_modes(tmp_path: Path, open_umask: None) -> None:
     d = prepare_state_dir(tmp_path / "a" / "state")
     assert d.is_dir() and mode(d) == 0o700
@@ -178,6 +211,7 @@ def test_existing_state_dir_is_tightened(tmp_path: Path) -> None:
     assert mode(d) == 0o700
 
 
+@pytest.mark.sqlite_only("the SQLite file in the state dir")
 def test_sqlite_url_keeps_an_existing_database(store: Store, gen_id: int, state_dir: Path) -> None:
     assert sqlite_url(state_dir) == store.url
     assert gen_state(store, gen_id) is GenState.spawning
@@ -324,6 +358,7 @@ class WriteLock:
         self.thread.join(5)
 
 
+@pytest.mark.sqlite_only("SQLite's `database is locked`")
 def test_write_retries_database_is_locked(store: Store, state_dir: Path) -> None:
     fast = Store(store.url, busy_timeout_ms=50)
     fast.read(lambda s: s.execute(text("SELECT 1")).scalar())  # connected before the lock
@@ -347,6 +382,7 @@ def test_write_retries_database_is_locked(store: Store, state_dir: Path) -> None
         fast.dispose()
 
 
+@pytest.mark.sqlite_only("SQLite WAL readers vs a BEGIN IMMEDIATE writer")
 def test_reads_are_not_blocked_by_a_writer(store: Store, gen_id: int, state_dir: Path) -> None:
     lock = WriteLock(state_dir / DB_FILE, 10)
     try:
@@ -354,6 +390,53 @@ def test_reads_are_not_blocked_by_a_writer(store: Store, gen_id: int, state_dir:
         assert not lock.released_at, "the read waited for the writer"
     finally:
         lock.join()
+
+
+@pytest.mark.postgresql_only("a real deadlock, detected by PostgreSQL (SQLSTATE 40P01)")
+def test_write_retries_a_real_deadlock(store: Store, gen_id: int) -> None:
+    """Another session locks the host row, then waits for the generation row a step holds;
+    the step then wants the host row. PostgreSQL aborts the step's transaction (the other
+    session's deadlock_timeout is far longer), and the store runs the step again."""
+    step_has_gen, other_has_host = threading.Event(), threading.Event()
+    other_pid: list[int] = []
+    gen, host = "UPDATE generations SET pid = :p WHERE id = :g", "UPDATE hosts SET fence_seq = :f"
+
+    def other() -> None:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("SET LOCAL deadlock_timeout = '30s'")
+            other_pid.append(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+            conn.execute(text(host), {"f": FENCE})
+            other_has_host.set()
+            assert step_has_gen.wait(30)
+            conn.execute(text(gen), {"p": 7, "g": gen_id})  # waits for the step's lock
+
+    def other_waits() -> bool:
+        with store.engine.connect() as conn:
+            return bool(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p "
+                                          "AND wait_event_type = 'Lock'"), {"p": other_pid[0]})
+                        .scalar_one())
+
+    calls = 0
+
+    def step(s: Session) -> None:
+        nonlocal calls
+        calls += 1
+        s.execute(text(gen), {"p": 1, "g": gen_id})
+        if calls == 1:
+            step_has_gen.set()
+            wait_for(other_waits, 30, what="the other session to wait for the generation row")
+        s.execute(text(host), {"f": FENCE})
+
+    thread = threading.Thread(target=other, name="deadlocker")
+    thread.start()
+    try:
+        assert other_has_host.wait(30)
+        store.write(step)
+    finally:
+        step_has_gen.set()
+        thread.join(60)
+    assert calls == 2, "the deadlock was not retried"
+    assert store.read(lambda s: s.get(Generation, gen_id)).pid == 1  # the retry wrote last
 
 
 def test_other_errors_are_not_retried(store: Store, gen_id: int) -> None:
