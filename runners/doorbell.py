@@ -49,17 +49,23 @@ def ring(state_dir: Path) -> None:
         s.close()
 
 
-def running_agent_pid(state_dir: Path) -> int | None:
-    """The pid holding the agent lock, or None when no agent runs on this state dir."""
-    path = state_dir / LOCK
-    if not path.exists():
+def lock_holder(path: Path) -> int | None:
+    """The pid written in a held flock file (-1 when unreadable), or None when nobody holds
+    it (tried by taking it for a moment)."""
+    try:
+        f = open(path, "r+")
+    except OSError:
         return None
-    with open(path, "a+") as f:
+    with f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
             text = f.read().strip()
             return int(text) if text.isdigit() else -1
         fcntl.flock(f, fcntl.LOCK_UN)
         return None
+
+
+def running_agent_pid(state_dir: Path) -> int | None:
+    """The pid holding the agent lock, or None when no agent runs on this state dir."""
+    return lock_holder(state_dir / LOCK)

@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from runners.doorbell import lock_holder
 from runners.process import MARKER, _matches, _signal
 
 FENCE_FILE = "fence.json"
@@ -50,19 +51,7 @@ def read_fence(state_dir: Path) -> dict[str, Any] | None:
 
 def keeper_pid(state_dir: Path) -> int | None:
     """The pid of the running keeper of this state dir, or None."""
-    try:
-        f = open(state_dir / KEEPER_LOCK, "a+")
-    except OSError:
-        return None
-    with f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            text = f.read().strip()
-            return int(text) if text.isdigit() else -1
-        fcntl.flock(f, fcntl.LOCK_UN)
-        return None
+    return lock_holder(state_dir / KEEPER_LOCK)
 
 
 def _log(msg: str) -> None:
