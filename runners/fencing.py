@@ -91,10 +91,16 @@ class FenceGuard:
                                         stdout=out, stderr=out, start_new_session=True)
         out.close()
 
+    def _keeper_if_needed(self) -> None:
+        """A keeper only while this box runs something another box could take over (a
+        single-box store, placed nowhere, never needs one)."""
+        if self.guarded:
+            self.ensure_keeper()
+
     # -- renewal -----------------------------------------------------------------------------
     def start(self) -> threading.Thread:
-        self.ensure_keeper()
         self.renew_now()
+        self._keeper_if_needed()
         t = threading.Thread(target=self._loop, name="lease-renewal", daemon=True)
         t.start()
         return t
@@ -102,8 +108,8 @@ class FenceGuard:
     def _loop(self) -> None:
         while not self.stop.wait(self.timing.renew_every):
             try:
-                self.ensure_keeper()
                 self.renew_now()
+                self._keeper_if_needed()
             except Exception:
                 log.exception("lease renewal round failed")
 
@@ -182,6 +188,7 @@ class FenceGuard:
             self.guarded = [*self.guarded, _entry(spec.generation_uuid, spec.host, None, None,
                                                   spec.cgroup)]
             self._write()
+        self.ensure_keeper()  # before the process exists: the keeper kills it by its marker
 
     def close(self) -> None:
         self.stop.set()
