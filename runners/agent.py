@@ -183,6 +183,7 @@ class AgentDaemon:
         self.monitor_interval = monitor_interval
         self.max_hosts = max_hosts
         self.stop = threading.Event()
+        self._signalled = False  # SIGTERM/SIGINT seen (set by the handler, read by run())
         self._lock_file = None
         self.recovered = threading.Event()
 
@@ -261,6 +262,11 @@ class AgentDaemon:
         self.ctx.store.write(lambda s: s.execute(update(AgentRow).where(
             AgentRow.id == self.ctx.agent_id).values(heartbeat_at=utcnow())))
 
+    def _on_signal(self, *_: object) -> None:
+        # Only a flag: Event.set() here could deadlock on the lock a main thread interrupted
+        # inside Event.wait() holds (it did, about once in 100 stops, right after `ready`).
+        self._signalled = True
+
     def run(self) -> int:
         self._take_lock()
         require_head(self.ctx.store.engine)
@@ -268,7 +274,7 @@ class AgentDaemon:
         if self.metrics_listen:
             metrics.serve(self.ctx, self.metrics_listen)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop.set())
+            signal.signal(sig, self._on_signal)
         self._register()
         guard = None
         if self.ctx.store.dialect == "postgresql":  # several boxes: leases must fence
@@ -293,7 +299,9 @@ class AgentDaemon:
         self.recovered.set()
         log.info("ready agent=%s state_dir=%s", self.ctx.agent_id, self.ctx.state_dir)
         notify("READY=1", f"STATUS=ready: adopted {counts['adopted']}, retired {counts['retired']}")
-        self.stop.wait()
+        while not self._signalled and not self.stop.is_set():
+            time.sleep(0.2)
+        self.stop.set()
         log.info("stopping agent=%s", self.ctx.agent_id)
         notify("STOPPING=1", "STATUS=stopping (apps keep running)")
         self.ctx.shutting_down.set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -111,14 +111,20 @@ def events_after(store: Store, host: str | None, after: int, limit: int) -> list
 def follow(store: Store, host: str | None, last: int, emit: Callable[[dict[str, Any]], None],
            interval: float = 0.5) -> None:
     """Poll the events table by id until SIGTERM or Ctrl-C; both end it cleanly."""
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # A plain flag, not an Event: a handler calling Event.set() can deadlock on the lock the
+    # interrupted main thread holds inside Event.wait().
+    stop = [False]
+
+    def on_term(*_: object) -> None:
+        stop[0] = True
+
+    previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        while not stop.is_set():
+        while not stop[0]:
             for d in events_after(store, host, last, 0):
                 emit(d)
                 last = d["id"]
-            stop.wait(interval)
+            time.sleep(interval)
     except KeyboardInterrupt:
         pass
     finally:
