@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -61,14 +62,17 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`@pytest.mark.sqlite_only("why")` / `postgresql_only("why")`: inherently one-dialect
-    tests, skipped with their reason on the other database; `no_db` and `once("why")`: run once,
-    on SQLite."""
+    tests, skipped with their reason on the other database; `no_db`: run once, on SQLite;
+    `once("why")`: run once, on one of the two (by a hash of the test's id, so the runs share
+    the work)."""
     for item in items:
         if on_postgresql() and item.get_closest_marker("no_db") is not None:
             item.add_marker(pytest.mark.skip(reason="touches no database: run by the SQLite run"))
         once = item.get_closest_marker("once")
-        if on_postgresql() and once is not None:
-            item.add_marker(pytest.mark.skip(reason=f"run once, by the SQLite run: {once.args[0]}"))
+        if once is not None:  # each runs in one of the two runs, split by its id
+            home = DIALECTS[zlib.crc32(item.nodeid.encode()) % 2]
+            if home != selected_db():
+                item.add_marker(pytest.mark.skip(reason=f"run once, by the {home} run: {once.args[0]}"))
         for dialect in DIALECTS:
             mark = item.get_closest_marker(f"{dialect}_only")
             if mark is not None and selected_db() != dialect:

@@ -472,11 +472,12 @@ DOUBLE = sorted(SCENARIOS)  # every point is double-crashed (asserted below)
 # hand-written chains this replaced (stop.termed+stop.killed, swap.switched+swap.drain_killed,
 # swap.old_stopping+swap.drain_killed).
 DEPTHS = [1, 2, 3] if os.environ.get("VIGIL_LONG") == "1" else [1]
-# The double crashes and the marker-containment variants run once, in the SQLite run: what
-# they add over the single crash (the order recovery's steps take, the proof without a
-# cgroup) does not depend on the store, and every point's single crash runs on both
-# databases; repeating them on PostgreSQL would take CI past its time budget.
-ONCE = pytest.mark.once("recovery order and containment, not the store: single crashes cover PostgreSQL")
+# The double crashes and the marker-containment variants run once, each in one of the two
+# database runs (split by test id): what they add over the single crash (the order
+# recovery's steps take, the proof without a cgroup) does not depend on the store, and
+# every point's single crash runs on both databases; running them twice would take CI past
+# its time budget.
+ONCE = pytest.mark.once("recovery order and containment, not the store: single crashes run on both")
 
 # Scenarios run again with marker containment (no cgroup): the ones whose recovery must
 # find processes the store has no pid for, or that escaped the leader's session.
