@@ -31,7 +31,7 @@ from workflows.claim import claim
 from workflows.context import Context, Result
 from workflows.lease import renew
 from workflows.members import retire_dead_currents
-from workflows.obligations import Due, due, next_due, run_one
+from workflows.obligations import Due, drain_batches, due, next_due, run_one
 from workflows.recovery import recover
 from workflows.takeover import take_over
 from workflows.workers import sweep as sweep_workers
@@ -98,9 +98,12 @@ class Reconciler:
         self.rounds += 1
         with self._lock:
             busy = set(self.inflight)
-            if self._fresh:
-                self.backlog, self._fresh = [], False
+            fresh, self._fresh = self._fresh, False
+            if fresh:
+                self.backlog = []
             backlog = [d for d in self.backlog if d.host not in busy]
+        if fresh:
+            self._drain()
         free = self.max_hosts - len(busy)
         if free > 0 and len(backlog) < free:
             # Rotate: hosts after the cursor go first, so no host is always last.
@@ -144,6 +147,16 @@ class Reconciler:
             if at > datetime.now(UTC):
                 self.scheduler.add_job(self.round, "date", run_date=at, id="due",
                                        replace_existing=True, misfire_grace_time=None)
+
+    def _drain(self) -> None:
+        """Store-only rows go in groups, one transaction per batch (workflows/obligations)."""
+        try:
+            n = drain_batches(self.ctx)
+        except Exception:
+            log.exception("a batch of store-only obligations failed; the next round retries it")
+            return
+        if n:
+            log.info("batch rows=%d", n)
 
     def _claim(self, admitted: list[Due]) -> list[Due] | None:
         """On PostgreSQL, only the rows this agent claimed (workflows/claim.py); rows another

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import delete, exists, func, select, update
+from sqlalchemy import bindparam, delete, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, GenState
 from models.store import emit, guarded_update, utcnow
-from models.tables import Attempt, Generation, Host, Lease, Member, Release, Restore, Stop, Wake
+from models.tables import (Attempt, Event, Generation, Host, Lease, Member, Release, Restore,
+                           Stop, Wake)
 from workflows import placement
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
@@ -73,6 +76,72 @@ def still_needed(s: Session, host: str) -> str | None:
     if s.execute(select(Host.raised).where(Host.name == host)).scalar():
         return "its parent limit is still raised"
     return None
+
+
+def needed(host: Any) -> Any:
+    """still_needed() as one SQL condition on a host column, for set-based statements."""
+    return or_(
+        exists().where(Generation.host == host, Generation.state.in_(LIVE_GEN)),
+        exists().where(Wake.host == host, Wake.state.in_(OPEN_WAKE)),
+        exists().where(Stop.host == host, Stop.state.in_(OPEN_STOP)),
+        exists().where(Member.host == host),
+        exists().where(Restore.host == host),
+        exists().where(Attempt.host == host, Attempt.outcome.is_(None)),
+        exists().where(Host.name == host, Host.raised.is_(True)),
+    )
+
+
+_LEASES, _RELEASES, _EVENTS = Lease.__table__, Release.__table__, Event.__table__
+
+
+def give_back(ctx: Context, limit: int = 256) -> int:
+    """Group commit of this agent's due owed releases: one transaction and a fixed handful
+    of set-based statements for up to `limit` rows, each row still guarded on its own
+    (holder, fence, nothing retains the host). A row whose lease moved on is dropped; a row
+    whose host is still needed keeps its obligation and backs off. Returns rows taken."""
+    from workflows.obligations import backoff  # obligations imports this module
+
+    def step(s: Session) -> tuple[int, int]:
+        now = utcnow()
+        c = s.connection()
+        due = (select(_RELEASES.c.id, _RELEASES.c.host, _RELEASES.c.attempts)
+               .where(_RELEASES.c.holder == ctx.agent_id, _RELEASES.c.next_attempt_at <= now)
+               .order_by(_RELEASES.c.next_attempt_at, _RELEASES.c.id).limit(limit))
+        if ctx.store.dialect == "postgresql":  # another box's agent takes other rows
+            due = due.with_for_update(skip_locked=True)
+        rows = c.execute(due).all()
+        if not rows:
+            return 0, 0
+        ids = [r.id for r in rows]
+        owed = exists().where(_RELEASES.c.id.in_(ids), _RELEASES.c.host == _LEASES.c.host,
+                              _RELEASES.c.holder == _LEASES.c.holder,
+                              _RELEASES.c.fence == _LEASES.c.fence)
+        released = c.execute(delete(_LEASES).where(owed, ~needed(_LEASES.c.host))
+                             .returning(_LEASES.c.host, _LEASES.c.fence)).all()
+        # Resolved (lease just deleted) or stale (the lease moved on): the row goes.
+        lease_of = exists().where(_LEASES.c.host == _RELEASES.c.host,
+                                  _LEASES.c.holder == _RELEASES.c.holder,
+                                  _LEASES.c.fence == _RELEASES.c.fence)
+        dropped = set(c.execute(delete(_RELEASES).where(_RELEASES.c.id.in_(ids), ~lease_of)
+                                .returning(_RELEASES.c.id)).scalars())
+        if released:
+            c.execute(insert(_EVENTS), [
+                {"at": now, "host": host, "generation_id": None, "kind": "released",
+                 "detail": json.dumps({"fence": fence})} for host, fence in released])
+        kept = [r for r in rows if r.id not in dropped]
+        if kept:  # the rare case: something retains the host again; say what
+            c.execute(update(_RELEASES).where(_RELEASES.c.id == bindparam("rid")).values(
+                attempts=bindparam("n"), last_error=bindparam("why"),
+                next_attempt_at=bindparam("at")), [
+                {"rid": r.id, "n": r.attempts + 1, "at": now + timedelta(seconds=backoff(r.attempts + 1)),
+                 "why": f"lease of {r.host} still needed: {still_needed(s, r.host)}"}
+                for r in kept])
+        return len(rows), len(dropped)
+
+    taken, resolved = ctx.store.write(step)
+    if resolved:
+        crashpoint(RELEASE_DONE)
+    return taken
 
 
 def owe_release(s: Session, ctx: Context, host: str) -> bool:

@@ -17,7 +17,7 @@ from models.states import OPEN_STOP, OPEN_WAKE
 from models.store import utcnow
 from models.tables import Attempt, Host, Lease, Member, Release, Restore, Stop, Wake
 from workflows.context import Context, Poke, Result
-from workflows.lease import drive_release
+from workflows.lease import drive_release, give_back
 from workflows.members import drive_member, drive_restore
 from workflows.sanity import refuse_if_impossible
 from workflows.stop import drive_stop
@@ -41,6 +41,11 @@ class Kind:
     key: Any  # the primary-key column
     open: Any  # SQL condition for "still open", or None when every row is open
     drive: Callable[[Context, int], Result]
+    # Store-only kinds also drain in groups: batch(ctx, limit) takes up to `limit` of this
+    # agent's due rows in one transaction (rows matching `batched(ctx)`); the round's
+    # per-host drives leave those rows to it.
+    batch: Callable[[Context, int], int] | None = None
+    batched: Callable[[Context], Any] | None = None
 
 
 KINDS: dict[str, Kind] = {
@@ -51,7 +56,8 @@ KINDS: dict[str, Kind] = {
         Kind("member", Member, Member.generation_id, None, drive_member),
         Kind("attempt", Attempt, Attempt.id, Attempt.outcome.is_(None), drive_attempt),
         Kind("restore", Restore, Restore.id, None, drive_restore),
-        Kind("release", Release, Release.id, None, drive_release),
+        Kind("release", Release, Release.id, None, drive_release, give_back,
+             lambda ctx: Release.holder == ctx.agent_id),
     )
 }
 
@@ -64,14 +70,17 @@ class Due:
     at: datetime
 
 
-def _open_rows(ctx: Context) -> Any:
-    """Open rows of every kind on hosts this agent may act on (its own or unleased)."""
+def _open_rows(ctx: Context, *, per_host: bool = False) -> Any:
+    """Open rows of every kind on hosts this agent may act on (its own or unleased).
+    per_host: only the rows a per-host drive takes (not those a batch drains)."""
     selects = []
     for k in KINDS.values():
         q = select(literal(k.name, String).label("kind"), k.key.label("id"),
                    k.model.host.label("host"), k.model.next_attempt_at.label("at"))
         if k.open is not None:
             q = q.where(k.open)
+        if per_host and k.batch is not None and k.batched is not None:
+            q = q.where(~k.batched(ctx))
         selects.append(q)
     return union_all(*selects).subquery()
 
@@ -94,7 +103,7 @@ def due(ctx: Context, now: datetime, *, skip: Collection[str] = (), after: str |
     so a round costs the same with 10 or 10,000 open rows."""
     if limit == 0:
         return []
-    rows = _open_rows(ctx)
+    rows = _open_rows(ctx, per_host=True)
 
     def q(s: Session) -> list[Due]:
         where = [rows.c.at <= now, rows.c.host.not_in(not_ours(ctx))]
@@ -127,6 +136,21 @@ def next_due(ctx: Context, busy: set[str]) -> datetime | None:
         return s.execute(stmt).scalar()
 
     return ctx.store.read(q)
+
+
+def drain_batches(ctx: Context, limit: int = 256, rounds: int = 16) -> int:
+    """Drain every batched kind's due rows, `limit` per transaction, at most `rounds`
+    transactions per kind (the per-host rows of the round wait that long at most)."""
+    total = 0
+    for k in KINDS.values():
+        if k.batch is None:
+            continue
+        for _ in range(rounds):
+            taken = k.batch(ctx, limit)
+            total += taken
+            if taken < limit:
+                break
+    return total
 
 
 def open_count(ctx: Context) -> int:

@@ -2,7 +2,7 @@
 
 What the agent does, without its scheduler threads: the real SQLite store, the real process
 backend, health and files (`runners.setup.make_context`), `recover` on start, and a sweep
-that mirrors the reconciler (take `due()` rows, `run_one` each, run the liveness sweep)
+that mirrors the reconciler (drain the batches, take `due()` rows, `run_one` each, run the liveness sweep)
 until no obligation is open.
 
 A SIGKILL of the agent is modelled in-process: `crash()` forgets the Context, the backend
@@ -44,7 +44,7 @@ from workflows.ending import ref_of
 from workflows.hosts import add_host, record_build
 from workflows.lease import renew
 from workflows.members import retire_dead_currents
-from workflows.obligations import KINDS, Due, due, next_due, open_count, run_one
+from workflows.obligations import KINDS, Due, drain_batches, due, next_due, open_count, run_one
 from workflows.recovery import recover
 
 
@@ -212,6 +212,7 @@ class Box:
                 if not swept:
                     self.sweep()
                     swept = True
+                drain_batches(self.ctx)  # the reconciler's group commits, then per host
                 rows = sorted(due(self.ctx, utcnow()), key=lambda d: d.host)
                 for d in rows:
                     self.drive(d)

@@ -28,14 +28,14 @@ from models import schema
 from models.errors import LostRace
 from models.states import HostKind
 from models.store import Store, prepare_state_dir, utcnow
-from models.tables import Build, Host, Lease, Release
+from models.tables import Build, Event, Host, Lease, Release
 from runners.agent import Reconciler
 from runners.files import LocalFiles
 from runners.health import HttpHealth
 from runners.process import ProcessBackend
 from tests.conftest import drop_db, new_db, wait_for
 from workflows.context import Context, Poke, Result
-from workflows.lease import drive_release
+from workflows.lease import drive_release, give_back
 from workflows.obligations import Due, backoff, due, run_one
 
 AGENT = "agent-1"
@@ -103,8 +103,10 @@ def release_row(store: Store, rid: int) -> Release | None:
 
 
 def use_drive(monkeypatch: pytest.MonkeyPatch, drive: Callable[[Context, int], Result]) -> None:
-    """The only obligation kind for this test: owed releases, driven by `drive`."""
-    kind = dataclasses.replace(obligations.KINDS["release"], drive=drive)
+    """The only obligation kind for this test: owed releases, driven by `drive` one row at a
+    time (their group commit is off: test_batch_* below test it)."""
+    kind = dataclasses.replace(obligations.KINDS["release"], drive=drive, batch=None,
+                               batched=None)
     monkeypatch.setattr(obligations, "KINDS", {"release": kind})
 
 
@@ -222,6 +224,50 @@ def test_real_release_poked_gone_and_progress(store: Store, ctx: Context) -> Non
     assert run_one(ctx, Due("release", free, "free", utcnow())) == (Result.progress, None)
     assert release_row(store, free) is None
     assert store.read(lambda s: s.get(Lease, "free")) is None
+
+
+def test_batch_gives_back_free_drops_stale_keeps_needed(store: Store, ctx: Context) -> None:
+    """One transaction for many rows, each guarded on its own: free leases go (with their
+    `released` event), an older incarnation's row is dropped without touching the lease,
+    a needed lease keeps its row, backed off with the reason, and another holder's rows
+    are not this agent's batch at all."""
+    free = [rid for h in ("f1", "f2", "f3") for rid in owe(store, h)]
+    (kept,) = owe(store, "kept", raised=True)
+    (stale,) = owe(store, "moved")
+    store.write(lambda s: s.execute(update(Lease).where(Lease.host == "moved").values(fence=2)))
+    (theirs,) = owe(store, "theirs", holder="agent-2")
+    (later,) = owe(store, "later", at=utcnow() + timedelta(hours=1))
+
+    before = utcnow()
+    assert give_back(ctx, limit=256) == 5  # 3 free, kept, stale; not theirs, not later
+    for rid in [*free, stale]:
+        assert release_row(store, rid) is None
+    assert {h for h in ("f1", "f2", "f3", "kept", "moved", "theirs", "later")
+            if store.read(lambda s, h=h: s.get(Lease, h)) is not None} == {
+        "kept", "moved", "theirs", "later"}
+    row = release_row(store, kept)
+    assert row is not None and row.attempts == 1
+    assert "parent limit is still raised" in (row.last_error or "")
+    assert row.next_attempt_at >= before + timedelta(seconds=backoff(1))
+    assert release_row(store, theirs) is not None and release_row(store, later) is not None
+    released = store.read(lambda s: s.execute(select(Event.host).where(
+        Event.kind == "released")).scalars().all())
+    assert sorted(released) == ["f1", "f2", "f3"]
+    assert give_back(ctx, limit=256) == 0  # kept is backed off, nothing else is due
+
+
+def test_batch_takes_at_most_its_limit_and_the_round_drains_the_rest(
+        store: Store, ctx: Context, reconciler: Any) -> None:
+    for i in range(7):
+        owe(store, f"h{i}")
+    assert give_back(ctx, limit=3) == 3
+    assert len(open_releases(store)) == 4
+    # The per-host query leaves this agent's releases to the batch.
+    assert due(ctx, utcnow()) == []
+    rec = reconciler(FakeScheduler())
+    rec.round()
+    settle(rec)
+    assert open_releases(store) == set()
 
 
 # -- the Reconciler ---------------------------------------------------------------------------
