@@ -5,9 +5,11 @@ a slow safety interval; a liveness sweep of current generations on a short one."
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Callable
 import fcntl
 import logging
 import os
+import select
 import signal
 import socket
 import threading
@@ -24,19 +26,24 @@ from models.store import emit, utcnow
 from models.tables import Agent as AgentRow
 from runners import metrics, schedules, wakeup
 from runners.doorbell import DOORBELL, LOCK
+from runners.doorbell import ring as ring_doorbell
 from runners.fencing import FencedProcess, FenceGuard, Timing
 from runners.notify import notify
 from runners.sockets import settle_state_dir
+from runners.watch import ExitWatcher, pidfds_supported
 from workflows.claim import claim
 from workflows.context import Context, Result
-from workflows.lease import renew
-from workflows.members import retire_dead_currents
+from workflows.lease import renew_in
+from workflows.members import current_leaders, retire_dead_currents
 from workflows.obligations import Due, drain_batches, due, next_due, run_one
 from workflows.recovery import recover
 from workflows.takeover import take_over
+from workflows.workers import any_to_sweep
 from workflows.workers import sweep as sweep_workers
 
 log = logging.getLogger("vigil.agent")
+
+BACKSTOP = 30.0  # seconds between full liveness checks when exits arrive by pidfd
 
 
 
@@ -64,6 +71,7 @@ class Reconciler:
         self._dirty = False
         self._fresh = False
         self.rounds = 0
+        self.on_progress: Callable[[], None] = lambda: None  # a drive moved a row
 
     def kick(self, fresh: bool = True) -> None:
         if self.ctx.shutting_down.is_set():
@@ -170,6 +178,8 @@ class Reconciler:
     def _drive(self, d: Due) -> None:
         try:
             result, error = run_one(self.ctx, d)
+            if result is Result.progress:
+                self.on_progress()
             level = logging.INFO if result is not Result.poked else logging.WARNING
             log.log(level, "drive kind=%s id=%s host=%s result=%s%s", d.kind, d.id, d.host,
                     result.value, f" error={error!r}" if error else "")
@@ -199,6 +209,10 @@ class AgentDaemon:
         self._signalled = False  # SIGTERM/SIGINT seen (set by the handler, read by run())
         self._lock_file = None
         self.recovered = threading.Event()
+        self.watcher: ExitWatcher | None = None
+        self._last_beat = 0.0
+        self._rounds_seen = -1
+        self._workers_to_sweep = True
 
     def _take_lock(self) -> None:
         path = self.ctx.state_dir / LOCK
@@ -242,17 +256,15 @@ class AgentDaemon:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.bind(str(path))
         os.chmod(path, 0o600)
-        sock.settimeout(0.5)
 
         def loop() -> None:
             while not self.stop.is_set():
                 try:
-                    sock.recv(64)
-                except TimeoutError:
-                    continue
+                    sock.recv(64)  # blocks: the agent's stop rings it once more
                 except OSError:
                     return
-                reconciler.kick()
+                if not self.stop.is_set():
+                    reconciler.kick()
             sock.close()
 
         t = threading.Thread(target=loop, name="doorbell", daemon=True)
@@ -260,20 +272,77 @@ class AgentDaemon:
         return t
 
     def safety(self, reconciler: Reconciler) -> None:
-        """Liveness sweep: reap our children, retire dead currents, renew leases."""
+        """The short sweep: worker drift and max-run, lease renewal, takeover, heartbeat.
+        Dead currents too, unless exits arrive as events (then the scan is their backstop)."""
+        if self.watcher is None:
+            self.liveness(reconciler)
+        self.sweeps += 1
+        if self._rounds_seen != reconciler.rounds:  # rows moved since the last look
+            self._rounds_seen = reconciler.rounds
+            self._workers_to_sweep = any_to_sweep(self.ctx)
+        if self._workers_to_sweep and sweep_workers(self.ctx, self.converge_budget, self.sweeps):
+            reconciler.kick()
+        # Takeover, leases and the heartbeat: every sweep where other boxes share the store
+        # (PostgreSQL); on one box every third of the lease's length (an fsync a second was
+        # most of an idle agent's cost). A renewal pushes leases past half their length.
+        every = 0.0 if self.ctx.store.dialect == "postgresql" else self.ctx.lease_ttl / 3
+        if time.monotonic() - self._last_beat < every:
+            return
+        if take_over(self.ctx):  # hosts placed here whose owner's lease expired
+            reconciler.kick()
+
+        def beat(s):  # type: ignore[no-untyped-def]
+            renew_in(s, self.ctx)
+            s.execute(update(AgentRow).where(AgentRow.id == self.ctx.agent_id)
+                      .values(heartbeat_at=utcnow()))
+
+        self.ctx.store.write(beat)
+        self._last_beat = time.monotonic()
+
+    def _sweep_loop(self, reconciler: Reconciler) -> None:
+        """The short sweep on its own thread: APScheduler re-reads its job store on every
+        wake-up, which a once-a-second job would pay for every second."""
+        while not self.stop.wait(self.monitor_interval):
+            try:
+                self.safety(reconciler)
+            except Exception:
+                log.exception("sweep failed; the next one retries")
+
+    def liveness(self, reconciler: Reconciler, only: set[int] | None = None) -> None:
+        """Reap our children and retire every dead current (or those of `only`)."""
         reap = getattr(self.ctx.proc, "reap", None)
         if reap is not None:
             reap()
-        if retire_dead_currents(self.ctx):
+        if retire_dead_currents(self.ctx, only):
             reconciler.kick()
-        self.sweeps += 1
-        if sweep_workers(self.ctx, self.converge_budget, self.sweeps):
-            reconciler.kick()
-        renew(self.ctx)
-        if take_over(self.ctx):  # hosts placed here whose owner's lease expired
-            reconciler.kick()
-        self.ctx.store.write(lambda s: s.execute(update(AgentRow).where(
-            AgentRow.id == self.ctx.agent_id).values(heartbeat_at=utcnow())))
+            if self.watcher is not None:
+                self.watcher.refresh()
+
+    def backstop(self, reconciler: Reconciler) -> None:
+        """With exits as events: a full liveness check now and then, for what no pidfd
+        reported (a leader this agent could not watch)."""
+        self.liveness(reconciler)
+        if self.watcher is not None:
+            self.watcher.refresh()
+
+    def _wait_for_stop(self) -> None:
+        """Sleep until SIGTERM/SIGINT (or stop is set), without waking every 200 ms."""
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            signal.set_wakeup_fd(wake_w)  # a signal makes select() return at once
+        try:
+            while not self._signalled and not self.stop.is_set():
+                select.select([wake_r], [], [], 5.0 if main else 0.2)
+                try:
+                    os.read(wake_r, 512)
+                except BlockingIOError:
+                    pass
+        finally:
+            if main:
+                signal.set_wakeup_fd(-1)
+            os.close(wake_r)
+            os.close(wake_w)
 
     def _on_signal(self, *_: object) -> None:
         # Only a flag: Event.set() here could deadlock on the lock a main thread interrupted
@@ -301,20 +370,32 @@ class AgentDaemon:
                                         job_defaults={"coalesce": True, "max_instances": 1,
                                                       "misfire_grace_time": None})
         reconciler = Reconciler(self.ctx, scheduler, self.max_hosts)
+        if pidfds_supported():
+            self.watcher = ExitWatcher(lambda: current_leaders(self.ctx),
+                                       lambda ids: self.liveness(reconciler, ids))
+            reconciler.on_progress = self.watcher.refresh
+            self.watcher.start()
+        else:
+            log.warning("this kernel has no pidfds: exits are found by the %gs sweep",
+                        self.monitor_interval)
         scheduler.add_job(reconciler.round, "interval", seconds=self.safety_interval, id="scan")
-        scheduler.add_job(self.safety, "interval", seconds=self.monitor_interval, id="safety",
-                          args=[reconciler])
+        if self.watcher is not None:
+            scheduler.add_job(self.backstop, "interval", id="backstop", args=[reconciler],
+                              seconds=max(BACKSTOP, self.safety_interval))
+        sweeper = threading.Thread(target=self._sweep_loop, args=[reconciler], name="sweep",
+                                   daemon=True)
         schedules.attach(scheduler, self.ctx, reconciler.kick)
         self._doorbell(reconciler)
         wakeup.start(self.ctx.store, reconciler.kick, self.stop)
         scheduler.start()
+        sweeper.start()
         reconciler.round()  # finish what was in flight before the first interval
         self.recovered.set()
         log.info("ready agent=%s state_dir=%s", self.ctx.agent_id, self.ctx.state_dir)
         notify("READY=1", f"STATUS=ready: adopted {counts['adopted']}, retired {counts['retired']}")
-        while not self._signalled and not self.stop.is_set():
-            time.sleep(0.2)
+        self._wait_for_stop()
         self.stop.set()
+        ring_doorbell(self.ctx.state_dir)  # its thread blocks in recv until a ring
         log.info("stopping agent=%s", self.ctx.agent_id)
         notify("STOPPING=1", "STATUS=stopping (apps keep running)")
         self.ctx.shutting_down.set()
@@ -322,6 +403,8 @@ class AgentDaemon:
             guard.close()
         schedules.detach(scheduler)
         scheduler.shutdown(wait=False)
+        if self.watcher is not None:
+            self.watcher.close()
         reconciler.shutdown()
         self.ctx.store.write(lambda s: s.execute(update(AgentRow).where(
             AgentRow.id == self.ctx.agent_id).values(stopped_at=utcnow())))

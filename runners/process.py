@@ -188,15 +188,21 @@ class ProcessBackend:
 
     # -- handles ------------------------------------------------------------------------
 
-    def reap(self) -> None:
-        """Reap our own exited children (only those this agent instance spawned)."""
+    def reap(self, pid: int | None = None) -> None:
+        """Reap our own exited children (only those this agent instance spawned), or only
+        `pid` (a check of one generation must not cost a wait on every child)."""
         with self._lock:
+            if pid is not None:
+                h = self._handles.get(pid)
+                if h is not None:
+                    h.poll()
+                return
             for h in list(self._handles.values()):
                 h.poll()
 
     def exit_status(self, pid: int) -> int | None:
         """Return code of a child we spawned and reaped, else None."""
-        self.reap()
+        self.reap(pid)
         h = self._handles.get(pid)
         return None if h is None else h.returncode
 
@@ -299,7 +305,7 @@ class ProcessBackend:
                 pass
 
     def leader_alive(self, ref: ProcRef) -> bool:
-        self.reap()
+        self.reap(ref.pid)
         if ref.pid is None or ref.create_time is None:
             return False
         st = _status(ref.pid)
@@ -338,7 +344,7 @@ class ProcessBackend:
         return pids
 
     def live_members(self, ref: ProcRef) -> list[int]:
-        self.reap()
+        self.reap(ref.pid)
         live = set(self._marker_scan(ref.generation_uuid))
         if ref.cgroup:
             for pid in self._cgroup_pids(ref.cgroup):
@@ -368,7 +374,7 @@ class ProcessBackend:
             _signal(ref.pid, ref.create_time, signal.SIGKILL)
         for pid, ctime in self._marker_scan(ref.generation_uuid).items():
             _signal(pid, ctime, signal.SIGKILL)
-        self.reap()
+        self.reap(ref.pid)
 
     def _populated(self, cg: str) -> bool:
         try:

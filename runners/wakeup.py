@@ -3,7 +3,7 @@
 - PostgreSQL: the CLI sends `NOTIFY vigil` right after its intent commits (notify());
   every agent LISTENs on a dedicated connection and kicks a round per notification.
 - SQLite (one box): the CLI rings the doorbell socket; the agent also polls
-  `PRAGMA data_version` on a connection of its own every 50 ms, which changes whenever
+  `PRAGMA data_version` on a connection of its own every second, which changes whenever
   another connection committed (a writer that did not ring, e.g. the sqlite3 shell).
 """
 
@@ -19,7 +19,7 @@ from sqlalchemy import text
 from models.store import Store
 
 CHANNEL = "vigil"
-POLL = 0.05
+POLL = 1.0  # the CLI rings the doorbell; this only catches writers that do not
 log = logging.getLogger("vigil.wakeup")
 
 

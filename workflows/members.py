@@ -6,11 +6,13 @@ left of it and proves it gone, and only then does it leave the set.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from models.errors import LostRace
 from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole, WakeState
 from models.store import emit, guarded_update, utcnow
 from models.tables import Generation, Host, Lease, Member, Restore, Wake
@@ -49,20 +51,40 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
                        next_attempt_at=now, created_at=now))
 
 
-def retire_dead_currents(ctx: Context) -> int:
-    """The liveness sweep: every current generation this agent owns whose leader is gone."""
-    gens, refused = ctx.store.read(lambda s: (s.execute(
-        select(Generation).join(Lease, Lease.host == Generation.host).where(
-            Generation.state == GenState.current, Lease.holder == ctx.agent_id)).scalars().all(),
-        impossible_hosts(s)))
+def current_leaders(ctx: Context) -> dict[int, tuple[int, float]]:
+    """Every current generation this agent owns: id -> (leader pid, create time)."""
+    rows = ctx.store.read(lambda s: s.connection().execute(
+        select(Generation.id, Generation.pid, Generation.create_time)
+        .join(Lease, Lease.host == Generation.host)
+        .where(Generation.state == GenState.current, Lease.holder == ctx.agent_id,
+               Generation.pid.is_not(None), Generation.create_time.is_not(None))).all())
+    return {r.id: (r.pid, r.create_time) for r in rows}
+
+
+def retire_dead_currents(ctx: Context, only: Collection[int] | None = None) -> int:
+    """The liveness check: every current generation this agent owns (or those of `only`,
+    the ones whose exit was just reported) whose leader is gone."""
+    def read(s: Session) -> tuple[list[Generation], set[str]]:
+        q = select(Generation).join(Lease, Lease.host == Generation.host).where(
+            Generation.state == GenState.current, Lease.holder == ctx.agent_id)
+        if only is not None:
+            q = q.where(Generation.id.in_(list(only)))
+        return s.execute(q).scalars().all(), impossible_hosts(s)  # type: ignore[return-value]
+
+    gens, refused = ctx.store.read(read)
     # A host in an impossible state is not acted on (its obligations say why).
     dead = [g for g in gens if g.host not in refused and not ctx.proc.leader_alive(ref_of(g))]
+    retired = 0
     for gen in dead:
-        ctx.store.write(lambda s, g=gen: retire(s, ctx, g, "leader exited", restart=True))
+        try:
+            ctx.store.write(lambda s, g=gen: retire(s, ctx, g, "leader exited", restart=True))
+        except LostRace:  # retired meanwhile (the scan and an exit event met): nothing to do
+            continue
+        retired += 1
         crashpoint(EXITED)
         if gen.socket:
             ctx.files.remove_link(ctx.link_for(gen.host), only_if_target=gen.socket)
-    return len(dead)
+    return retired
 
 
 def drive_member(ctx: Context, gen_id: int) -> Result:

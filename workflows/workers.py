@@ -18,7 +18,9 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from sqlalchemy import select, update
+from typing import Any
+
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 from tenacity import RetryCallState, wait_exponential
 
@@ -280,15 +282,32 @@ def clean_attempt(s: Session, ctx: Context, a: Attempt, gen: Generation, proven:
 # -- the sweep: drift, converge, max-run ---------------------------------------------------
 
 
+def _needs_sweep(ctx: Context) -> Any:
+    """This agent's running workers with something a sweep may do: drift seen or noted,
+    or a max-run."""
+    return (select(Generation, Host).join(Host, Host.name == Generation.host)
+            .join(Lease, Lease.host == Generation.host)
+            .where(Generation.state == GenState.current, Host.kind == HostKind.worker,
+                   Lease.holder == ctx.agent_id,
+                   or_(Host.build_id != Generation.build_id, Host.drift_since.is_not(None),
+                       Host.max_run.is_not(None))))
+
+
+def any_to_sweep(ctx: Context) -> bool:
+    """Whether a sweep has anything to look at. Drift only starts with an intent (a deploy
+    or an apply), which starts a round; the agent asks this after rounds, not every second."""
+    return ctx.store.read(lambda s: s.execute(
+        _needs_sweep(ctx).with_only_columns(Generation.id).limit(1)).first() is not None)
+
+
 def sweep(ctx: Context, budget: int, sweep_no: int = 0) -> int:
     """One pass over this agent's running workers: note or clear drift, converge the ones
     whose drift outlasted their grace (at most `budget` in this sweep), recycle the ones past
     their max-run. Returns how many were moved."""
     rows = ctx.store.read(lambda s: s.execute(
-        select(Generation, Host).join(Host, Host.name == Generation.host)
-        .join(Lease, Lease.host == Generation.host)
-        .where(Generation.state == GenState.current, Host.kind == HostKind.worker,
-               Lease.holder == ctx.agent_id).order_by(Generation.host)).all())
+        _needs_sweep(ctx).order_by(Generation.host)).all())
+    if not rows:
+        return 0
     refused = ctx.store.read(impossible_hosts)
     moved = 0
     for gen, host in rows:
