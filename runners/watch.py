@@ -31,14 +31,18 @@ def pidfds_supported() -> bool:
     return True
 
 
-def raise_fd_limit() -> None:
-    """One fd per watched leader: lift the soft limit to the hard one (1,024 is common)."""
+def make_room_for(fds: int) -> None:
+    """One fd per watched leader: lift the soft limit (1,024 is common) toward the hard one
+    when `fds` more would not fit. Only then: apps spawned later inherit the limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            pass
+    want = len(os.listdir("/proc/self/fd")) + fds + 64
+    if want <= soft or soft == hard:
+        return
+    new = hard if hard == resource.RLIM_INFINITY else min(hard, max(want, 2 * soft))
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    except (ValueError, OSError):
+        pass
 
 
 class ExitWatcher:
@@ -64,7 +68,6 @@ class ExitWatcher:
         self._thread = threading.Thread(target=self._run, name="exit-watch", daemon=True)
 
     def start(self) -> None:
-        raise_fd_limit()
         self._thread.start()
 
     def refresh(self) -> None:
@@ -152,6 +155,7 @@ class ExitWatcher:
         for gen, fd in have.items():
             if gen not in wanted:
                 self._forget_fd(fd)
+        make_room_for(len(wanted) - len(have))
         gone = set()
         for gen, (pid, ctime) in wanted.items():
             if gen in have:

@@ -68,6 +68,8 @@ class Due:
     id: int
     host: str
     at: datetime
+    attempts: int | None = None  # as read with the row (None: not known, read it)
+    last_error: str | None = None
 
 
 def _open_rows(ctx: Context, *, per_host: bool = False) -> Any:
@@ -76,7 +78,8 @@ def _open_rows(ctx: Context, *, per_host: bool = False) -> Any:
     selects = []
     for k in KINDS.values():
         q = select(literal(k.name, String).label("kind"), k.key.label("id"),
-                   k.model.host.label("host"), k.model.next_attempt_at.label("at"))
+                   k.model.host.label("host"), k.model.next_attempt_at.label("at"),
+                   k.model.attempts.label("attempts"), k.model.last_error.label("last_error"))
         if k.open is not None:
             q = q.where(k.open)
         if per_host and k.batch is not None and k.batched is not None:
@@ -111,14 +114,15 @@ def due(ctx: Context, now: datetime, *, skip: Collection[str] = (), after: str |
             where.append(rows.c.host.not_in(list(skip)))
         rank = func.row_number().over(partition_by=rows.c.host, order_by=(rows.c.at, rows.c.id))
         ranked = select(rows, rank.label("rank")).where(*where).subquery()
-        stmt = select(ranked.c.kind, ranked.c.id, ranked.c.host, ranked.c.at).where(ranked.c.rank == 1)
+        stmt = select(ranked.c.kind, ranked.c.id, ranked.c.host, ranked.c.at,
+                      ranked.c.attempts, ranked.c.last_error).where(ranked.c.rank == 1)
         if after is not None:
             stmt = stmt.order_by(ranked.c.host <= after, ranked.c.host)
         else:
             stmt = stmt.order_by(ranked.c.at, ranked.c.id)
         if limit is not None:
             stmt = stmt.limit(limit)
-        return [Due(r.kind, r.id, r.host, r.at) for r in s.execute(stmt)]
+        return [Due(r.kind, r.id, r.host, r.at, r.attempts, r.last_error) for r in s.execute(stmt)]
 
     return ctx.store.read(q)
 
@@ -170,9 +174,14 @@ def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
         result, error = Result.poked, f"{type(exc).__name__}: {exc}"
     now = utcnow()
     if result is Result.poked:
+        tried = item.attempts if item.attempts is not None else _attempts(ctx, kind, item.id)
         values = {"attempts": kind.model.attempts + 1, "last_error": error,
-                  "next_attempt_at": now + timedelta(seconds=backoff(_attempts(ctx, kind, item.id) + 1))}
+                  "next_attempt_at": now + timedelta(seconds=backoff(tried + 1))}
     elif result is Result.progress:
+        if item.attempts == 0 and item.last_error is None and ctx.store.dialect == "sqlite":
+            # Nothing to reset: it was due, and it still is. (On PostgreSQL the claim pushed
+            # its due time ahead, workflows/claim.py: that must be undone.)
+            return result, error
         values = {"attempts": 0, "last_error": None, "next_attempt_at": now}
     else:
         return result, error

@@ -6,6 +6,7 @@ written step (a wake found mid-spawn is reaped and retried; a stop re-signals an
 from __future__ import annotations
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from models.states import GenState
 from models.store import emit
@@ -20,7 +21,7 @@ from workflows.members import retire
 from workflows.sanity import impossible, impossible_hosts
 from workflows.takeover import take_over
 
-ADOPTED = define("recover.adopted", "one current generation was adopted or retired on start")
+ADOPTED = define("recover.adopted", "the current generations were adopted or retired on start")
 
 
 def recover(ctx: Context) -> dict[str, int]:
@@ -33,7 +34,10 @@ def recover(ctx: Context) -> dict[str, int]:
     refused = ctx.store.read(impossible_hosts)
     for name in sorted(refused):  # not acted on: neither adopted nor retired
         ctx.store.write(lambda s, n=name: emit(s, "refused", n, reason=impossible(s, n)))
-    adopted = retired = 0
+    # Decide first (probes only read), then write every adoption and retirement in one
+    # transaction: a thousand adoptions cost one commit, not a thousand.
+    adopt: list[tuple[Generation, dict[str, str]]] = []
+    drop: list[tuple[Generation, str]] = []
     for gen, host in rows:
         if gen.host in refused:
             continue
@@ -47,18 +51,26 @@ def recover(ctx: Context) -> dict[str, int]:
             # The agent's socket group may have changed since the spawn: apply it now
             # (without restarting the app); a failure is reported, never a reason to kill.
             denied = reopen_adopted(ctx, host, gen.socket) if gen.socket else None
-            extra = {"socket_access": denied} if denied else {}
-            ctx.store.write(lambda s, g=gen, x=extra: emit(s, "adopted", g.host, g.id, pid=g.pid, **x))
-            if gen.socket:  # the link may not have been repointed before the crash
-                ctx.files.point_link(ctx.link_for(gen.host), gen.socket)
-            adopted += 1
+            adopt.append((gen, {"socket_access": denied} if denied else {}))
         else:
-            ctx.store.write(lambda s, g=gen, p=problem: retire(
-                s, ctx, g, f"not adopted on start: {p}", restart=True))
-            if gen.socket:
-                ctx.files.remove_link(ctx.link_for(gen.host), only_if_target=gen.socket)
-            retired += 1
+            drop.append((gen, problem))
+
+    def step(s: Session) -> None:
+        for g, extra in adopt:
+            emit(s, "adopted", g.host, g.id, pid=g.pid, **extra)
+        for g, problem in drop:
+            retire(s, ctx, g, f"not adopted on start: {problem}", restart=True)
+
+    if adopt or drop:
+        ctx.store.write(step)
+        for g, _ in adopt:
+            if g.socket:  # the link may not have been repointed before the crash
+                ctx.files.point_link(ctx.link_for(g.host), g.socket)
+        for g, _ in drop:
+            if g.socket:
+                ctx.files.remove_link(ctx.link_for(g.host), only_if_target=g.socket)
         crashpoint(ADOPTED)
+    adopted, retired = len(adopt), len(drop)
     taken = take_over(ctx)  # hosts placed here whose owner's lease expired
     counts = {"adopted": adopted, "retired": retired, "refused": len(refused), "taken": taken}
     ctx.store.write(lambda s: emit(s, "recovered", None, agent=ctx.agent_id, **counts))

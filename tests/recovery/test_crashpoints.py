@@ -516,11 +516,12 @@ def finished(v: Vigil, p: subprocess.Popen[bytes], offset: int) -> bool:
 
 def adoptions(v: Vigil) -> int:
     """How many times the next agent reaches recover.adopted before anything else: its
-    recovery passes it once per current generation on a leased host (workflows/recovery.py;
-    every agent of a state dir has the same id, so every lease is its own)."""
-    return v.store.read(lambda s: s.execute(
+    recovery passes it once, after the one transaction that adopts or retires every current
+    generation on a leased host, when there is any (workflows/recovery.py; every agent of a
+    state dir has the same id, so every lease is its own)."""
+    return min(1, v.store.read(lambda s: s.execute(
         select(func.count()).select_from(Generation).join(Lease, Lease.host == Generation.host)
-        .where(Generation.state == GenState.current)).scalar_one())
+        .where(Generation.state == GenState.current)).scalar_one()))
 
 
 def run_scenario(v: Vigil, flow: Flow, chain: tuple[str, ...], depth: int = 0) -> str | None:
