@@ -37,6 +37,12 @@ class StoreNotReady(VigilError):
     exit_code = 5
 
 
+class IllegalTransition(Exception):
+    """A step asked for a move the transition table (models/states.py) does not allow: a
+    bug in vigil, refused before any SQL runs. Raised, not asserted: `python -O` strips
+    asserts, and this check must hold in every build."""
+
+
 class LostRace(Exception):
     """A guarded UPDATE matched no row: another step moved the row or the fence changed.
 

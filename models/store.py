@@ -18,7 +18,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
-from models.errors import BadInput, LostRace, StoreNotReady
+from models.errors import BadInput, IllegalTransition, LostRace, StoreNotReady
 from models.states import allowed
 from models.tables import Event, Lease
 
@@ -211,7 +211,8 @@ def guarded_update(
     if state_col is not None:
         new = values.get(state_col)
         if new is not None and expected is not None and new != expected:
-            assert allowed(expected, new), f"illegal transition {expected} -> {new} ({what})"
+            if not allowed(expected, new):
+                raise IllegalTransition(f"illegal transition {expected} -> {new} ({what})")
         where = [*where, getattr(model, state_col) == expected]
     result = session.execute(update(model).where(*where).values(**values))
     if result.rowcount != 1:  # type: ignore[attr-defined]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from models import schema
-from models.errors import BadInput, LostRace, StoreNotReady
+from models.errors import BadInput, IllegalTransition, LostRace, StoreNotReady
 from models.states import TRANSITIONS, AttemptStep, GenState, HostKind, StopState, WakeState
 from models.store import (
     DB_FILE,
@@ -34,6 +36,8 @@ from models.store import (
 )
 from models.tables import Attempt, Build, Event, Generation, Host, Lease, Stop, Wake
 from tests.conftest import drop_db, new_db, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 AGENT = "agent-1"
 FENCE = 3
@@ -293,7 +297,7 @@ def test_every_state_enum_has_a_transition_table() -> None:
             assert old not in news, f"{cls.__name__}.{old.name} -> itself"
 
 
-def test_illegal_transitions_trip_the_assertion(store: Store) -> None:
+def test_illegal_transitions_are_refused(store: Store) -> None:
     """Every pair of distinct states: legal ones reach the UPDATE (no row matches id -1:
     LostRace); illegal ones are refused before any SQL runs."""
     seen = {"legal": 0, "illegal": 0}
@@ -305,7 +309,7 @@ def test_illegal_transitions_trip_the_assertion(store: Store) -> None:
                     if old is new:
                         continue
                     legal = new in TRANSITIONS[cls][old]
-                    exc = LostRace if legal else AssertionError
+                    exc = LostRace if legal else IllegalTransition
                     with pytest.raises(exc) as err:
                         guarded_update(s, model, [model.id == -1], {col: new}, "probe",
                                        state_col=col, expected=old)
@@ -322,9 +326,24 @@ def test_illegal_transition_leaves_the_row(store: Store, gen_id: int) -> None:
         guarded_update(s, Generation, [Generation.id == gen_id], {"state": GenState.current},
                        "skip running", state_col="state", expected=GenState.spawning)
 
-    with pytest.raises(AssertionError, match="illegal transition"):
+    with pytest.raises(IllegalTransition, match="illegal transition"):
         store.write(step)
     assert gen_state(store, gen_id) is GenState.spawning
+
+
+@pytest.mark.no_db
+def test_illegal_transition_is_refused_under_python_O() -> None:
+    """`python -O` strips asserts; the transition check is not one."""
+    probe = ("from models.store import guarded_update\n"
+             "from models.states import GenState\n"
+             "from models.tables import Generation\n"
+             "assert False, 'asserts are on: not running under -O'\n")
+    cp = subprocess.run([sys.executable, "-O", "-c", probe + (
+        "guarded_update(None, Generation, [], {'state': GenState.current}, 'probe',\n"
+        "               state_col='state', expected=GenState.proven)\n")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert cp.returncode != 0, cp.stdout
+    assert "IllegalTransition: illegal transition" in cp.stderr, cp.stderr
 
 
 # -- lock contention --------------------------------------------------------------------------
