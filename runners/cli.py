@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import click
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from models import schema
 from models.errors import BadInput, NotFound, VigilError
 from models.states import Cause, HostKind, Mode, Outcome
 from models.store import Store
-from models.tables import Attempt, Generation, Host, Release, Stop, Wake
+from models.tables import Attempt, Event, Generation, Host, Release, Stop, Wake
 from runners.doorbell import agent_id, ring, running_agent_pid
 from runners.files import stage_build
 from runners.setup import make_context, open_store
@@ -381,8 +381,17 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -
     store = env.store()
     started = time.monotonic()
     seen = None
+    # A fast attempt can pass `switched` between two polls: its event says it did.
+    after = store.read(lambda s: s.execute(select(func.coalesce(func.max(Event.id), 0))).scalar())
+    switched = False
     while True:
         a = store.read(lambda s: s.get(Attempt, attempt_id))
+        if not switched and a.step.value in ("switched", "drained", "ended"):
+            switched = a.step.value == "switched" or store.read(lambda s: s.execute(
+                select(Event.id).where(Event.id > after, Event.host == name,
+                                       Event.kind == "switched")).first()) is not None
+            if switched and a.step.value != "switched":
+                click.echo(f"{time.monotonic() - started:7.2f}s  switched")
         if a.step.value != seen:
             seen = a.step.value
             click.echo(f"{time.monotonic() - started:7.2f}s  {seen}")
@@ -565,7 +574,8 @@ def crashpoints() -> None:
 @click.option("--converge-budget", type=click.IntRange(min=0), default=1, show_default=True,
               help="Workers converged onto their live build per sweep, box-wide.")
 @click.option("--sweep-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
-              help="Seconds between liveness sweeps (dead currents, worker drift and max-run).")
+              help="Seconds between sweeps of worker drift and max-run (and of dead currents "
+                   "where the kernel has no pidfds; with pidfds an exit is handled at once).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), envvar="VIGIL_LOG_FORMAT",
               default="text", show_default=True,
               help="One line per event: key=value text or a JSON object (env VIGIL_LOG_FORMAT).")

@@ -225,10 +225,27 @@ def _start(ctx: Context, w: Wake) -> Result:
                        {"state": WakeState.checking}, f"wake #{w.id} spawning -> checking",
                        state_col="state", expected=WakeState.spawning)
 
-    ctx.store.write(recorded)
-    crashpoint(RECORDED)
+    def current(s: Session) -> None:
+        guarded_update(s, Generation, [Generation.id == gen.id],
+                       {"state": GenState.current, "current_at": utcnow()},
+                       f"generation g{gen.id} running -> current", state_col="state",
+                       expected=GenState.running)
+        guarded_update(s, Wake, [Wake.id == w.id, fenced(w.host, ctx.agent_id, w.fence)],
+                       {"state": WakeState.done, "ended_at": utcnow()},
+                       f"wake #{w.id} checking -> done", state_col="state",
+                       expected=WakeState.checking)
+        emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
+
     gen.pid, gen.create_time = spawned.pid, spawned.create_time
     ref = ref_of(gen)
+    if always_on(host, gen) and ctx.proc.leader_alive(ref):
+        # A worker has no health check: its pid and its being current go in one commit.
+        ctx.store.write(lambda s: (recorded(s), current(s)))
+        crashpoint(RECORDED)
+        crashpoint(CURRENT)
+        return Result.progress
+    ctx.store.write(recorded)
+    crashpoint(RECORDED)
     if gen.socket:
         problem = ctx.health.check(gen.socket, host.health_timeout,
                                    alive=lambda: ctx.proc.leader_alive(ref))
@@ -245,22 +262,16 @@ def _start(ctx: Context, w: Wake) -> Result:
     if problem is not None:
         return _fail(ctx, w, gen, WakeState.checking, GenState.running, problem)
 
-    def current(s: Session) -> None:
-        guarded_update(s, Generation, [Generation.id == gen.id],
-                       {"state": GenState.current, "current_at": utcnow()},
-                       f"generation g{gen.id} running -> current", state_col="state",
-                       expected=GenState.running)
-        guarded_update(s, Wake, [Wake.id == w.id, fenced(w.host, ctx.agent_id, w.fence)],
-                       {"state": WakeState.done, "ended_at": utcnow()},
-                       f"wake #{w.id} checking -> done", state_col="state",
-                       expected=WakeState.checking)
-        emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
-
     ctx.store.write(current)
     crashpoint(CURRENT)
     if gen.socket:
         ctx.files.point_link(ctx.link_for(w.host), gen.socket)
     return Result.progress
+
+
+def always_on(host: Host, gen: Generation) -> bool:
+    """A worker that is not a one-shot: nothing to check beyond its leader being alive."""
+    return not gen.socket and not host.one_shot
 
 
 def _refuse_build(ctx: Context, w: Wake, reason: str) -> Result:
