@@ -115,6 +115,7 @@ class Store:
         # file lock in SQLite's busy handler (sleeps growing to 100 ms; with 8 drive threads
         # the write lock sat idle most of the time). Other processes still meet busy_timeout.
         self._write_lock = threading.RLock() if self.dialect == "sqlite" else None
+        self._retried = transient_retry(self._run)  # wrapped once, not on every call
 
     @property
     def dialect(self) -> str:
@@ -123,12 +124,12 @@ class Store:
     def write(self, fn: Callable[[Session], T]) -> T:
         """Run fn in one short write transaction; lock contention is retried."""
         if self._write_lock is None:
-            return transient_retry(self._run)(fn, False)
+            return self._retried(fn, False)
         with self._write_lock:
-            return transient_retry(self._run)(fn, False)
+            return self._retried(fn, False)
 
     def read(self, fn: Callable[[Session], T]) -> T:
-        return transient_retry(self._run)(fn, True)
+        return self._retried(fn, True)
 
     def _run(self, fn: Callable[[Session], T], readonly: bool) -> T:
         with self._sessions() as session:
