@@ -45,9 +45,10 @@ def wait_ok(sock: str, timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def vigil(home: Path, *args: str, check: bool = True) -> str:
+def vigil(home: Path, *args: str, check: bool = True, env: dict[str, str] | None = None) -> str:
     cp = subprocess.run([sys.executable, "-m", "runners.cli", *args], cwd=ROOT, check=False,
-                        capture_output=True, text=True, env={**os.environ, "VIGIL_HOME": str(home)})
+                        capture_output=True, text=True,
+                        env={**os.environ, "VIGIL_HOME": str(home), **(env or {})})
     if check and cp.returncode != 0:
         raise RuntimeError(f"vigil {' '.join(args)} exited {cp.returncode}: {cp.stderr.strip()}")
     return cp.stdout

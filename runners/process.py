@@ -100,7 +100,7 @@ _STATES = {"R": psutil.STATUS_RUNNING, "S": psutil.STATUS_SLEEPING, "D": psutil.
            "I": psutil.STATUS_IDLE, "P": psutil.STATUS_PARKED}
 
 
-def _status(pid: int) -> tuple[float, str] | None:
+def pid_status(pid: int) -> tuple[float, str] | None:
     """(create_time, status) or None when gone. One read of /proc/<pid>/stat, the start time
     computed as psutil does (start ticks / CLK_TCK + boot time): the liveness sweep checks
     every current generation every second, and psutil.Process costs several /proc reads."""
@@ -126,7 +126,7 @@ def _status(pid: int) -> tuple[float, str] | None:
 def _matches(pid: int | None, ctime: float | None) -> bool:
     if pid is None or ctime is None:
         return False
-    st = _status(pid)
+    st = pid_status(pid)
     return st is not None and abs(st[0] - ctime) <= CTIME_TOLERANCE
 
 
@@ -281,7 +281,7 @@ class ProcessBackend:
                 lines = []
             if any(line == want or line.startswith(want + " ") for line in lines):
                 return
-            st = _status(h.pid)
+            st = pid_status(h.pid)
             if st is None or st[1] == psutil.STATUS_ZOMBIE:
                 rc = h.wait()
                 self._drop_cgroup(cg)
@@ -308,7 +308,7 @@ class ProcessBackend:
         self.reap(ref.pid)
         if ref.pid is None or ref.create_time is None:
             return False
-        st = _status(ref.pid)
+        st = pid_status(ref.pid)
         return (
             st is not None
             and abs(st[0] - ref.create_time) <= CTIME_TOLERANCE
@@ -348,7 +348,7 @@ class ProcessBackend:
         live = set(self._marker_scan(ref.generation_uuid))
         if ref.cgroup:
             for pid in self._cgroup_pids(ref.cgroup):
-                st = _status(pid)
+                st = pid_status(pid)
                 if st is not None and st[1] != psutil.STATUS_ZOMBIE:
                     live.add(pid)
         return sorted(live)

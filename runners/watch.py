@@ -13,9 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-import psutil
-
-from runners.process import CTIME_TOLERANCE
+from runners.process import CTIME_TOLERANCE, pid_status
 
 log = logging.getLogger("vigil.watch")
 
@@ -169,10 +167,8 @@ class ExitWatcher:
                 log.warning("cannot watch g%d (pid %d): %s", gen, pid, exc)
                 continue
             # The fd names whatever holds the pid now; only the same start time is our leader.
-            try:
-                same = abs(psutil.Process(pid).create_time() - ctime) <= CTIME_TOLERANCE
-            except psutil.Error:
-                same = False
+            st = pid_status(pid)
+            same = st is not None and abs(st[0] - ctime) <= CTIME_TOLERANCE
             if not same:
                 os.close(fd)
                 gone.add(gen)
