@@ -146,7 +146,8 @@ def pg_rate(admin_url: str, n: int, agents: int, where: Path, timeout: float) ->
     try:
         env = {"VIGIL_DB": url}
         homes = [where / f"box{i}" for i in range(agents)]
-        vigil(homes[0], "db", "upgrade", env=env)
+        for home in homes:  # the first migrates the store; each makes its box's state dir
+            vigil(home, "db", "upgrade", env=env)
         now = datetime.utcnow()
         later = now + timedelta(hours=1)
         hosts = [f"h{i:05d}" for i in range(n)]
@@ -170,7 +171,8 @@ def pg_rate(admin_url: str, n: int, agents: int, where: Path, timeout: float) ->
         with psycopg.connect(db_info, autocommit=True) as c:
             while c.execute("SELECT count(*) FROM releases").fetchone()[0]:
                 if any(p.poll() is not None for p in procs):
-                    raise RuntimeError(f"an agent exited; see {where}/agent*.log")
+                    logs = "".join(f.read_text()[-1500:] for f in sorted(where.glob("agent*.log")))
+                    raise RuntimeError(f"an agent exited:\n{logs}")
                 if time.monotonic() - t0 > timeout:
                     raise RuntimeError(f"releases still open after {timeout:.0f}s")
                 time.sleep(0.05)

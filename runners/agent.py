@@ -159,12 +159,14 @@ class Reconciler:
     def _drain(self) -> None:
         """Store-only rows go in groups, one transaction per batch (workflows/obligations)."""
         try:
-            n = drain_batches(self.ctx)
+            n, more = drain_batches(self.ctx)
         except Exception:
             log.exception("a batch of store-only obligations failed; the next round retries it")
             return
         if n:
             log.info("batch rows=%d", n)
+        if more:  # the cap let this round's per-host rows go first; the rest next round
+            self.kick()
 
     def _claim(self, admitted: list[Due]) -> list[Due] | None:
         """On PostgreSQL, only the rows this agent claimed (workflows/claim.py); rows another

@@ -142,10 +142,11 @@ def next_due(ctx: Context, busy: set[str]) -> datetime | None:
     return ctx.store.read(q)
 
 
-def drain_batches(ctx: Context, limit: int = 256, rounds: int = 16) -> int:
+def drain_batches(ctx: Context, limit: int = 256, rounds: int = 16) -> tuple[int, bool]:
     """Drain every batched kind's due rows, `limit` per transaction, at most `rounds`
-    transactions per kind (the per-host rows of the round wait that long at most)."""
-    total = 0
+    transactions per kind (the per-host rows of the round wait that long at most).
+    Returns (rows taken, whether a kind stopped at its cap with rows still due)."""
+    total, more = 0, False
     for k in KINDS.values():
         if k.batch is None:
             continue
@@ -154,7 +155,9 @@ def drain_batches(ctx: Context, limit: int = 256, rounds: int = 16) -> int:
             total += taken
             if taken < limit:
                 break
-    return total
+        else:
+            more = True
+    return total, more
 
 
 def open_count(ctx: Context) -> int:

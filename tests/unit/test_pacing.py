@@ -270,6 +270,31 @@ def test_batch_takes_at_most_its_limit_and_the_round_drains_the_rest(
     assert open_releases(store) == set()
 
 
+def test_a_capped_drain_asks_for_another_round(monkeypatch: pytest.MonkeyPatch, store: Store,
+                                               ctx: Context, reconciler: Any) -> None:
+    """A round drains at most its cap of batches (the per-host rows must not wait behind
+    them); when rows are still due it asks for the next round at once, not at the scan."""
+    import functools
+
+    import runners.agent
+
+    for i in range(5):
+        owe(store, f"h{i}")
+    assert obligations.drain_batches(ctx, limit=2, rounds=1) == (2, True)
+    assert obligations.drain_batches(ctx, limit=2, rounds=2) == (3, False)
+    for i in range(5, 10):
+        owe(store, f"h{i}")
+    monkeypatch.setattr(runners.agent, "drain_batches",
+                        functools.partial(obligations.drain_batches, limit=2, rounds=2))
+    sched = FakeScheduler()
+    rec = reconciler(sched)
+    rec.round()
+    assert len(open_releases(store)) == 1
+    assert [kw for trigger, kw in sched.jobs if trigger is None and kw.get("kwargs") == {"fresh": True}]
+    rec.round()
+    assert open_releases(store) == set()
+
+
 # -- the Reconciler ---------------------------------------------------------------------------
 
 class FakeScheduler:
