@@ -122,6 +122,15 @@ TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
         AttemptStep.drained: frozenset({AttemptStep.ended}),
         AttemptStep.ended: frozenset(),
     },
+    MemberRole: {
+        MemberRole.spawning: frozenset({MemberRole.successor, MemberRole.retiring}),
+        MemberRole.successor: frozenset({MemberRole.retiring}),
+        MemberRole.retiring: frozenset(),
+    },
+    Desired: {
+        Desired.up: frozenset({Desired.down}),
+        Desired.down: frozenset({Desired.up}),
+    },
     StopState: {
         StopState.queued: frozenset({StopState.signalled, StopState.done, StopState.cancelled}),
         StopState.signalled: frozenset({StopState.done}),

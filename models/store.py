@@ -13,13 +13,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, exists, make_url, update
+from sqlalchemy import Engine, create_engine, event, exists, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
-from models.errors import BadInput, IllegalTransition, LostRace, StoreNotReady
-from models.states import allowed
+from models.errors import BadInput, StoreNotReady
 from models.tables import Event, Lease
 
 T = TypeVar("T")
@@ -195,29 +194,6 @@ def _not_a_database(url: str, exc: Exception) -> StoreNotReady:
         f"{url.removeprefix('sqlite:///')} is not a vigil database ({exc})",
         "point --state-dir or --db at a vigil database, or move the file away",
     )
-
-
-def guarded_update(
-    session: Session,
-    model: Any,
-    where: list[Any],
-    values: dict[str, Any],
-    what: str,
-    *,
-    state_col: str | None = None,
-    expected: Any = None,
-) -> None:
-    """One compare-and-set: UPDATE model SET values WHERE where [AND state = expected].
-    Raises LostRace when no row matched (another step moved it, or the fence changed)."""
-    if state_col is not None:
-        new = values.get(state_col)
-        if new is not None and expected is not None and new != expected:
-            if not allowed(expected, new):
-                raise IllegalTransition(f"illegal transition {expected} -> {new} ({what})")
-        where = [*where, getattr(model, state_col) == expected]
-    result = session.execute(update(model).where(*where).values(**values))
-    if result.rowcount != 1:  # type: ignore[attr-defined]
-        raise LostRace(what)
 
 
 def fenced(host: str, holder: str, fence: int) -> Any:

@@ -24,11 +24,15 @@ from sqlalchemy.orm import Session
 
 from models.errors import Refused
 from models.states import Cause, HostKind, Mode
-from models.store import emit, guarded_update, utcnow
+from models.store import emit, utcnow
 from models.tables import Attempt, Build, Host, Lease
+from models.transition import Unfenced, move
 from workflows.hosts import check_name, host_state, record_build, remove_host
 from workflows.lease import still_needed
 from workflows.swap import request_deploy
+
+# Moves that carry no lease fence, each with the reason it needs none.
+OPERATOR = Unfenced("an operator's intent (vigil apply), written by the CLI")
 
 JSON_COLUMNS = ("args", "env")  # stored as JSON text
 RUNS = ("awake", "waking", "deploying")  # a changed build becomes a deploy attempt
@@ -147,8 +151,8 @@ def apply_host(s: Session, w: Wanted) -> Change:
     if change.action == "update" and h.build_id != build.id:
         values["build_id"] = build.id
     if values:
-        guarded_update(s, Host, [Host.name == w.name, Host.build_id == h.build_id],
-                       values, f"host {w.name} update")
+        move(s, Host, [Host.name == w.name, Host.build_id == h.build_id],
+             values, f"host {w.name} update", fence=OPERATOR)
         emit(s, "host_updated", w.name, fields=sorted(values), source="apply")
     if change.action == "deploy":
         change.attempt = request_deploy(s, w.name, build, mode=Mode.overlap, canary=False,

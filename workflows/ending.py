@@ -6,11 +6,15 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from models.states import GenState
-from models.store import guarded_update, utcnow
+from models.store import utcnow
 from models.tables import Generation
+from models.transition import Unfenced, move
 from workflows.context import Context
 from workflows.crash import crashpoint
 from workflows.ports import ProcRef
+
+# Moves that carry no lease fence, each with the reason it needs none.
+BY_STATE = Unfenced("the generation's own state guards it; the step ending it holds the lease")
 
 
 def ref_of(gen: Generation) -> ProcRef:
@@ -47,13 +51,13 @@ def mark_proven(s: Session, gen_id: int, reason: str | None = None) -> None:
     values: dict[str, object] = {"state": GenState.proven, "ended_at": utcnow()}
     if reason:
         values["end_reason"] = reason
-    guarded_update(s, Generation, [Generation.id == gen_id], values,
-                   f"generation g{gen_id} retiring -> proven",
-                   state_col="state", expected=GenState.retiring)
+    move(s, Generation, [Generation.id == gen_id], values,
+         f"generation g{gen_id} retiring -> proven",
+         fence=BY_STATE, col="state", frm=GenState.retiring)
 
 
 def mark_retiring(s: Session, gen_id: int, expected: GenState, reason: str) -> None:
-    guarded_update(s, Generation, [Generation.id == gen_id],
-                   {"state": GenState.retiring, "end_reason": reason},
-                   f"generation g{gen_id} {expected.value} -> retiring",
-                   state_col="state", expected=expected)
+    move(s, Generation, [Generation.id == gen_id],
+         {"state": GenState.retiring, "end_reason": reason},
+         f"generation g{gen_id} {expected.value} -> retiring",
+         fence=BY_STATE, col="state", frm=expected)

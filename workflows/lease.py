@@ -10,12 +10,27 @@ from sqlalchemy import bindparam, delete, exists, func, insert, or_, select, upd
 from sqlalchemy.orm import Session
 
 from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, GenState
-from models.store import emit, guarded_update, utcnow
-from models.tables import (Attempt, Event, Generation, Host, Lease, Member, Release, Restore,
-                           Stop, Wake)
+from models.store import emit, utcnow
+from models.tables import (
+    Attempt,
+    Event,
+    Generation,
+    Host,
+    Lease,
+    Member,
+    Release,
+    Restore,
+    Stop,
+    Wake,
+)
+from models.transition import Unfenced, move
 from workflows import placement
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
+
+# Moves that carry no lease fence, each with the reason it needs none.
+COUNTER = Unfenced("the fence counter itself")
+THE_LEASE = Unfenced("the lease row itself: its fence is in the where")
 
 RELEASE_DONE = define("release.done", "the lease row and the owed release are deleted")
 
@@ -34,8 +49,8 @@ def acquire(s: Session, ctx: Context, host: str) -> int:
     if taking and not placement.may_take_over(placed, ctx.agent_id):
         raise Poke(f"lease of {host} expired with agent {lease.holder}; only a box the host is "
                    "placed on takes it over (`vigil host add ... --box BOX`)")
-    guarded_update(s, Host, [Host.name == host, Host.fence_seq == seq], {"fence_seq": seq + 1},
-                   f"fence counter of {host}")
+    move(s, Host, [Host.name == host, Host.fence_seq == seq], {"fence_seq": seq + 1},
+         f"fence counter of {host}", fence=COUNTER)
     fence = seq + 1
     expires = now + timedelta(seconds=ctx.lease_ttl)
     if lease is None:
@@ -44,9 +59,9 @@ def acquire(s: Session, ctx: Context, host: str) -> int:
         # Taken from another agent only while still expired: a renewal that commits first
         # wins (the row lock makes this UPDATE re-read the expiry).
         still = [Lease.expires_at <= now] if taking else []
-        guarded_update(s, Lease, [Lease.host == host, Lease.fence == lease.fence, *still],
-                       {"holder": ctx.agent_id, "fence": fence, "acquired_at": now,
-                        "expires_at": expires}, f"lease of {host}")
+        move(s, Lease, [Lease.host == host, Lease.fence == lease.fence, *still],
+             {"holder": ctx.agent_id, "fence": fence, "acquired_at": now,
+              "expires_at": expires}, f"lease of {host}", fence=THE_LEASE)
     emit(s, "leased", host, fence=fence)
     return fence
 

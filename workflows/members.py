@@ -14,14 +14,18 @@ from sqlalchemy.orm import Session
 
 from models.errors import LostRace
 from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole, WakeState
-from models.store import emit, guarded_update, utcnow
+from models.store import emit, utcnow
 from models.tables import Generation, Host, Lease, Member, Restore, Wake
+from models.transition import Unfenced, move
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, ref_of
 from workflows.lease import owe_release, release_owed
 from workflows.sanity import impossible_hosts
 from workflows.workers import worker_exited
+
+# Moves that carry no lease fence, each with the reason it needs none.
+BY_STATE = Unfenced("read on a lease this agent holds; the generation's own state guards it")
 
 EXITED = define("member.exited", "a dead current generation is retiring and a member")
 PROVEN = define("member.proven", "a member is proven gone and has left the set")
@@ -30,10 +34,10 @@ RESTORED = define("restore.done", "the parent limit is restored and the raised m
 
 def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool) -> None:
     """current -> retiring member (one transaction); queue a restart wake if wanted."""
-    guarded_update(s, Generation, [Generation.id == gen.id],
-                   {"state": GenState.retiring, "end_reason": why},
-                   f"generation g{gen.id} current -> retiring", state_col="state",
-                   expected=GenState.current)
+    move(s, Generation, [Generation.id == gen.id],
+         {"state": GenState.retiring, "end_reason": why},
+         f"generation g{gen.id} current -> retiring", fence=BY_STATE, col="state",
+         frm=GenState.current)
     now = utcnow()
     lease = s.get(Lease, gen.host)
     s.add(Member(generation_id=gen.id, host=gen.host, role=MemberRole.retiring,

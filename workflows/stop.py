@@ -14,12 +14,17 @@ from sqlalchemy.orm import Session
 
 from models.errors import NotFound
 from models.states import OPEN_STOP, AttemptStep, Desired, GenState, Outcome, StopState, WakeState
-from models.store import emit, fenced, guarded_update, utcnow
+from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Host, Member, Stop, Wake
+from models.transition import Fence, Unfenced, move, move_many
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, ref_of
 from workflows.lease import held_fence, owe_release, release_owed
+
+# Moves that carry no lease fence, each with the reason it needs none.
+OPERATOR = Unfenced("an operator's intent (vigil stop), written by the CLI before any lease")
+BY_STATE = Unfenced("the stop's own state guards it; its fence is written when it is signalled")
 
 INTENT = define("stop.intent", "the stop is signalled and the generation retiring; link still there")
 UNLINKED = define("stop.unlinked", "the canonical link is removed; nothing signalled yet")
@@ -38,15 +43,17 @@ def request_stop(s: Session, host: str) -> StopRequest:
     """The CLI's intent: wakes that have not spawned yet are cancelled in the same transaction."""
     if s.get(Host, host) is None:
         raise NotFound(f"no host named {host!r}", "see `vigil host list`")
-    s.execute(Host.__table__.update().where(Host.name == host).values(desired=Desired.down))
+    move_many(s, Host, [Host.name == host], {"desired": Desired.down}, f"host {host} down",
+              fence=OPERATOR, col="desired", frm=tuple(Desired))
     open_stop = s.execute(select(Stop).where(Stop.host == host, Stop.state.in_(OPEN_STOP))
                           .order_by(Stop.id).limit(1)).scalar_one_or_none()
     if open_stop is not None:
         return StopRequest(open_stop.id, open_stop.state.value)
     now = utcnow()
     for state in (WakeState.queued, WakeState.leased):
-        s.execute(Wake.__table__.update().where(Wake.host == host, Wake.state == state)
-                  .values(state=WakeState.cancelled, ended_at=now, reason="cancelled by a stop"))
+        move_many(s, Wake, [Wake.host == host],
+                  {"state": WakeState.cancelled, "ended_at": now, "reason": "cancelled by a stop"},
+                  f"wakes of {host} cancelled", fence=OPERATOR, col="state", frm=state)
     _cancel_queued(s, host, now)
     st = Stop(host=host, state=StopState.queued, since=now, next_attempt_at=now, created_at=now)
     s.add(st)
@@ -57,10 +64,11 @@ def request_stop(s: Session, host: str) -> StopRequest:
 
 def _cancel_queued(s: Session, host: str, now: datetime) -> None:
     """Attempts that have not started yet end here: nothing of them ran."""
-    s.execute(Attempt.__table__.update().where(
-        Attempt.host == host, Attempt.outcome.is_(None), Attempt.step == AttemptStep.queued)
-        .values(outcome=Outcome.cancelled, step=AttemptStep.ended, executed=False,
-                reason="cancelled by a stop", ended_at=now))
+    move_many(s, Attempt, [Attempt.host == host, Attempt.outcome.is_(None)],
+              {"outcome": Outcome.cancelled, "step": AttemptStep.ended, "executed": False,
+               "reason": "cancelled by a stop", "ended_at": now},
+              f"queued attempts of {host} cancelled", fence=OPERATOR, col="step",
+              frm=AttemptStep.queued)
 
 
 def drive_stop(ctx: Context, stop_id: int) -> Result:
@@ -86,8 +94,10 @@ def _signal(ctx: Context, st: Stop) -> bool:
             raise Poke(f"waiting for wake #{busy.id} ({busy.state.value}) to settle")
         now = utcnow()
         for state in (WakeState.queued, WakeState.leased):  # a wake requested after the stop
-            s.execute(Wake.__table__.update().where(Wake.host == st.host, Wake.state == state)
-                      .values(state=WakeState.cancelled, ended_at=now, reason="cancelled by a stop"))
+            move_many(s, Wake, [Wake.host == st.host],
+                      {"state": WakeState.cancelled, "ended_at": now,
+                       "reason": "cancelled by a stop"},
+                      f"wakes of {st.host} cancelled", fence=BY_STATE, col="state", frm=state)
         _cancel_queued(s, st.host, now)
         # The barrier: attempts in flight see this stop at their next gate and end;
         # members must all leave (proven) before the current generation is stopped.
@@ -101,23 +111,23 @@ def _signal(ctx: Context, st: Stop) -> bool:
         gen = s.execute(select(Generation).where(Generation.host == st.host,
                                                  Generation.state == GenState.current)).scalar_one_or_none()
         if gen is None:
-            guarded_update(s, Stop, [Stop.id == st.id], {"state": StopState.done, "ended_at": now,
-                                                         "reason": "nothing was running"},
-                           f"stop #{st.id}", state_col="state", expected=StopState.queued)
+            move(s, Stop, [Stop.id == st.id], {"state": StopState.done, "ended_at": now,
+                                               "reason": "nothing was running"},
+                 f"stop #{st.id}", fence=BY_STATE, col="state", frm=StopState.queued)
             emit(s, "stopped", st.host, reason="nothing was running")
             owe_release(s, ctx, st.host)
             return False
         fence = held_fence(s, ctx, st.host)
         if fence is None:
             raise Poke(f"this agent does not hold the lease of {st.host}")
-        guarded_update(s, Generation, [Generation.id == gen.id, fenced(st.host, ctx.agent_id, fence)],
-                       {"state": GenState.retiring, "end_reason": "stopped"},
-                       f"generation g{gen.id} current -> retiring", state_col="state",
-                       expected=GenState.current)
-        guarded_update(s, Stop, [Stop.id == st.id],
-                       {"state": StopState.signalled, "generation_id": gen.id, "fence": fence,
-                        "signalled_at": now}, f"stop #{st.id} queued -> signalled",
-                       state_col="state", expected=StopState.queued)
+        move(s, Generation, [Generation.id == gen.id],
+             {"state": GenState.retiring, "end_reason": "stopped"},
+             f"generation g{gen.id} current -> retiring", fence=Fence(st.host, ctx.agent_id, fence), col="state",
+             frm=GenState.current)
+        move(s, Stop, [Stop.id == st.id],
+             {"state": StopState.signalled, "generation_id": gen.id, "fence": fence,
+              "signalled_at": now}, f"stop #{st.id} queued -> signalled",
+             fence=BY_STATE, col="state", frm=StopState.queued)
         return True
 
     signalled = ctx.store.write(step)
@@ -145,9 +155,9 @@ def _finish(ctx: Context, st: Stop) -> Result:
     def step(s: Session) -> None:
         if s.get(Generation, gen.id).state is GenState.retiring:  # type: ignore[union-attr]
             mark_proven(s, gen.id, "stopped")
-        guarded_update(s, Stop, [Stop.id == st.id], {"state": StopState.done, "ended_at": utcnow()},
-                       f"stop #{st.id} signalled -> done", state_col="state",
-                       expected=StopState.signalled)
+        move(s, Stop, [Stop.id == st.id], {"state": StopState.done, "ended_at": utcnow()},
+             f"stop #{st.id} signalled -> done", fence=BY_STATE, col="state",
+             frm=StopState.signalled)
         emit(s, "stopped", st.host, gen.id, pid=gen.pid)
         owe_release(s, ctx, st.host)
 

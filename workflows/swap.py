@@ -27,8 +27,9 @@ from models.states import (
     Outcome,
     WakeState,
 )
-from models.store import emit, guarded_update, utcnow
+from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Member, Stop, Wake
+from models.transition import Unfenced, move, move_many
 from workflows.access import grant_socket, prepare_socket_dir
 from workflows.classify import BuildFailed, Cancelled, Stale, StepEnd, classify
 from workflows.context import Context, Poke, Result
@@ -44,6 +45,10 @@ from workflows.workers import (
     settle_one_shot,
     yield_own_starts,
 )
+
+# Moves that carry no lease fence, each with the reason it needs none.
+BY_STEP = Unfenced("the attempt's own step guards it; the gate checks the lease before each step")
+BY_STATE = Unfenced("the attempt's own generation, guarded by its state; the gate checked the lease")
 
 ADMITTED = define("swap.admitted", "the attempt is admitted (overlap: its successor is a member)")
 RAISED = define("swap.raised", "the parent limit is raised (or there is none); nothing spawned")
@@ -150,9 +155,9 @@ def gate(s: Session, ctx: Context, a: Attempt) -> None:
 
 
 def _step(s: Session, a: Attempt, new: AttemptStep, **values: object) -> None:
-    guarded_update(s, Attempt, [Attempt.id == a.id, Attempt.outcome.is_(None)],
-                   {"step": new, **values}, f"attempt #{a.id} {a.step.value} -> {new.value}",
-                   state_col="step", expected=a.step)
+    move(s, Attempt, [Attempt.id == a.id, Attempt.outcome.is_(None)],
+         {"step": new, **values}, f"attempt #{a.id} {a.step.value} -> {new.value}",
+         fence=BY_STEP, col="step", frm=a.step)
     a.step = new
 
 
@@ -261,10 +266,10 @@ def _overlap(ctx: Context, a: Attempt) -> None:
         old_id = old.id if old is not None else None
         if old is not None:
             mark_retiring(s, old.id, GenState.current, f"replaced by g{gen.id}")
-        guarded_update(s, Generation, [Generation.id == gen.id],
-                       {"state": GenState.current, "current_at": utcnow()},
-                       f"generation g{gen.id} running -> current", state_col="state",
-                       expected=GenState.running)
+        move(s, Generation, [Generation.id == gen.id],
+             {"state": GenState.current, "current_at": utcnow()},
+             f"generation g{gen.id} running -> current", fence=BY_STATE, col="state",
+             frm=GenState.running)
         s.execute(Member.__table__.delete().where(Member.generation_id == gen.id))
         now = utcnow()
         if old is not None:
@@ -343,11 +348,11 @@ def _spawn(ctx: Context, a: Attempt, host: Host, build: Build, gen: Generation) 
     crashpoint(EXECD)
 
     def recorded(s: Session) -> None:
-        guarded_update(s, Generation, [Generation.id == gen.id],
-                       {"state": GenState.running, "pid": spawned.pid,
-                        "create_time": spawned.create_time},
-                       f"generation g{gen.id} spawning -> running", state_col="state",
-                       expected=GenState.spawning)
+        move(s, Generation, [Generation.id == gen.id],
+             {"state": GenState.running, "pid": spawned.pid,
+              "create_time": spawned.create_time},
+             f"generation g{gen.id} spawning -> running", fence=BY_STATE, col="state",
+             frm=GenState.spawning)
         _step(s, a, AttemptStep.spawned)
 
     ctx.store.write(recorded)
@@ -379,8 +384,9 @@ def _check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Gene
 
     def healthy(s: Session) -> None:
         gate(s, ctx, a)
-        s.execute(Member.__table__.update().where(Member.generation_id == gen.id)
-                  .values(role=MemberRole.successor))
+        move_many(s, Member, [Member.generation_id == gen.id], {"role": MemberRole.successor},
+                  f"member g{gen.id} successor", fence=BY_STEP, col="role",
+                  frm=MemberRole.spawning)
         _step(s, a, AttemptStep.healthy)
 
     ctx.store.write(healthy)
@@ -523,8 +529,8 @@ def _hold(ctx: Context, a: Attempt) -> None:
         now = utcnow()
         s.add(Member(generation_id=g.id, host=a.host, role=MemberRole.spawning, attempt_id=a.id,
                      fence=a.fence or 0, since=now, next_attempt_at=now))
-        guarded_update(s, Attempt, [Attempt.id == a.id], {"successor_id": g.id},
-                       f"attempt #{a.id} successor")
+        move(s, Attempt, [Attempt.id == a.id], {"successor_id": g.id},
+             f"attempt #{a.id} successor", fence=BY_STEP)
         s.flush()
         return g
 
@@ -540,10 +546,10 @@ def _hold(ctx: Context, a: Attempt) -> None:
         if clean:  # a one-shot run that exited 0: nothing becomes current
             clean_attempt(s, ctx, a, gen, proven)
         else:
-            guarded_update(s, Generation, [Generation.id == gen.id],
-                           {"state": GenState.current, "current_at": utcnow()},
-                           f"generation g{gen.id} running -> current", state_col="state",
-                           expected=GenState.running)
+            move(s, Generation, [Generation.id == gen.id],
+                 {"state": GenState.current, "current_at": utcnow()},
+                 f"generation g{gen.id} running -> current", fence=BY_STATE, col="state",
+                 frm=GenState.running)
             s.execute(Member.__table__.delete().where(Member.generation_id == gen.id))
         s.execute(Host.__table__.update().where(Host.name == a.host).values(build_id=a.build_id))
         _step(s, a, AttemptStep.switched)
@@ -572,8 +578,9 @@ def _retire_successor(s: Session, a: Attempt) -> None:
     g = s.get(Generation, a.successor_id)
     if g is not None and g.state in (GenState.spawning, GenState.running):
         mark_retiring(s, g.id, g.state, "hold interrupted before it was current")
-        s.execute(Member.__table__.update().where(Member.generation_id == g.id)
-                  .values(role=MemberRole.retiring, unproven=True))
+        move_many(s, Member, [Member.generation_id == g.id],
+                  {"role": MemberRole.retiring, "unproven": True}, f"member g{g.id} retiring",
+                  fence=BY_STEP, col="role", frm=tuple(MemberRole))
 
 
 def _stop_old(ctx: Context, a: Attempt) -> None:
@@ -643,12 +650,15 @@ def _end(ctx: Context, attempt_id: int, exc: BaseException) -> None:
             g = s.get(Generation, successor)
             if g is not None and g.state in (GenState.spawning, GenState.running):
                 mark_retiring(s, g.id, g.state, f"attempt #{a.id} {outcome.value}: {exc}")
-            s.execute(Member.__table__.update().where(Member.generation_id == successor)
-                      .values(role=MemberRole.retiring, unproven=True))
-        guarded_update(s, Attempt, [Attempt.id == a.id, Attempt.outcome.is_(None)],
-                       {"step": AttemptStep.ended, "outcome": outcome, "reason": str(exc),
-                        "executed": executed, "ended_at": utcnow()},
-                       f"attempt #{a.id} -> ended")
+            move_many(s, Member, [Member.generation_id == successor],
+                      {"role": MemberRole.retiring, "unproven": True},
+                      f"member g{successor} retiring", fence=BY_STEP, col="role",
+                      frm=tuple(MemberRole))
+        move(s, Attempt, [Attempt.id == a.id, Attempt.outcome.is_(None)],
+             {"step": AttemptStep.ended, "outcome": outcome, "reason": str(exc),
+              "executed": executed, "ended_at": utcnow()},
+             f"attempt #{a.id} -> ended", fence=BY_STEP, col="step",
+             frm=[st for st in AttemptStep if st is not AttemptStep.ended])
         emit(s, f"deploy_{outcome.value}", a.host, successor, attempt=a.id, reason=str(exc),
              executed=executed, mode=a.effective_mode.value)
         if outcome is Outcome.down:

@@ -23,6 +23,7 @@ from models.errors import LostRace
 from models.states import LIVE_GEN, AttemptStep, Desired, GenState, Outcome, StopState, WakeState
 from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Host, Lease, Member, Release, Restore, Stop, Wake
+from models.transition import Fence, move_many
 from workflows import placement
 from workflows.context import Context, Poke
 from workflows.crash import crashpoint, define
@@ -75,6 +76,7 @@ def _take(s: Session, ctx: Context, host: str) -> None:
         raise Poke(f"lease of {host} is no longer another agent's")
     old_holder, old_fence = old.holder, old.fence
     fence = acquire(s, ctx, host)  # CAS: only while it is still expired and placed here
+    taken = Fence(host, ctx.agent_id, fence)  # what follows is this box's, at its new fence
     now = utcnow()
     why = f"fenced: lease of agent {old_holder} (fence {old_fence}) expired; ended by its self-fence"
     ended = []
@@ -88,16 +90,19 @@ def _take(s: Session, ctx: Context, host: str) -> None:
         s.execute(delete(model).where(model.host == host))
     s.execute(update(Host).where(Host.name == host).values(raised=False))  # the old box's limit
     for state, to in _WAKE_END.items():
-        s.execute(update(Wake).where(Wake.host == host, Wake.state == state)
-                  .values(state=to, ended_at=now, reason=why))
-    s.execute(update(Stop).where(Stop.host == host, Stop.state == StopState.signalled)
-              .values(state=StopState.done, ended_at=now, reason=why))
+        move_many(s, Wake, [Wake.host == host], {"state": to, "ended_at": now, "reason": why},
+                  f"wakes of {host} ended", fence=taken, col="state", frm=state)
+    move_many(s, Stop, [Stop.host == host], {"state": StopState.done, "ended_at": now,
+                                             "reason": why},
+              f"stops of {host} ended", fence=taken, col="state", frm=StopState.signalled)
     for step, executed in ((_NOT_EXECUTED, False), (None, True)):
         cond = Attempt.step.in_(step) if step else Attempt.step.not_in(
             (*_NOT_EXECUTED, AttemptStep.queued, AttemptStep.ended))
-        s.execute(update(Attempt).where(Attempt.host == host, Attempt.outcome.is_(None), cond)
-                  .values(step=AttemptStep.ended, outcome=Outcome.abandoned, executed=executed,
-                          reason=f"lease lost: {why}", ended_at=now))
+        move_many(s, Attempt, [Attempt.host == host, Attempt.outcome.is_(None), cond],
+                  {"step": AttemptStep.ended, "outcome": Outcome.abandoned, "executed": executed,
+                   "reason": f"lease lost: {why}", "ended_at": now},
+                  f"attempts of {host} abandoned", fence=taken, col="step",
+                  frm=[st for st in AttemptStep if st is not AttemptStep.ended])
     h = s.get(Host, host)
     assert h is not None
     queued = s.execute(select(Wake.id).where(Wake.host == host,

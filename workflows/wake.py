@@ -18,8 +18,9 @@ from sqlalchemy.orm import Session
 
 from models.errors import NotFound, Refused
 from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, WakeState
-from models.store import emit, fenced, guarded_update, utcnow
+from models.store import emit, utcnow
 from models.tables import Build, Generation, Host, Stop, Wake
+from models.transition import Fence, Unfenced, move, move_many
 from workflows.access import grant_socket, prepare_socket_dir
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
@@ -34,6 +35,10 @@ from workflows.workers import (
     settle_one_shot,
     staged_problem,
 )
+
+# Moves that carry no lease fence, each with the reason it needs none.
+OPERATOR = Unfenced("an operator's intent (vigil wake), written by the CLI before any lease")
+BY_STATE = Unfenced("the wake's own state guards it (a queued wake has no fence yet)")
 
 LEASED = define("wake.leased", "the lease is taken and its fence written on the wake")
 INTENT = define("wake.intent", "the generation row is written (spawning); nothing exec'd yet")
@@ -77,7 +82,8 @@ def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
     if h is None:
         raise NotFound(f"no host named {host!r}", "see `vigil host list`, or add it with `vigil host add`")
     refuse_if_unproven(s, host)
-    s.execute(Host.__table__.update().where(Host.name == host).values(desired=Desired.up))
+    move_many(s, Host, [Host.name == host], {"desired": Desired.up}, f"host {host} up",
+              fence=OPERATOR, col="desired", frm=tuple(Desired))
     open_wake = s.execute(select(Wake).where(Wake.host == host, Wake.state.in_(OPEN_WAKE))
                           .order_by(Wake.id).limit(1)).scalar_one_or_none()
     if open_wake is not None:
@@ -132,20 +138,21 @@ def _lease(ctx: Context, w: Wake) -> bool:
             coalesced.append(w.id)
             return False
         if unproven_wake(s, w.host) is not None:
-            guarded_update(s, Wake, where, {"state": WakeState.failed, "ended_at": utcnow(),
-                                            "reason": "refused: an earlier failed wake is unproven"},
-                           f"wake #{w.id}", state_col="state", expected=WakeState.queued)
+            move(s, Wake, where, {"state": WakeState.failed, "ended_at": utcnow(),
+                                  "reason": "refused: an earlier failed wake is unproven"},
+                 f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
             return False
         current = s.execute(select(Generation.id).where(
             Generation.host == w.host, Generation.state == GenState.current)).first()
         if current is not None:
-            guarded_update(s, Wake, where, {"state": WakeState.done, "ended_at": utcnow(),
-                                            "generation_id": current.id, "reason": "already awake"},
-                           f"wake #{w.id}", state_col="state", expected=WakeState.queued)
+            move(s, Wake, where, {"state": WakeState.done, "ended_at": utcnow(),
+                                  "generation_id": current.id, "reason": "already awake"},
+                 f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
             return False
         fence = acquire(s, ctx, w.host)
-        guarded_update(s, Wake, where, {"state": WakeState.leased, "fence": fence, "attempts": 0},
-                       f"wake #{w.id} queued -> leased", state_col="state", expected=WakeState.queued)
+        move(s, Wake, where, {"state": WakeState.leased, "fence": fence, "attempts": 0},
+             f"wake #{w.id} queued -> leased", fence=Fence(w.host, ctx.agent_id, fence),
+             col="state", frm=WakeState.queued)
         return True
 
     coalesced: list[int] = []
@@ -183,6 +190,7 @@ def _start(ctx: Context, w: Wake) -> Result:
 
     gen_uuid = str(uuidlib.uuid4())
     cgroup = ctx.proc.containment_for(gen_uuid)
+    ours = Fence(w.host, ctx.agent_id, w.fence)  # every move of this start, and its generation's
 
     def intent(s: Session) -> Generation:
         now = utcnow()
@@ -195,9 +203,9 @@ def _start(ctx: Context, w: Wake) -> Result:
         # Publish before exec: the build is referenced in the store before any of it runs.
         s.execute(Build.__table__.update().where(Build.id == build.id, Build.published_at.is_(None))
                   .values(published_at=now))
-        guarded_update(s, Wake, [Wake.id == w.id, fenced(w.host, ctx.agent_id, w.fence)],
-                       {"state": WakeState.spawning, "generation_id": g.id},
-                       f"wake #{w.id} leased -> spawning", state_col="state", expected=WakeState.leased)
+        move(s, Wake, [Wake.id == w.id], {"state": WakeState.spawning, "generation_id": g.id},
+             f"wake #{w.id} leased -> spawning", fence=ours, col="state",
+             frm=WakeState.leased)
         s.flush()
         return g
 
@@ -216,24 +224,24 @@ def _start(ctx: Context, w: Wake) -> Result:
     crashpoint(SPAWNED)
 
     def recorded(s: Session) -> None:
-        guarded_update(s, Generation, [Generation.id == gen.id],
-                       {"state": GenState.running, "pid": spawned.pid,
-                        "create_time": spawned.create_time},
-                       f"generation g{gen.id} spawning -> running", state_col="state",
-                       expected=GenState.spawning)
-        guarded_update(s, Wake, [Wake.id == w.id, fenced(w.host, ctx.agent_id, w.fence)],
-                       {"state": WakeState.checking}, f"wake #{w.id} spawning -> checking",
-                       state_col="state", expected=WakeState.spawning)
+        move(s, Generation, [Generation.id == gen.id],
+             {"state": GenState.running, "pid": spawned.pid,
+              "create_time": spawned.create_time},
+             f"generation g{gen.id} spawning -> running", fence=ours, col="state",
+             frm=GenState.spawning)
+        move(s, Wake, [Wake.id == w.id],
+             {"state": WakeState.checking}, f"wake #{w.id} spawning -> checking",
+             fence=ours, col="state", frm=WakeState.spawning)
 
     def current(s: Session) -> None:
-        guarded_update(s, Generation, [Generation.id == gen.id],
-                       {"state": GenState.current, "current_at": utcnow()},
-                       f"generation g{gen.id} running -> current", state_col="state",
-                       expected=GenState.running)
-        guarded_update(s, Wake, [Wake.id == w.id, fenced(w.host, ctx.agent_id, w.fence)],
-                       {"state": WakeState.done, "ended_at": utcnow()},
-                       f"wake #{w.id} checking -> done", state_col="state",
-                       expected=WakeState.checking)
+        move(s, Generation, [Generation.id == gen.id],
+             {"state": GenState.current, "current_at": utcnow()},
+             f"generation g{gen.id} running -> current", fence=ours, col="state",
+             frm=GenState.running)
+        move(s, Wake, [Wake.id == w.id],
+             {"state": WakeState.done, "ended_at": utcnow()},
+             f"wake #{w.id} checking -> done", fence=ours, col="state",
+             frm=WakeState.checking)
         emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
 
     gen.pid, gen.create_time = spawned.pid, spawned.create_time
@@ -278,9 +286,9 @@ def _refuse_build(ctx: Context, w: Wake, reason: str) -> Result:
     """Nothing ran: the wake fails at once and the lease is owed back."""
 
     def step(s: Session) -> None:
-        guarded_update(s, Wake, [Wake.id == w.id], {"state": WakeState.failed, "reason": reason,
-                                                    "ended_at": utcnow()},
-                       f"wake #{w.id} leased -> failed", state_col="state", expected=WakeState.leased)
+        move(s, Wake, [Wake.id == w.id], {"state": WakeState.failed, "reason": reason,
+                                          "ended_at": utcnow()},
+             f"wake #{w.id} leased -> failed", fence=BY_STATE, col="state", frm=WakeState.leased)
         emit(s, "wake_failed", w.host, reason=reason, executed=False)
         owe_release(s, ctx, w.host)
 
@@ -295,10 +303,10 @@ def _fail(ctx: Context, w: Wake, gen: Generation, wake_from: WakeState, gen_from
 
     def step(s: Session) -> None:
         mark_retiring(s, gen.id, gen_from, reason)
-        guarded_update(s, Wake, [Wake.id == w.id, fenced(w.host, ctx.agent_id, w.fence or 0)],
-                       {"state": WakeState.unproven, "reason": reason, "last_error": reason,
-                        "since": utcnow()},
-                       f"wake #{w.id} -> unproven", state_col="state", expected=wake_from)
+        move(s, Wake, [Wake.id == w.id],
+             {"state": WakeState.unproven, "reason": reason, "last_error": reason,
+              "since": utcnow()},
+             f"wake #{w.id} -> unproven", fence=Fence(w.host, ctx.agent_id, w.fence or 0), col="state", frm=wake_from)
         emit(s, "wake_failed", w.host, gen.id, reason=reason)
 
     ctx.store.write(step)
@@ -318,9 +326,9 @@ def _prove_failed(ctx: Context, w: Wake) -> Result:
     def step(s: Session) -> None:
         if s.get(Generation, gen.id).state is not GenState.proven:  # type: ignore[union-attr]
             mark_proven(s, gen.id)
-        guarded_update(s, Wake, [Wake.id == w.id], {"state": WakeState.failed, "ended_at": utcnow()},
-                       f"wake #{w.id} unproven -> failed", state_col="state",
-                       expected=WakeState.unproven)
+        move(s, Wake, [Wake.id == w.id], {"state": WakeState.failed, "ended_at": utcnow()},
+             f"wake #{w.id} unproven -> failed", fence=BY_STATE, col="state",
+             frm=WakeState.unproven)
         emit(s, "proven", w.host, gen.id, after="failed wake")
         after_failed_start(s, w)
         owe_release(s, ctx, w.host)
@@ -337,9 +345,9 @@ def _to_reaping(ctx: Context, w: Wake) -> None:
         gen = s.get(Generation, w.generation_id) if w.generation_id else None
         if gen is not None and gen.state in (GenState.spawning, GenState.running):
             mark_retiring(s, gen.id, gen.state, "wake interrupted before it was current")
-        guarded_update(s, Wake, [Wake.id == w.id], {"state": WakeState.reaping},
-                       f"wake #{w.id} {w.state.value} -> reaping", state_col="state",
-                       expected=w.state)
+        move(s, Wake, [Wake.id == w.id], {"state": WakeState.reaping},
+             f"wake #{w.id} {w.state.value} -> reaping", fence=BY_STATE, col="state",
+             frm=w.state)
         emit(s, "wake_interrupted", w.host, w.generation_id, step=w.state.value)
 
     ctx.store.write(step)
@@ -357,9 +365,9 @@ def _reap(ctx: Context, w: Wake) -> None:
     def step(s: Session) -> None:
         if gen is not None and s.get(Generation, gen.id).state is GenState.retiring:  # type: ignore[union-attr]
             mark_proven(s, gen.id, "wake interrupted before it was current")
-        guarded_update(s, Wake, [Wake.id == w.id], {"state": WakeState.leased, "attempts": 0},
-                       f"wake #{w.id} reaping -> leased", state_col="state",
-                       expected=WakeState.reaping)
+        move(s, Wake, [Wake.id == w.id], {"state": WakeState.leased, "attempts": 0},
+             f"wake #{w.id} reaping -> leased", fence=BY_STATE, col="state",
+             frm=WakeState.reaping)
 
     ctx.store.write(step)
     if gen is not None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-
 from typing import Any
 
 from sqlalchemy import or_, select, update
@@ -26,14 +25,20 @@ from tenacity import RetryCallState, wait_exponential
 
 from models.errors import BadInput, LostRace
 from models.states import OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, MemberRole, WakeState
-from models.store import emit, fenced, guarded_update, utcnow
+from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Lease, Member, Stop, Wake
+from models.transition import Fence, Unfenced, move, move_many
 from workflows.context import Context
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.lease import owe_release, release_owed
 from workflows.ports import ProcRef
 from workflows.sanity import impossible_hosts
+
+# Moves that carry no lease fence, each with the reason it needs none.
+BY_STATE = Unfenced("the wake's own state guards it (a queued wake has no fence yet)")
+ONE_SHOT = Unfenced("the attempt ending its one-shot run: its gate checked the lease")
+OWN_SWEEP = Unfenced("host-scoped bookkeeping of this agent's own sweep")
 
 DRIFT = define("worker.drift", "a worker's drift from its live build is written (or cleared)")
 RECYCLING = define("worker.recycling", "a max-run recycle is written: the old generation is a "
@@ -162,10 +167,10 @@ def coalesce(s: Session, w: Wake) -> Attempt | None:
     a = open_attempt(s, w.host)
     if a is None:
         return None
-    guarded_update(s, Wake, [Wake.id == w.id],
-                   {"state": WakeState.cancelled, "ended_at": utcnow(),
-                    "reason": f"coalesced: attempt #{a.id} makes the spawn"},
-                   f"wake #{w.id} queued -> cancelled", state_col="state", expected=WakeState.queued)
+    move(s, Wake, [Wake.id == w.id],
+         {"state": WakeState.cancelled, "ended_at": utcnow(),
+          "reason": f"coalesced: attempt #{a.id} makes the spawn"},
+         f"wake #{w.id} queued -> cancelled", fence=BY_STATE, col="state", frm=WakeState.queued)
     emit(s, "restart_coalesced", w.host, attempt=a.id, wake=w.id, cause=w.cause)
     return a
 
@@ -253,11 +258,11 @@ def clean_wake(ctx: Context, w: Wake, gen: Generation) -> None:
 
     def step(s: Session) -> None:
         _end_clean_run(s, gen, proven, w.fence or 0)
-        guarded_update(s, Wake, [Wake.id == w.id, fenced(w.host, ctx.agent_id, w.fence or 0)],
-                       {"state": WakeState.done, "ended_at": utcnow(),
-                        "reason": "one-shot run exited 0"},
-                       f"wake #{w.id} checking -> done", state_col="state",
-                       expected=WakeState.checking)
+        move(s, Wake, [Wake.id == w.id],
+             {"state": WakeState.done, "ended_at": utcnow(),
+              "reason": "one-shot run exited 0"},
+             f"wake #{w.id} checking -> done", fence=Fence(w.host, ctx.agent_id, w.fence or 0), col="state",
+             frm=WakeState.checking)
         emit(s, "clean_exit", w.host, gen.id, wake=w.id, pid=gen.pid)
         owe_release(s, ctx, w.host)
 
@@ -274,8 +279,9 @@ def clean_attempt(s: Session, ctx: Context, a: Attempt, gen: Generation, proven:
     if proven:
         s.execute(Member.__table__.delete().where(Member.generation_id == gen.id))
     else:
-        s.execute(update(Member).where(Member.generation_id == gen.id)
-                  .values(role=MemberRole.retiring, unproven=True))
+        move_many(s, Member, [Member.generation_id == gen.id],
+                  {"role": MemberRole.retiring, "unproven": True}, f"member g{gen.id} retiring",
+                  fence=ONE_SHOT, col="role", frm=tuple(MemberRole))
     emit(s, "clean_exit", a.host, gen.id, attempt=a.id, pid=gen.pid)
 
 
@@ -354,10 +360,10 @@ def _sweep_one(ctx: Context, gen: Generation, host: Host, may_converge: bool,
 
 def _note_drift(ctx: Context, host: Host, since: object) -> None:
     def step(s: Session) -> None:
-        guarded_update(s, Host, [Host.name == host.name,
-                                 Host.drift_since.is_(None) if since is not None
-                                 else Host.drift_since.is_not(None)],
-                       {"drift_since": since}, f"drift of {host.name}")
+        move(s, Host, [Host.name == host.name,
+                       Host.drift_since.is_(None) if since is not None
+                       else Host.drift_since.is_not(None)],
+             {"drift_since": since}, f"drift of {host.name}", fence=OWN_SWEEP)
         if since is not None:
             emit(s, "drift", host.name, live_build_id=host.build_id,
                  grace=host.converge_grace)
@@ -378,11 +384,10 @@ def _replace(ctx: Context, gen: Generation, host: Host, cause: str, build_id: in
             return False
         lease = s.get(Lease, gen.host)
         assert lease is not None
-        guarded_update(s, Generation, [Generation.id == gen.id,
-                                       fenced(gen.host, ctx.agent_id, lease.fence)],
-                       {"state": GenState.retiring, "end_reason": f"{cause}: {why}"},
-                       f"generation g{gen.id} current -> retiring", state_col="state",
-                       expected=GenState.current)
+        move(s, Generation, [Generation.id == gen.id],
+             {"state": GenState.retiring, "end_reason": f"{cause}: {why}"},
+             f"generation g{gen.id} current -> retiring", fence=Fence(gen.host, ctx.agent_id, lease.fence), col="state",
+             frm=GenState.current)
         now = utcnow()
         s.add(Member(generation_id=gen.id, host=gen.host, role=MemberRole.retiring,
                      fence=lease.fence, since=now, next_attempt_at=now))

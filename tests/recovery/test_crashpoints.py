@@ -176,6 +176,13 @@ def env_of(pid: int) -> dict[str, str]:
         return {}
 
 
+def alive_pid(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def describe(pids: set[int]) -> str:
     out = []
     for pid in sorted(pids):
@@ -641,6 +648,9 @@ def check_invariants(v: Vigil, flow: Flow, before: Snapshot, at_crash: list[Snap
     uuids = {g.uuid for g in cur.values()}
     stray = {pid for pid in app_pids(v) - allowed
              if env_of(pid).get("VIGIL_GENERATION") not in uuids}
+    # A process that ended between the scan and the read of its environment is no leak
+    # (its environment reads as empty once it is gone): only live ones count.
+    stray = {pid for pid in stray if alive_pid(pid)}
     assert not stray, f"processes outside the current generations: {describe(stray)}"
 
     # Every other generation is proven, its recorded leader gone, its cgroup removed.

@@ -1,9 +1,10 @@
 """The store on one box: SQLite pragmas from the connect hook, file and directory modes,
-guarded updates (compare-and-set, fence, legal transitions) and lock retries."""
+the transition primitive (compare-and-set, fence, legal transitions) and lock retries."""
 
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import stat
 import subprocess
@@ -13,28 +14,39 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from models import schema
 from models.errors import BadInput, IllegalTransition, LostRace, StoreNotReady
-from models.states import TRANSITIONS, AttemptStep, GenState, HostKind, StopState, WakeState
+from models.states import (
+    TRANSITIONS,
+    AttemptStep,
+    Cause,
+    Desired,
+    GenState,
+    HostKind,
+    MemberRole,
+    Mode,
+    StopState,
+    WakeState,
+)
 from models.store import (
     DB_FILE,
     Store,
     emit,
-    fenced,
-    guarded_update,
     is_transient,
     normalize_url,
     prepare_state_dir,
     sqlite_url,
     utcnow,
 )
-from models.tables import Attempt, Build, Event, Generation, Host, Lease, Stop, Wake
+from models.tables import Attempt, Build, Event, Generation, Host, Lease, Member, Stop, Wake
+from models.transition import Fence, Unfenced, move, move_many
 from tests.conftest import drop_db, new_db, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -240,23 +252,22 @@ def test_state_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
         prepare_state_dir(f)
 
 
-# -- guarded updates -----------------------------------------------------------------------
+# -- the transition primitive (models/transition.py) ----------------------------------------
 
-def to_running(gid: int, *extra: object) -> object:
+def to_running(gid: int, fence: Fence | Unfenced = Unfenced("a unit test")) -> object:
     def step(s: Session) -> None:
-        guarded_update(s, Generation, [Generation.id == gid, *extra],
-                       {"state": GenState.running, "pid": 4242}, f"g{gid} running",
-                       state_col="state", expected=GenState.spawning)
+        move(s, Generation, [Generation.id == gid], {"state": GenState.running, "pid": 4242},
+             f"g{gid} running", fence=fence, col="state", frm=GenState.spawning)
 
     return step
 
 
-def test_guarded_update_moves_a_matching_row(store: Store, gen_id: int) -> None:
-    store.write(to_running(gen_id, fenced("web", AGENT, FENCE)))
+def test_move_moves_a_matching_row(store: Store, gen_id: int) -> None:
+    store.write(to_running(gen_id, Fence("web", AGENT, FENCE)))
     assert gen_state(store, gen_id) is GenState.running
 
 
-def test_guarded_update_lost_race_on_state(store: Store, gen_id: int) -> None:
+def test_move_lost_race_on_state(store: Store, gen_id: int) -> None:
     store.write(to_running(gen_id))
     with pytest.raises(LostRace) as err:
         store.write(to_running(gen_id))  # expects spawning, the row is running now
@@ -266,26 +277,112 @@ def test_guarded_update_lost_race_on_state(store: Store, gen_id: int) -> None:
 
 @pytest.mark.parametrize("holder,fence", [(AGENT, FENCE + 1), (AGENT, FENCE - 1),
                                           ("agent-2", FENCE)])
-def test_guarded_update_lost_race_on_fence(store: Store, gen_id: int, holder: str,
-                                           fence: int) -> None:
+def test_move_lost_race_on_fence(store: Store, gen_id: int, holder: str, fence: int) -> None:
     with pytest.raises(LostRace):
-        store.write(to_running(gen_id, fenced("web", holder, fence)))
+        store.write(to_running(gen_id, Fence("web", holder, fence)))
     assert gen_state(store, gen_id) is GenState.spawning
+
+
+def test_a_move_names_its_fence_or_its_waiver(store: Store, gen_id: int) -> None:
+    with pytest.raises(TypeError, match="fence must be"):
+        store.write(lambda s: move(s, Generation, [Generation.id == gen_id],
+                                   {"state": GenState.running}, "probe", fence=None,  # type: ignore[arg-type]
+                                   col="state", frm=GenState.spawning))
 
 
 def test_lost_race_rolls_back_the_whole_step(store: Store, gen_id: int) -> None:
     def step(s: Session) -> None:
         emit(s, "probe", "web", gen_id)
-        to_running(gen_id, fenced("web", AGENT, FENCE + 1))(s)  # type: ignore[operator]
+        to_running(gen_id, Fence("web", AGENT, FENCE + 1))(s)  # type: ignore[operator]
 
     with pytest.raises(LostRace):
         store.write(step)
     assert store.read(lambda s: s.execute(select(Event.id)).all()) == []
 
 
-# Every Enum with a transition table, and the column it guards.
-STATE_MODELS = {GenState: (Generation, "state"), WakeState: (Wake, "state"),
-                StopState: (Stop, "state"), AttemptStep: (Attempt, "step")}
+# Every Enum with a transition table: the model, the column it guards and the row's key.
+STATE_MODELS = {GenState: (Generation, "state", Generation.id),
+                WakeState: (Wake, "state", Wake.id),
+                StopState: (Stop, "state", Stop.id),
+                AttemptStep: (Attempt, "step", Attempt.id),
+                MemberRole: (Member, "role", Member.generation_id),
+                Desired: (Host, "desired", Host.name)}
+
+
+def one_of_each(s: Session, gid: int) -> dict[type, Any]:
+    """A row of every kind with a state on host `web`, each one legal move from its state:
+    model -> (key value, from, to)."""
+    now = utcnow()
+    w = Wake(host="web", state=WakeState.queued, since=now, next_attempt_at=now, created_at=now)
+    st = Stop(host="web", state=StopState.queued, since=now, next_attempt_at=now, created_at=now)
+    a = Attempt(host="web", build_id=1, digest="0" * 64, cause=Cause.release, mode=Mode.overlap,
+                effective_mode=Mode.overlap, revision=1, step=AttemptStep.queued, since=now,
+                next_attempt_at=now, created_at=now)
+    m = Member(generation_id=gid, host="web", role=MemberRole.spawning, fence=FENCE, since=now,
+               next_attempt_at=now)
+    s.add_all([w, st, a, m])
+    s.flush()
+    return {Generation: (gid, GenState.spawning, GenState.running),
+            Wake: (w.id, WakeState.queued, WakeState.leased),
+            Stop: (st.id, StopState.queued, StopState.signalled),
+            Attempt: (a.id, AttemptStep.queued, AttemptStep.admitted),
+            Member: (gid, MemberRole.spawning, MemberRole.successor),
+            Host: ("web", Desired.down, Desired.up)}
+
+
+@pytest.mark.parametrize("holder,fence", [(AGENT, FENCE + 1), ("agent-2", FENCE)])
+def test_a_stale_fence_is_refused_for_every_kind_of_row(store: Store, gen_id: int, holder: str,
+                                                         fence: int) -> None:
+    """Each kind of row with a state, one legal move each: with a stale fence (or another
+    holder's) nothing moves and LostRace names the row; with the live fence it moves."""
+    rows = store.write(lambda s: one_of_each(s, gen_id))
+    store.write(lambda s: s.execute(update(Host).where(Host.name == "web").values(desired=Desired.down)))
+    kinds = {model: (col, key) for model, col, key in STATE_MODELS.values()}
+    assert set(rows) == set(kinds), "a kind of row with a state is missing here"
+    for model, (keyval, frm, to) in rows.items():
+        col, key = kinds[model]
+
+        def step(s: Session, f: Fence) -> None:
+            move(s, model, [key == keyval], {col: to}, f"{model.__name__} {keyval}",
+                 fence=f, col=col, frm=frm)
+
+        with pytest.raises(LostRace):
+            store.write(lambda s: step(s, Fence("web", holder, fence)))
+        assert store.read(lambda s: s.execute(select(getattr(model, col)).where(key == keyval))
+                          .scalar_one()) == frm
+        store.write(lambda s: step(s, Fence("web", AGENT, FENCE)))
+        assert store.read(lambda s: s.execute(select(getattr(model, col)).where(key == keyval))
+                          .scalar_one()) == to
+
+
+def test_move_many_moves_only_rows_whose_guards_hold(store: Store, gen_id: int) -> None:
+    """The bulk form: one statement; each row fenced by its own host; the others stay."""
+    def seed(s: Session) -> list[int]:
+        now = utcnow()
+        s.add(Host(name="api", kind=HostKind.instance, build_id=1, fence_seq=1, created_at=now))
+        s.add(Lease(host="api", holder="agent-2", fence=1, acquired_at=now, expires_at=now))
+        s.flush()
+        ws = [Wake(host=h, state=st, since=now, next_attempt_at=now, created_at=now)
+              for h, st in (("web", WakeState.queued), ("web", WakeState.leased),
+                            ("api", WakeState.queued), ("web", WakeState.done))]
+        s.add_all(ws)
+        s.flush()
+        return [w.id for w in ws]
+
+    ids = store.write(seed)
+    moved = store.write(lambda s: move_many(
+        s, Wake, [Wake.id.in_(ids)], {"state": WakeState.cancelled}, "cancel",
+        fence=Fence(Wake.host, AGENT, FENCE), col="state",
+        frm=(WakeState.queued, WakeState.leased)))
+    assert moved == 2
+    states = dict(store.read(lambda s: s.execute(select(Wake.id, Wake.state).where(
+        Wake.id.in_(ids))).all()))
+    assert [states[i] for i in ids] == [WakeState.cancelled, WakeState.cancelled,
+                                        WakeState.queued, WakeState.done]
+    with pytest.raises(IllegalTransition):
+        store.write(lambda s: move_many(s, Wake, [Wake.id.in_(ids)], {"state": WakeState.queued},
+                                        "back", fence=Unfenced("test"), col="state",
+                                        frm=WakeState.done))
 
 
 def test_every_state_enum_has_a_transition_table() -> None:
@@ -298,12 +395,12 @@ def test_every_state_enum_has_a_transition_table() -> None:
 
 
 def test_illegal_transitions_are_refused(store: Store) -> None:
-    """Every pair of distinct states: legal ones reach the UPDATE (no row matches id -1:
-    LostRace); illegal ones are refused before any SQL runs."""
+    """Every pair of distinct states: legal ones reach the UPDATE (no row matches: LostRace);
+    illegal ones are refused before any SQL runs."""
     seen = {"legal": 0, "illegal": 0}
 
     def step(s: Session) -> None:
-        for cls, (model, col) in STATE_MODELS.items():
+        for cls, (model, col, key) in STATE_MODELS.items():
             for old in cls:
                 for new in cls:
                     if old is new:
@@ -311,8 +408,8 @@ def test_illegal_transitions_are_refused(store: Store) -> None:
                     legal = new in TRANSITIONS[cls][old]
                     exc = LostRace if legal else IllegalTransition
                     with pytest.raises(exc) as err:
-                        guarded_update(s, model, [model.id == -1], {col: new}, "probe",
-                                       state_col=col, expected=old)
+                        move(s, model, [key == (-1 if key is not Host.name else "-")],
+                             {col: new}, "probe", fence=Unfenced("probe"), col=col, frm=old)
                     if not legal:
                         assert f"illegal transition {old} -> {new}" in str(err.value)
                     seen["legal" if legal else "illegal"] += 1
@@ -321,10 +418,26 @@ def test_illegal_transitions_are_refused(store: Store) -> None:
     assert seen["legal"] > 0 and seen["illegal"] > 0
 
 
+def test_no_state_column_is_written_outside_the_primitive() -> None:
+    """grep: no raw UPDATE sets a state column (state, step, role, desired, outcome) in
+    the product code; models/transition.py is the one place that does."""
+    cols = re.compile(r"\.values\([^)]*\b(state|step|role|desired|outcome)=")
+    hits = []
+    for d in ("models", "workflows", "runners"):
+        for path in sorted((ROOT / d).glob("*.py")):
+            text = path.read_text()
+            for m in re.finditer(r"update\(", text):
+                window = text[m.start():m.start() + 400]
+                end = window.find("\n\n")
+                if cols.search(window[:end if end > 0 else None]):
+                    hits.append(f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}")
+    assert hits == [], f"state columns written outside models/transition.py: {hits}"
+
+
 def test_illegal_transition_leaves_the_row(store: Store, gen_id: int) -> None:
     def step(s: Session) -> None:
-        guarded_update(s, Generation, [Generation.id == gen_id], {"state": GenState.current},
-                       "skip running", state_col="state", expected=GenState.spawning)
+        move(s, Generation, [Generation.id == gen_id], {"state": GenState.current},
+             "skip running", fence=Unfenced("test"), col="state", frm=GenState.spawning)
 
     with pytest.raises(IllegalTransition, match="illegal transition"):
         store.write(step)
@@ -334,13 +447,13 @@ def test_illegal_transition_leaves_the_row(store: Store, gen_id: int) -> None:
 @pytest.mark.no_db
 def test_illegal_transition_is_refused_under_python_O() -> None:
     """`python -O` strips asserts; the transition check is not one."""
-    probe = ("from models.store import guarded_update\n"
+    probe = ("from models.transition import Unfenced, move\n"
              "from models.states import GenState\n"
              "from models.tables import Generation\n"
              "assert False, 'asserts are on: not running under -O'\n")
     cp = subprocess.run([sys.executable, "-O", "-c", probe + (
-        "guarded_update(None, Generation, [], {'state': GenState.current}, 'probe',\n"
-        "               state_col='state', expected=GenState.proven)\n")],
+        "move(None, Generation, [], {'state': GenState.current}, 'probe',\n"
+        "     fence=Unfenced('probe'), col='state', frm=GenState.proven)\n")],
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert cp.returncode != 0, cp.stdout
     assert "IllegalTransition: illegal transition" in cp.stderr, cp.stderr
