@@ -13,13 +13,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, exists, make_url
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from models.errors import BadInput, StoreNotReady
-from models.tables import Event, Lease
+from models.tables import Event
 
 T = TypeVar("T")
 DB_FILE = "vigil.db"
@@ -194,11 +194,6 @@ def _not_a_database(url: str, exc: Exception) -> StoreNotReady:
         f"{url.removeprefix('sqlite:///')} is not a vigil database ({exc})",
         "point --state-dir or --db at a vigil database, or move the file away",
     )
-
-
-def fenced(host: str, holder: str, fence: int) -> Any:
-    """The clause every write of a host's workflow carries: the lease is still ours."""
-    return exists().where(Lease.host == host, Lease.holder == holder, Lease.fence == fence)
 
 
 def emit(session: Session, kind: str, host: str | None, generation_id: int | None = None, /,

@@ -34,5 +34,3 @@ SELECT CASE WHEN unproven THEN 'unproven_member' ELSE 'member' END, host, genera
        since, attempts, next_attempt_at, last_error
   FROM members
 """
-
-DROP_PENDING_OBLIGATIONS = "DROP VIEW IF EXISTS pending_obligations"

@@ -5,7 +5,6 @@ a slow safety interval; a liveness sweep of current generations on a short one."
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable
 import fcntl
 import logging
 import os
@@ -14,6 +13,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import psutil

@@ -25,9 +25,9 @@ from runners.setup import make_context, open_store
 from runners.wakeup import notify
 from workflows import crash
 from workflows.builds import collect
+from workflows.deploy import last_failed, request_deploy
 from workflows.hosts import add_host, record_build, remove_host, status
 from workflows.stop import request_stop
-from workflows.swap import last_failed, request_deploy
 from workflows.wake import request_wake
 
 

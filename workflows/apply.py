@@ -27,9 +27,9 @@ from models.states import Cause, HostKind, Mode
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Host, Lease
 from models.transition import Unfenced, move
+from workflows.deploy import request_deploy
 from workflows.hosts import check_name, host_state, record_build, remove_host
 from workflows.lease import still_needed
-from workflows.swap import request_deploy
 
 # Moves that carry no lease fence, each with the reason it needs none.
 OPERATOR = Unfenced("an operator's intent (vigil apply), written by the CLI")

@@ -6,10 +6,10 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, exists, func, insert, or_, select, update
+from sqlalchemy import bindparam, delete, exists, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, GenState
+from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE
 from models.store import emit, utcnow
 from models.tables import (
     Attempt,
@@ -223,11 +223,6 @@ def renew_held(ctx: Context) -> set[str]:
                              .values(expires_at=expires).returning(Lease.host)).scalars())
 
     return ctx.store.write(step)
-
-
-def count_current(s: Session, host: str) -> int:
-    return s.execute(select(func.count()).select_from(Generation).where(
-        Generation.host == host, Generation.state == GenState.current)).scalar_one()
 
 
 def release_owed(ctx: Context, host: str) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.errors import LostRace
-from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole, WakeState
+from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole
 from models.store import emit, utcnow
 from models.tables import Generation, Host, Lease, Member, Restore, Wake
 from models.transition import Unfenced, move
@@ -21,6 +21,7 @@ from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, ref_of
 from workflows.lease import owe_release, release_owed
+from workflows.queue import enqueue_wake
 from workflows.sanity import impossible_hosts
 from workflows.workers import worker_exited
 
@@ -51,8 +52,7 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
         queued = s.execute(select(Wake.id).where(Wake.host == gen.host,
                                                  Wake.state.in_(OPEN_WAKE))).first()
         if queued is None:
-            s.add(Wake(host=gen.host, state=WakeState.queued, cause="restart", since=now,
-                       next_attempt_at=now, created_at=now))
+            enqueue_wake(s, gen.host, "restart")
 
 
 def current_leaders(ctx: Context) -> dict[int, tuple[int, float]]:

@@ -17,11 +17,11 @@ from models.states import OPEN_STOP, OPEN_WAKE
 from models.store import utcnow
 from models.tables import Attempt, Host, Lease, Member, Release, Restore, Stop, Wake
 from workflows.context import Context, Poke, Result
+from workflows.deploy import drive_attempt
 from workflows.lease import drive_release, give_back
 from workflows.members import drive_member, drive_restore
 from workflows.sanity import refuse_if_impossible
 from workflows.stop import drive_stop
-from workflows.swap import drive_attempt
 from workflows.wake import drive_wake
 
 BACKOFF = wait_exponential(multiplier=0.1, min=0.1, max=5.0)

@@ -82,11 +82,6 @@ class HealthPort(Protocol):
         timeout passes or `alive()` turns False (returns the reason as a string)."""
 
 
-class Clock(Protocol):
-    def now(self) -> float: ...
-    def sleep(self, seconds: float) -> None: ...
-
-
 class Files(Protocol):
     """The filesystem side effects a workflow asks for."""
 

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from models.states import Cause, GenState, Mode
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host
-from workflows.swap import request_deploy
+from workflows.deploy import request_deploy
 
 # A second firing this soon after a restart attempt is a repeat (the agent died after the
 # attempt was written and before the job store recorded the run): a cron fires at most

@@ -29,6 +29,7 @@ from workflows.context import Context, Poke
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.lease import acquire, owe_release, release_owed
+from workflows.queue import enqueue_wake
 
 TAKEN = define("takeover.done", "an orphaned host is leased here with a new fence; the old "
                                 "owner's generations are ended and its obligations settled")
@@ -109,8 +110,7 @@ def _take(s: Session, ctx: Context, host: str) -> None:
                                              Wake.state == WakeState.queued)).first()
     if h.desired is Desired.up and queued is None and not s.execute(select(Stop.id).where(
             Stop.host == host, Stop.state == StopState.queued)).first():
-        s.add(Wake(host=host, state=WakeState.queued, cause="takeover", since=now,
-                   next_attempt_at=now, created_at=now))
+        enqueue_wake(s, host, "takeover")
     emit(s, "taken_over", host, old_holder=old_holder, old_fence=old_fence, fence=fence,
          ended=ended)
     owe_release(s, ctx, host)

@@ -8,25 +8,24 @@ proven; only the proof closes it and owes the lease back.
 
 from __future__ import annotations
 
-import json
-import os
-import uuid as uuidlib
 from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.errors import NotFound, Refused
-from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, WakeState
+from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, WakeState
 from models.store import emit, utcnow
 from models.tables import Build, Generation, Host, Stop, Wake
 from models.transition import Fence, Unfenced, move, move_many
-from workflows.access import grant_socket, prepare_socket_dir
+from workflows.access import grant_socket
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
+from workflows.generations import intend, launch, record
 from workflows.lease import acquire, owe_release, release_owed
-from workflows.ports import SpawnError, SpawnSpec
+from workflows.ports import SpawnError
+from workflows.queue import enqueue_wake
 from workflows.workers import (
     COALESCED,
     after_failed_start,
@@ -93,10 +92,7 @@ def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
         Generation.host == host, Generation.state == GenState.current)).first()
     if current is not None and stopping is None:
         return WakeRequest(None, "awake")
-    now = utcnow()
-    w = Wake(host=host, state=WakeState.queued, cause=cause, since=now, next_attempt_at=now,
-             created_at=now)
-    s.add(w)
+    w = enqueue_wake(s, host, cause)
     s.flush()
     emit(s, "wake_requested", host, wake=w.id, cause=cause)
     return WakeRequest(w.id, w.state.value)
@@ -188,18 +184,11 @@ def _start(ctx: Context, w: Wake) -> Result:
     if refusal is not None:
         return _refuse_build(ctx, w, refusal)
 
-    gen_uuid = str(uuidlib.uuid4())
-    cgroup = ctx.proc.containment_for(gen_uuid)
     ours = Fence(w.host, ctx.agent_id, w.fence)  # every move of this start, and its generation's
 
     def intent(s: Session) -> Generation:
         now = utcnow()
-        g = Generation(uuid=gen_uuid, host=w.host, build_id=build.id, state=GenState.spawning,
-                       fence=w.fence, cgroup=cgroup, agent_id=ctx.agent_id, created_at=now)
-        s.add(g)
-        s.flush()
-        if host.kind is HostKind.instance:
-            g.socket = ctx.socket_for(w.host, g.id)
+        g = intend(s, ctx, host, build.id, w.fence)
         # Publish before exec: the build is referenced in the store before any of it runs.
         s.execute(Build.__table__.update().where(Build.id == build.id, Build.published_at.is_(None))
                   .values(published_at=now))
@@ -211,24 +200,14 @@ def _start(ctx: Context, w: Wake) -> Result:
 
     gen = ctx.store.write(intent)
     crashpoint(INTENT)
-    os.makedirs(os.path.dirname(ctx.log_for(w.host)), exist_ok=True)
-    spec = SpawnSpec(generation_uuid=gen.uuid, host=w.host, argv=[build.path, *json.loads(host.args)],
-                     env={**json.loads(host.env), "VIGIL_HOME": str(ctx.state_dir)}, cwd=host.cwd, socket_path=gen.socket,
-                     log_path=ctx.log_for(w.host), cgroup=cgroup)
     try:
-        if gen.socket:
-            prepare_socket_dir(ctx, host, gen.socket)
-        spawned = ctx.proc.spawn(spec)
+        spawned = launch(ctx, host, build, gen)
     except SpawnError as exc:  # it did not start
         return _fail(ctx, w, gen, WakeState.spawning, GenState.spawning, f"spawn failed: {exc}")
     crashpoint(SPAWNED)
 
     def recorded(s: Session) -> None:
-        move(s, Generation, [Generation.id == gen.id],
-             {"state": GenState.running, "pid": spawned.pid,
-              "create_time": spawned.create_time},
-             f"generation g{gen.id} spawning -> running", fence=ours, col="state",
-             frm=GenState.spawning)
+        record(s, gen, spawned, ours)
         move(s, Wake, [Wake.id == w.id],
              {"state": WakeState.checking}, f"wake #{w.id} spawning -> checking",
              fence=ours, col="state", frm=WakeState.spawning)

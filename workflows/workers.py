@@ -16,7 +16,6 @@ is a success (the build marked good), any other exit the build's failure; no res
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import or_, select, update
@@ -33,6 +32,7 @@ from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.lease import owe_release, release_owed
 from workflows.ports import ProcRef
+from workflows.queue import enqueue_wake
 from workflows.sanity import impossible_hosts
 
 # Moves that carry no lease fence, each with the reason it needs none.
@@ -141,9 +141,7 @@ def queue_restart(s: Session, host: Host, build_id: int, uptime: float, why: str
         return
     streak = 0 if uptime >= host.restart_reset else host.restart_streak
     delay = restart_delay(host, streak)
-    now = utcnow()
-    s.add(Wake(host=host.name, state=WakeState.queued, cause="restart", build_id=build_id,
-               since=now, next_attempt_at=now + timedelta(seconds=delay), created_at=now))
+    enqueue_wake(s, host.name, "restart", build_id=build_id, delay=delay)
     s.execute(update(Host).where(Host.name == host.name).values(restart_streak=streak + 1))
     emit(s, "restart_scheduled", host.name, delay=round(delay, 3), streak=streak + 1,
          uptime=round(uptime, 3), build_id=build_id, reason=why)
@@ -391,8 +389,7 @@ def _replace(ctx: Context, gen: Generation, host: Host, cause: str, build_id: in
         now = utcnow()
         s.add(Member(generation_id=gen.id, host=gen.host, role=MemberRole.retiring,
                      fence=lease.fence, since=now, next_attempt_at=now))
-        s.add(Wake(host=gen.host, state=WakeState.queued, cause=cause, build_id=build_id,
-                   since=now, next_attempt_at=now, created_at=now))
+        enqueue_wake(s, gen.host, cause, build_id=build_id)
         if cause == "converge":  # a recycle keeps the drift's age: it must not starve it
             s.execute(update(Host).where(Host.name == gen.host).values(drift_since=None))
         emit(s, "converging" if cause == "converge" else "recycling", gen.host, gen.id,

@@ -33,10 +33,10 @@ from tests.conftest import pid_dead, wait_for
 from tests.model.apps import write_app
 from tests.model.box import Box
 from workflows.context import Result
+from workflows.deploy import request_deploy
 from workflows.obligations import KINDS, Due, backoff, due
 from workflows.ports import ProcessPort, ProcRef
 from workflows.stop import request_stop
-from workflows.swap import request_deploy
 from workflows.wake import request_wake
 
 pytestmark = pytest.mark.timeout(120)
@@ -538,22 +538,22 @@ COMMITS = [
     ("stop", "drive_release.<locals>.step"),
     ("dead_leader", "retire_dead_currents.<locals>.<lambda>"),
     ("dead_leader", "drive_member.<locals>.step"),
-    ("overlap", "_overlap.<locals>.admit"),
-    ("overlap", "_publish.<locals>.step"),
-    ("overlap", "_spawn.<locals>.recorded"),
-    ("overlap", "_check.<locals>.healthy"),
-    ("overlap", "_overlap.<locals>.switch"),
+    ("overlap", "run_overlap.<locals>.admit"),
+    ("overlap", "publish.<locals>.step"),
+    ("overlap", "spawn.<locals>.recorded"),
+    ("overlap", "check.<locals>.healthy"),
+    ("overlap", "run_overlap.<locals>.switch"),
     ("overlap", "_drain.<locals>.step"),
     ("hold", "_stop_old.<locals>.step"),
     ("hold", "_finish_old.<locals>.step"),
-    ("hold", "_hold.<locals>.new_gen"),
-    ("hold", "_hold.<locals>.current"),
+    ("hold", "run_hold.<locals>.new_gen"),
+    ("hold", "run_hold.<locals>.current"),
 ]
 # Before the switch (overlap) or before the old generation is stopped (hold), an attempt
 # that meets an unexpected store error is abandoned (never blamed on the build): the host
 # keeps its build and its link. From there on it stays open and is finished by the sweep.
-ABANDONS = {"_overlap.<locals>.admit", "_publish.<locals>.step", "_spawn.<locals>.recorded",
-            "_check.<locals>.healthy", "_overlap.<locals>.switch", "_stop_old.<locals>.step"}
+ABANDONS = {"run_overlap.<locals>.admit", "publish.<locals>.step", "spawn.<locals>.recorded",
+            "check.<locals>.healthy", "run_overlap.<locals>.switch", "_stop_old.<locals>.step"}
 
 
 @pytest.mark.parametrize(("scenario", "target"), COMMITS, ids=[f"{s}:{t.split('.')[0]}.{t.split('.')[-1]}" for s, t in COMMITS])

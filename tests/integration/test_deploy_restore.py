@@ -24,10 +24,10 @@ from runners.process import ProcessBackend
 from runners.setup import open_store
 from tests.conftest import HELLO, Vigil, pid_dead
 from workflows.context import Context, Result
+from workflows.deploy import drive_attempt, request_deploy
 from workflows.hosts import record_build
 from workflows.obligations import Due, run_one
 from workflows.stop import drive_stop, request_stop
-from workflows.swap import drive_attempt, request_deploy
 from workflows.wake import drive_wake, request_wake
 
 TIER = 64  # MB

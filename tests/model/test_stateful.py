@@ -56,8 +56,8 @@ from tests.conftest import drop_db, on_postgresql, pid_dead, wait_for
 from tests.model.apps import write_app
 from tests.model.box import Box, CrashTrap, template_db
 from workflows import crash as crash_mod
+from workflows.deploy import request_deploy
 from workflows.stop import request_stop
-from workflows.swap import request_deploy
 from workflows.wake import request_wake
 
 LONG = os.environ.get("VIGIL_LONG") == "1"

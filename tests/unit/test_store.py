@@ -254,7 +254,10 @@ def test_state_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 # -- the transition primitive (models/transition.py) ----------------------------------------
 
-def to_running(gid: int, fence: Fence | Unfenced = Unfenced("a unit test")) -> object:
+TEST_WAIVER = Unfenced("a unit test")
+
+
+def to_running(gid: int, fence: Fence | Unfenced = TEST_WAIVER) -> object:
     def step(s: Session) -> None:
         move(s, Generation, [Generation.id == gid], {"state": GenState.running, "pid": 4242},
              f"g{gid} running", fence=fence, col="state", frm=GenState.spawning)
@@ -342,17 +345,20 @@ def test_a_stale_fence_is_refused_for_every_kind_of_row(store: Store, gen_id: in
     for model, (keyval, frm, to) in rows.items():
         col, key = kinds[model]
 
-        def step(s: Session, f: Fence) -> None:
+        def state(model: Any = model, col: str = col, key: Any = key, keyval: Any = keyval) -> Any:
+            return store.read(lambda s: s.execute(
+                select(getattr(model, col)).where(key == keyval)).scalar_one())
+
+        def step(s: Session, f: Fence, model: Any = model, col: str = col, key: Any = key,
+                 keyval: Any = keyval, frm: Any = frm, to: Any = to) -> None:
             move(s, model, [key == keyval], {col: to}, f"{model.__name__} {keyval}",
                  fence=f, col=col, frm=frm)
 
         with pytest.raises(LostRace):
-            store.write(lambda s: step(s, Fence("web", holder, fence)))
-        assert store.read(lambda s: s.execute(select(getattr(model, col)).where(key == keyval))
-                          .scalar_one()) == frm
-        store.write(lambda s: step(s, Fence("web", AGENT, FENCE)))
-        assert store.read(lambda s: s.execute(select(getattr(model, col)).where(key == keyval))
-                          .scalar_one()) == to
+            store.write(lambda s, step=step: step(s, Fence("web", holder, fence)))
+        assert state() == frm
+        store.write(lambda s, step=step: step(s, Fence("web", AGENT, FENCE)))
+        assert state() == to
 
 
 def test_move_many_moves_only_rows_whose_guards_hold(store: Store, gen_id: int) -> None:

@@ -1,0 +1,55 @@
+"""The one place a generation is created, exec'd and has its leader recorded, for a wake
+and for a deploy's successor alike: the row first (write-ahead of the exec), then the
+spawn from the host's spec, then pid and start time in a guarded move."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid as uuidlib
+
+from sqlalchemy.orm import Session
+
+from models.states import GenState, HostKind
+from models.store import utcnow
+from models.tables import Build, Generation, Host
+from models.transition import Fence, Unfenced, move
+from workflows.access import prepare_socket_dir
+from workflows.context import Context
+from workflows.ports import Spawned, SpawnSpec
+
+
+def intend(s: Session, ctx: Context, host: Host, build_id: int, fence: int | None) -> Generation:
+    """The generation row, `spawning`, in the caller's transaction: its containment chosen
+    and (an instance) its socket named before anything of it runs."""
+    gen_uuid = str(uuidlib.uuid4())
+    g = Generation(uuid=gen_uuid, host=host.name, build_id=build_id, state=GenState.spawning,
+                   fence=fence, cgroup=ctx.proc.containment_for(gen_uuid),
+                   agent_id=ctx.agent_id, created_at=utcnow())
+    s.add(g)
+    s.flush()
+    if host.kind is HostKind.instance:
+        g.socket = ctx.socket_for(host.name, g.id)
+    return g
+
+
+def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:
+    """Exec the build as `gen`: args, env and cwd from the host, output to its log, inside
+    the containment the row names. Raises SpawnError when it did not start."""
+    os.makedirs(os.path.dirname(ctx.log_for(host.name)), exist_ok=True)
+    if gen.socket:
+        prepare_socket_dir(ctx, host, gen.socket)
+    spec = SpawnSpec(generation_uuid=gen.uuid, host=host.name,
+                     argv=[build.path, *json.loads(host.args)],
+                     env={**json.loads(host.env), "VIGIL_HOME": str(ctx.state_dir)},
+                     cwd=host.cwd, socket_path=gen.socket, log_path=ctx.log_for(host.name),
+                     cgroup=gen.cgroup)
+    return ctx.proc.spawn(spec)
+
+
+def record(s: Session, gen: Generation, spawned: Spawned, fence: Fence | Unfenced) -> None:
+    """spawning -> running with the leader's pid and start time (its identity on the box)."""
+    move(s, Generation, [Generation.id == gen.id],
+         {"state": GenState.running, "pid": spawned.pid, "create_time": spawned.create_time},
+         f"generation g{gen.id} spawning -> running", fence=fence, col="state",
+         frm=GenState.spawning)
