@@ -118,15 +118,19 @@ def asleep(s: Session, ctx: Context, a: Attempt, h: Host,
     return True
 
 
+def publish_in(s: Session, a: Attempt) -> None:
+    """In the caller's transaction: the build is written as referenced, the step moves."""
+    s.execute(Build.__table__.update().where(Build.id == a.build_id, Build.published_at.is_(None))
+              .values(published_at=utcnow()))
+    step_to(s, a, AttemptStep.published)
+
+
 def publish(ctx: Context, a: Attempt) -> None:
     """Publish before exec: the build is referenced in the store before any of it runs."""
 
     def step(s: Session) -> None:
         gate(s, ctx, a)
-        s.execute(Build.__table__.update().where(Build.id == a.build_id,
-                                                 Build.published_at.is_(None))
-                  .values(published_at=utcnow()))
-        step_to(s, a, AttemptStep.published)
+        publish_in(s, a)
 
     ctx.store.write(step)
     crashpoint(PUBLISHED)

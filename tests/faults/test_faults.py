@@ -29,6 +29,7 @@ from models.states import Cause, GenState, Mode, Outcome, StopState, WakeState
 from models.store import utcnow
 from models.tables import Attempt, Build, Event, Generation, Lease, Member, Release, Stop, Wake
 from runners.check import run_checks
+from runners.process import CTIME_TOLERANCE
 from tests.conftest import pid_dead, wait_for
 from tests.model.apps import write_app
 from tests.model.box import Box
@@ -71,7 +72,7 @@ def alive(gen: Generation) -> bool:
     """The generation's leader still runs (same pid and start time, not a zombie)."""
     try:
         p = psutil.Process(gen.pid)
-        return abs(p.create_time() - (gen.create_time or 0)) <= 0.05 and \
+        return abs(p.create_time() - (gen.create_time or 0)) <= CTIME_TOLERANCE and \
             p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
@@ -539,7 +540,6 @@ COMMITS = [
     ("dead_leader", "retire_dead_currents.<locals>.<lambda>"),
     ("dead_leader", "drive_member.<locals>.step"),
     ("overlap", "run_overlap.<locals>.admit"),
-    ("overlap", "publish.<locals>.step"),
     ("overlap", "spawn.<locals>.recorded"),
     ("overlap", "check.<locals>.healthy"),
     ("overlap", "run_overlap.<locals>.switch"),
@@ -552,7 +552,7 @@ COMMITS = [
 # Before the switch (overlap) or before the old generation is stopped (hold), an attempt
 # that meets an unexpected store error is abandoned (never blamed on the build): the host
 # keeps its build and its link. From there on it stays open and is finished by the sweep.
-ABANDONS = {"run_overlap.<locals>.admit", "publish.<locals>.step", "spawn.<locals>.recorded",
+ABANDONS = {"run_overlap.<locals>.admit", "spawn.<locals>.recorded",
             "check.<locals>.healthy", "run_overlap.<locals>.switch", "_stop_old.<locals>.step"}
 
 

@@ -28,6 +28,7 @@ from models.states import GenState, HostKind, StopState
 from models.tables import Event, Generation, Lease, Stop
 from runners.check import run_checks
 from runners.files import stage_build
+from runners.process import CTIME_TOLERANCE
 from tests.conftest import Vigil, pid_dead, wait_for
 from tests.model.apps import write_app
 from tests.model.box import Box
@@ -50,7 +51,7 @@ def add_host(v: Vigil, name: str, build: Path) -> None:
 def same_process(pid: int, create_time: float) -> bool:
     try:
         p = psutil.Process(pid)
-        return abs(p.create_time() - create_time) <= 0.05 and p.status() != psutil.STATUS_ZOMBIE
+        return abs(p.create_time() - create_time) <= CTIME_TOLERANCE and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 
@@ -166,6 +167,10 @@ def stranger() -> Iterator[subprocess.Popen[bytes]]:
 def test_generation_whose_pid_was_reused_is_never_signalled(
         short_tmp: Path, stranger: subprocess.Popen[bytes], by: str) -> None:
     box = Box(short_tmp, agent_id="hostile-agent", proof_wait=0.2)
+    # Identity allows start times up to CTIME_TOLERANCE apart (the boot second can flip):
+    # the stranger must have started well before the app it stands in for.
+    born = psutil.Process(stranger.pid).create_time()
+    wait_for(lambda: time.time() - born > CTIME_TOLERANCE + 0.5, 5, what="the stranger to age")
     try:
         box.add_host("app", write_app(short_tmp, "good", "app"), drain_timeout=0.3)
         box.store.write(lambda s: request_wake(s, "app"))
@@ -176,7 +181,7 @@ def test_generation_whose_pid_was_reused_is_never_signalled(
         wait_for(lambda: pid_dead(gen.pid), 5, what="the app to die")
         box.ctx.proc.reap()  # type: ignore[attr-defined]
         ctime = psutil.Process(stranger.pid).create_time()
-        assert abs(ctime - gen.create_time) > 0.05
+        assert abs(ctime - gen.create_time) > CTIME_TOLERANCE
         box.store.write(lambda s: s.execute(update(Generation).where(Generation.id == gen.id)
                                             .values(pid=stranger.pid)))
         gen = box.store.read(lambda s: s.get(Generation, gen.id))

@@ -45,6 +45,7 @@ from models.store import utcnow
 from models.tables import Attempt, Build, Event, Generation, Host, Lease, Wake
 from runners.doorbell import ring
 from runners.files import stage_build
+from runners.process import CTIME_TOLERANCE
 from runners.setup import open_store
 from tests.conftest import FIXTURES, HELLO, Vigil, marked_pids, wait_for
 from workflows import hosts
@@ -157,7 +158,7 @@ def same_process_alive(pid: int, create_time: float | None) -> bool:
     """The process that had this pid at create_time still runs (not a zombie)."""
     try:
         p = psutil.Process(pid)
-        if create_time is not None and abs(p.create_time() - create_time) > 0.05:
+        if create_time is not None and abs(p.create_time() - create_time) > CTIME_TOLERANCE:
             return False  # the pid was reused
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
