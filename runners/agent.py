@@ -197,7 +197,7 @@ class Reconciler:
 
 
 class AgentDaemon:
-    def __init__(self, ctx: Context, *, safety_interval: float = 10.0,
+    def __init__(self, ctx: Context, *, safety_interval: float = 30.0,
                  monitor_interval: float = 1.0, max_hosts: int = 8, converge_budget: int = 1,
                  metrics_listen: str | None = None) -> None:
         self.ctx = ctx

@@ -564,8 +564,9 @@ def crashpoints() -> None:
 
 
 @cli.command()
-@click.option("--safety-interval", type=float, default=10.0, show_default=True,
-              help="Seconds between full scans when nothing rings.")
+@click.option("--safety-interval", type=float, default=30.0, show_default=True,
+              help="Seconds between full scans when nothing rings (the backstop: intents "
+                   "ring the agent, exits arrive by pidfd, due rows set a timer).")
 @click.option("--log-level", default="INFO", show_default=True)
 @click.option("--box", envvar="VIGIL_BOX", default=None,
               help="Name this box (its agent id) on the first start (env VIGIL_BOX).")
