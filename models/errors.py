@@ -37,6 +37,12 @@ class StoreNotReady(VigilError):
     exit_code = 5
 
 
+class BrokenInvariant(Exception):
+    """Something a step relies on is not there (a row it just read, a value a step before
+    it wrote): a bug, or a store edited by hand. Raised, not asserted, so `python -O`
+    keeps the check."""
+
+
 class IllegalTransition(Exception):
     """A step asked for a move the transition table (models/states.py) does not allow: a
     bug in vigil, refused before any SQL runs. Raised, not asserted: `python -O` strips

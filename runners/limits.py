@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from models.errors import BrokenInvariant
+
 
 class CgroupMemoryLimit:
     def __init__(self, base: str | None) -> None:
@@ -21,7 +23,8 @@ class CgroupMemoryLimit:
             return False
 
     def set_limit(self, host: str, megabytes: int) -> None:
-        assert self.base is not None
+        if self.base is None:
+            raise BrokenInvariant("self.base is missing")
         parent = os.path.join(self.base, host)
         os.makedirs(parent, exist_ok=True)
         with open(os.path.join(parent, "memory.max"), "w") as f:

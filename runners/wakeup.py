@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from sqlalchemy import text
 
+from models.errors import BrokenInvariant
 from models.store import Store
 
 CHANNEL = "vigil"
@@ -60,7 +61,8 @@ def _listen(store: Store, kick: Callable[[], None], stop: threading.Event) -> No
 
 def _data_version(store: Store, kick: Callable[[], None], stop: threading.Event) -> None:
     path = store.engine.url.database
-    assert path is not None
+    if path is None:
+        raise BrokenInvariant("path is missing")
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
         last = None

@@ -10,6 +10,7 @@ from datetime import UTC
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from models.errors import BrokenInvariant
 from models.states import (
     OPEN_STOP,
     OPEN_WAKE,
@@ -80,7 +81,8 @@ def step_to(s: Session, a: Attempt, new: AttemptStep, **values: object) -> None:
 def verify(ctx: Context, a: Attempt) -> Build:
     """The bytes first: an artifact that is not the one chosen never reaches admission."""
     build = ctx.store.read(lambda s: s.get(Build, a.build_id))
-    assert build is not None
+    if build is None:
+        raise BrokenInvariant("build is missing")
     root = os.path.realpath(ctx.state_dir / "builds") + os.sep
     if not os.path.realpath(build.path).startswith(root):
         raise Stale(f"build {build.path} is outside the staging root {root}")
@@ -211,7 +213,8 @@ def end_retiring(ctx: Context, a: Attempt, *, mark_unproven: bool) -> tuple[Gene
     old = ctx.store.read(lambda s: s.get(Generation, a.retiring_id))
     member = ctx.store.read(lambda s: s.get(Member, a.retiring_id))
     host = ctx.store.read(lambda s: s.get(Host, a.host))
-    assert old is not None and host is not None
+    if old is None or host is None:
+        raise BrokenInvariant("old or host is missing")
     started = (member.since if member is not None else utcnow()).replace(tzinfo=UTC).timestamp()
     if old.state is not GenState.proven:
         problem = end_generation(ctx, old, drain_until=started + host.drain_timeout,

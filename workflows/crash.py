@@ -16,6 +16,8 @@ import os
 import signal
 import threading
 
+from models.errors import BrokenInvariant
+
 REGISTERED: dict[str, str] = {}  # name -> what has just happened when it is reached
 ANY = "*"
 _hits: dict[str, int] = {}
@@ -24,13 +26,15 @@ log = logging.getLogger("vigil.crash")
 
 
 def define(name: str, after: str) -> str:
-    assert name not in REGISTERED, f"crash point {name} defined twice"
+    if name in REGISTERED:
+        raise BrokenInvariant(f"crash point {name} defined twice")
     REGISTERED[name] = after
     return name
 
 
 def crashpoint(name: str) -> None:
-    assert name in REGISTERED, f"crash point {name} is not defined"
+    if name not in REGISTERED:
+        raise BrokenInvariant(f"crash point {name} is not defined")
     target = os.environ.get("VIGIL_CRASH_AT")
     if not target:
         return

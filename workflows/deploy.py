@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from models.errors import BadInput, NotFound
+from models.errors import BadInput, BrokenInvariant, NotFound
 from models.states import (
     AttemptStep,
     Cause,
@@ -75,7 +75,8 @@ def last_failed(s: Session, host: str) -> tuple[Build, Attempt]:
     if a is None:
         raise BadInput(f"host {host} has no failed deploy to retry", "deploy a build with `vigil deploy`")
     b = s.get(Build, a.build_id)
-    assert b is not None
+    if b is None:
+        raise BrokenInvariant("b is missing")
     return b, a
 
 
@@ -107,7 +108,8 @@ def drive_attempt(ctx: Context, attempt_id: int) -> Result:
 def _end(ctx: Context, attempt_id: int, exc: BaseException) -> None:
     end = classify(exc)
     a = load(ctx, attempt_id)
-    assert a is not None
+    if a is None:
+        raise BrokenInvariant("a is missing")
     if a.outcome is not None:
         return
     # Execution evidence: false only when it is proven nothing of the build ran.

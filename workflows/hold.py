@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from models.errors import BrokenInvariant
 from models.states import (
     AttemptStep,
     GenState,
@@ -56,7 +57,8 @@ def run_hold(ctx: Context, a: Attempt) -> None:
 
         def admit(s: Session) -> bool:
             h = s.get(Host, a.host)
-            assert h is not None
+            if h is None:
+                raise BrokenInvariant("h is missing")
             a.fence = held_fence(s, ctx, a.host)
             gate(s, ctx, a)
             if asleep(s, ctx, a, h, coalesced):
@@ -95,7 +97,8 @@ def run_hold(ctx: Context, a: Attempt) -> None:
     if a.step in (AttemptStep.admitted, AttemptStep.stopping_old):
         _finish_old(ctx, a)
     host = ctx.store.read(lambda s: s.get(Host, a.host))
-    assert host is not None
+    if host is None:
+        raise BrokenInvariant("host is missing")
 
     def new_gen(s: Session) -> Generation:
         gate(s, ctx, a)

@@ -12,7 +12,7 @@ from datetime import UTC
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import LostRace
+from models.errors import BrokenInvariant, LostRace
 from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole
 from models.store import emit, utcnow
 from models.tables import Generation, Host, Lease, Member, Restore, Wake
@@ -97,7 +97,8 @@ def drive_member(ctx: Context, gen_id: int) -> Result:
         return Result.gone
     gen = ctx.store.read(lambda s: s.get(Generation, gen_id))
     host = ctx.store.read(lambda s: s.get(Host, m.host))
-    assert gen is not None and host is not None
+    if gen is None or host is None:
+        raise BrokenInvariant("gen or host is missing")
     if m.role is not MemberRole.retiring:
         raise Poke(f"member g{gen_id} is {m.role.value}: its attempt drives it")
     if gen.state is GenState.retiring:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from models.errors import BrokenInvariant
 from models.states import (
     AttemptStep,
     GenState,
@@ -52,7 +53,8 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
 
     def admit(s: Session) -> tuple[Host, Generation] | None:
         h = s.get(Host, a.host)
-        assert h is not None
+        if h is None:
+            raise BrokenInvariant("h is missing")
         a.fence = held_fence(s, ctx, a.host)
         gate(s, ctx, a)
         if asleep(s, ctx, a, h):
@@ -150,7 +152,8 @@ def _raise_parent(ctx: Context, a: Attempt, host: Host) -> None:
 
     ctx.store.write(step)
     if can:
-        assert ctx.limits is not None and host.memory_tier_mb
+        if not (ctx.limits is not None and host.memory_tier_mb):
+            raise BrokenInvariant("expected ctx.limits is not None and host.memory_tier_mb")
         try:
             ctx.limits.set_limit(a.host, 2 * host.memory_tier_mb)
         except OSError as exc:

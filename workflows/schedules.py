@@ -9,6 +9,7 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from models.errors import BrokenInvariant
 from models.states import Cause, GenState, Mode
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host
@@ -29,7 +30,8 @@ def request_restart(s: Session, host: str) -> Attempt | None:
     gen = s.execute(select(Generation).where(Generation.host == host,
                                              Generation.state == GenState.current)).scalar_one()
     build = s.get(Build, gen.build_id)
-    assert build is not None
+    if build is None:
+        raise BrokenInvariant("build is missing")
     return request_deploy(s, host, build, mode=Mode.overlap, canary=False, cause=Cause.restart)
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import NotFound
+from models.errors import BrokenInvariant, NotFound
 from models.states import OPEN_STOP, AttemptStep, Desired, GenState, Outcome, StopState, WakeState
 from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Host, Member, Stop, Wake
@@ -138,13 +138,15 @@ def _signal(ctx: Context, st: Stop) -> bool:
 
 def _finish(ctx: Context, st: Stop) -> Result:
     gen = ctx.store.read(lambda s: s.get(Generation, st.generation_id))
-    assert gen is not None and st.signalled_at is not None
+    if gen is None or st.signalled_at is None:
+        raise BrokenInvariant("gen or st.signalled_at is missing")
     if gen.socket:
         ctx.files.remove_link(ctx.link_for(st.host), only_if_target=gen.socket)
         crashpoint(UNLINKED)
     if gen.state is not GenState.proven:
         host = ctx.store.read(lambda s: s.get(Host, st.host))
-        assert host is not None
+        if host is None:
+            raise BrokenInvariant("host is missing")
         # The drain deadline is measured from the first SIGTERM, so a retry after a
         # restart does not grant the app a second full drain.
         drain_until = _epoch(st) + host.drain_timeout
@@ -169,5 +171,6 @@ def _finish(ctx: Context, st: Stop) -> Result:
 
 
 def _epoch(st: Stop) -> float:
-    assert st.signalled_at is not None
+    if st.signalled_at is None:
+        raise BrokenInvariant("st.signalled_at is missing")
     return st.signalled_at.replace(tzinfo=UTC).timestamp()

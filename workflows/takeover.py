@@ -19,7 +19,7 @@ from __future__ import annotations
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from models.errors import LostRace
+from models.errors import BrokenInvariant, LostRace
 from models.states import LIVE_GEN, AttemptStep, Desired, GenState, Outcome, StopState, WakeState
 from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Host, Lease, Member, Release, Restore, Stop, Wake
@@ -105,7 +105,8 @@ def _take(s: Session, ctx: Context, host: str) -> None:
                   f"attempts of {host} abandoned", fence=taken, col="step",
                   frm=[st for st in AttemptStep if st is not AttemptStep.ended])
     h = s.get(Host, host)
-    assert h is not None
+    if h is None:
+        raise BrokenInvariant("h is missing")
     queued = s.execute(select(Wake.id).where(Wake.host == host,
                                              Wake.state == WakeState.queued)).first()
     if h.desired is Desired.up and queued is None and not s.execute(select(Stop.id).where(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import NotFound, Refused
+from models.errors import BrokenInvariant, NotFound, Refused
 from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, WakeState
 from models.store import emit, utcnow
 from models.tables import Build, Generation, Host, Stop, Wake
@@ -162,7 +162,8 @@ def _lease(ctx: Context, w: Wake) -> bool:
 
 def _start(ctx: Context, w: Wake) -> Result:
     """leased -> spawning -> checking -> done, or -> unproven on the build's failure."""
-    assert w.fence is not None
+    if w.fence is None:
+        raise BrokenInvariant("w.fence is missing")
     if ctx.shutting_down.is_set():
         raise Poke("agent shutting down")
 
@@ -172,10 +173,12 @@ def _start(ctx: Context, w: Wake) -> Result:
         if live is not None:
             raise Poke(f"generation g{live.id} of {w.host} is {live.state.value}, not proven gone")
         h = s.get(Host, w.host)
-        assert h is not None
+        if h is None:
+            raise BrokenInvariant("h is missing")
         # A worker's restart, recycle or converge names its build; anything else: the host's.
         b = s.get(Build, w.build_id if w.build_id is not None else h.build_id)
-        assert b is not None
+        if b is None:
+            raise BrokenInvariant("b is missing")
         return h, b
 
     # Prove the host holds no leftover process before spawning anything new.
@@ -296,7 +299,8 @@ def _fail(ctx: Context, w: Wake, gen: Generation, wake_from: WakeState, gen_from
 
 def _prove_failed(ctx: Context, w: Wake) -> Result:
     gen = ctx.store.read(lambda s: s.get(Generation, w.generation_id))
-    assert gen is not None
+    if gen is None:
+        raise BrokenInvariant("gen is missing")
     if gen.state is not GenState.proven:
         problem = end_generation(ctx, gen, drain_until=None, points=(None, KILLED))
         if problem is not None:

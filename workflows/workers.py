@@ -22,7 +22,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 from tenacity import RetryCallState, wait_exponential
 
-from models.errors import BadInput, LostRace
+from models.errors import BadInput, BrokenInvariant, LostRace
 from models.states import OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, MemberRole, WakeState
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Lease, Member, Stop, Wake
@@ -381,7 +381,8 @@ def _replace(ctx: Context, gen: Generation, host: Host, cause: str, build_id: in
         if busy is not None:
             return False
         lease = s.get(Lease, gen.host)
-        assert lease is not None
+        if lease is None:
+            raise BrokenInvariant("lease is missing")
         move(s, Generation, [Generation.id == gen.id],
              {"state": GenState.retiring, "end_reason": f"{cause}: {why}"},
              f"generation g{gen.id} current -> retiring", fence=Fence(gen.host, ctx.agent_id, lease.fence), col="state",
