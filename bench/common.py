@@ -85,3 +85,27 @@ def summary(xs: list[float], unit: str = "ms") -> str:
     if unit == "/s":
         return f"{statistics.median(xs):,.0f}/s ({min(xs):,.0f}-{max(xs):,.0f})"
     return f"{statistics.median(xs):.3g} ({min(xs):.3g}-{max(xs):.3g})"
+
+
+def supervisord_conf(tmp: Path, sock: str, program: str) -> Path:
+    """A supervisord config in `tmp` running examples/hello as program `hello` on `sock`,
+    with `program` lines added to its section (restart policy, stop signal)."""
+    conf = tmp / "supervisord.conf"
+    conf.write_text(f"""
+[unix_http_server]
+file={tmp}/supervisor.sock
+[supervisord]
+logfile={tmp}/supervisord.log
+pidfile={tmp}/supervisord.pid
+childlogdir={tmp}
+nodaemon=true
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+[supervisorctl]
+serverurl=unix://{tmp}/supervisor.sock
+[program:hello]
+command={HELLO}
+environment=VIGIL_SOCKET="{sock}"
+{program.strip()}
+""")
+    return conf

@@ -32,7 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HELLO, PEERS, PEERS_PY, end, loadavg, start_agent, vigil, wait_ok  # noqa: E402
+from common import (  # noqa: E402
+    HELLO,
+    PEERS,
+    PEERS_PY,
+    end,
+    loadavg,
+    start_agent,
+    supervisord_conf,
+    vigil,
+    wait_ok,
+)
 
 MAX_REQUESTS = 200_000  # per event: the client is bounded in count as well as in time
 LEAD, TAIL = 0.3, 0.5
@@ -147,23 +157,8 @@ class Supervisord:
     who = "supervisord"
 
     def __init__(self, tmp: Path) -> None:
-        self.conf = tmp / "supervisord.conf"
         self.path = str(tmp / "sup-hello.sock")
-        self.conf.write_text(f"""
-[unix_http_server]
-file={tmp}/supervisor.sock
-[supervisord]
-logfile={tmp}/supervisord.log
-pidfile={tmp}/supervisord.pid
-childlogdir={tmp}
-nodaemon=true
-[rpcinterface:supervisor]
-supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
-[supervisorctl]
-serverurl=unix://{tmp}/supervisor.sock
-[program:hello]
-command={HELLO}
-environment=VIGIL_SOCKET="{self.path}"
+        self.conf = supervisord_conf(tmp, self.path, """
 stopsignal=TERM
 stopwaitsecs=5
 autorestart=true

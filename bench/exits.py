@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HELLO, PEERS, end, get_ok, loadavg, start_agent, vigil, wait_ok  # noqa: E402
+from common import HELLO, PEERS, end, get_ok, loadavg, start_agent, supervisord_conf, vigil, wait_ok  # noqa: E402
 
 
 def at(ts: str) -> float:
@@ -89,23 +89,8 @@ class Vigil:
 
 class Supervisord:
     def __init__(self, tmp: Path) -> None:
-        self.conf = tmp / "supervisord.conf"
         self.sock = str(tmp / "sup-hello.sock")
-        self.conf.write_text(f"""
-[unix_http_server]
-file={tmp}/supervisor.sock
-[supervisord]
-logfile={tmp}/supervisord.log
-pidfile={tmp}/supervisord.pid
-childlogdir={tmp}
-nodaemon=true
-[rpcinterface:supervisor]
-supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
-[supervisorctl]
-serverurl=unix://{tmp}/supervisor.sock
-[program:hello]
-command={HELLO}
-environment=VIGIL_SOCKET="{self.sock}"
+        self.conf = supervisord_conf(tmp, self.sock, """
 autorestart=true
 startsecs=0
 """)
