@@ -87,6 +87,17 @@ def summary(xs: list[float], unit: str = "ms") -> str:
     return f"{statistics.median(xs):.3g} ({min(xs):.3g}-{max(xs):.3g})"
 
 
+def start_supervisord(tmp: Path, sock: str, program: str) -> tuple[Path, subprocess.Popen[bytes]]:
+    """supervisord from bench/.peers running examples/hello on `sock` (config from
+    supervisord_conf), returned once the app answers: (config path, supervisord process)."""
+    conf = supervisord_conf(tmp, sock, program)
+    proc = subprocess.Popen([str(PEERS / "bin" / "supervisord"), "-c", str(conf)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    wait_ok(sock)
+    return conf, proc
+
+
 def supervisord_conf(tmp: Path, sock: str, program: str) -> Path:
     """A supervisord config in `tmp` running examples/hello as program `hello` on `sock`,
     with `program` lines added to its section (restart policy, stop signal)."""

@@ -39,7 +39,7 @@ from common import (  # noqa: E402
     end,
     loadavg,
     start_agent,
-    supervisord_conf,
+    start_supervisord,
     vigil,
     wait_ok,
 )
@@ -158,15 +158,11 @@ class Supervisord:
 
     def __init__(self, tmp: Path) -> None:
         self.path = str(tmp / "sup-hello.sock")
-        self.conf = supervisord_conf(tmp, self.path, """
+        self.conf, self.proc = start_supervisord(tmp, self.path, """
 stopsignal=TERM
 stopwaitsecs=5
 autorestart=true
 """)
-        self.proc = subprocess.Popen([str(PEERS / "bin" / "supervisord"), "-c", str(self.conf)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
-        wait_ok(self.path)
 
     def event(self) -> None:
         run([str(PEERS / "bin" / "supervisorctl"), "-c", str(self.conf), "restart", "hello"])

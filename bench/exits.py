@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HELLO, PEERS, end, get_ok, loadavg, start_agent, supervisord_conf, vigil, wait_ok  # noqa: E402
+from common import HELLO, PEERS, end, get_ok, loadavg, start_agent, start_supervisord, vigil  # noqa: E402
 
 
 def at(ts: str) -> float:
@@ -90,14 +90,10 @@ class Vigil:
 class Supervisord:
     def __init__(self, tmp: Path) -> None:
         self.sock = str(tmp / "sup-hello.sock")
-        self.conf = supervisord_conf(tmp, self.sock, """
+        self.conf, self.proc = start_supervisord(tmp, self.sock, """
 autorestart=true
 startsecs=0
 """)
-        self.proc = subprocess.Popen([str(PEERS / "bin" / "supervisord"), "-c", str(self.conf)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
-        wait_ok(self.sock)
 
     def kill(self) -> dict[str, float]:
         pid = int(subprocess.run([str(PEERS / "bin" / "supervisorctl"), "-c", str(self.conf), "pid",

@@ -115,7 +115,7 @@ def asleep(s: Session, ctx: Context, a: Attempt, h: Host,
         enqueue_wake(s, a.host, "deploy")
         reason = "host was down: build set and a wake queued"
     step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=False, reason=reason,
-          ended_at=utcnow())
+            ended_at=utcnow())
     emit(s, "deployed_asleep", a.host, attempt=a.id, reason=reason)
     return True
 

@@ -131,8 +131,8 @@ def run_hold(ctx: Context, a: Attempt) -> None:
         s.execute(Host.__table__.update().where(Host.name == a.host).values(build_id=a.build_id))
         step_to(s, a, AttemptStep.switched)
         step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True,
-              reason="one-shot run exited 0" if clean else "replaced", ended_at=utcnow(),
-              **({"clean_exit": True} if clean else {}))
+                reason="one-shot run exited 0" if clean else "replaced", ended_at=utcnow(),
+                **({"clean_exit": True} if clean else {}))
         emit(s, "swapped", a.host, gen.id, attempt=a.id, mode=Mode.hold.value,
              retired=a.retiring_id, drain_seconds=round(a.drain_seconds or 0.0, 3))
         if clean:  # nothing current: the lease goes back once nothing else needs it

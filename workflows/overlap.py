@@ -172,7 +172,7 @@ def _drain(ctx: Context, a: Attempt) -> None:
             mark_proven(s, old.id, "drained")
         leave_set(s, ctx, a.host, old.id)
         step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True, drain_seconds=drain,
-              reason="switched and drained", ended_at=utcnow())
+                reason="switched and drained", ended_at=utcnow())
         emit(s, "swapped", a.host, a.successor_id, attempt=a.id, mode=a.effective_mode.value,
              retired=old.id, drain_seconds=round(drain, 3))
 
@@ -190,7 +190,7 @@ def _nothing_to_drain(ctx: Context, a: Attempt) -> None:
     def step(s: Session) -> None:
         leave_set(s, ctx, a.host, a.successor_id)  # type: ignore[arg-type]
         step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True, drain_seconds=0.0,
-              reason="switched (the old generation had already exited)", ended_at=utcnow())
+                reason="switched (the old generation had already exited)", ended_at=utcnow())
         emit(s, "swapped", a.host, a.successor_id, attempt=a.id, mode=a.effective_mode.value,
              retired=None, drain_seconds=0.0)
 
