@@ -72,11 +72,36 @@ class Reconciler:
         self._fresh = False
         self.rounds = 0
         self.on_progress: Callable[[], None] = lambda: None  # a drive moved a row
+        self._thread: threading.Thread | None = None
+        self._kicked = threading.Event()
+
+    def start(self) -> None:
+        """Rounds on a thread of their own, woken by kick(): a drive that ends, a new intent
+        or an exit costs an Event, not an APScheduler job (whose SQL job store is read on
+        every wake-up of its loop). Without start(), kick() hands rounds to the scheduler."""
+        self._thread = threading.Thread(target=self._loop, name="reconciler", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self._kicked.wait()
+            if self.ctx.shutting_down.is_set():
+                return
+            self._kicked.clear()
+            try:
+                self.round(fresh=False)  # kick() has set _fresh if the round must read afresh
+            except Exception:
+                log.exception("a round failed; the next kick or the scan retries")
 
     def kick(self, fresh: bool = True) -> None:
         if self.ctx.shutting_down.is_set():
             return
-        self.scheduler.add_job(self.round, kwargs={"fresh": fresh}, misfire_grace_time=None)
+        if self._thread is None:
+            self.scheduler.add_job(self.round, kwargs={"fresh": fresh}, misfire_grace_time=None)
+            return
+        with self._lock:
+            self._fresh = self._fresh or fresh
+        self._kicked.set()
 
     def round(self, fresh: bool = True) -> None:
         with self._lock:
@@ -153,7 +178,7 @@ class Reconciler:
         if when is not None:
             at = when.replace(tzinfo=UTC)
             if at > datetime.now(UTC):
-                self.scheduler.add_job(self.round, "date", run_date=at, id="due",
+                self.scheduler.add_job(self.kick, "date", run_date=at, id="due",
                                        replace_existing=True, misfire_grace_time=None)
 
     def _drain(self) -> None:
@@ -193,6 +218,9 @@ class Reconciler:
             self.kick(fresh=False)
 
     def shutdown(self) -> None:
+        self._kicked.set()  # shutting_down is set: the loop ends
+        if self._thread is not None:
+            self._thread.join(30)
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -380,7 +408,8 @@ class AgentDaemon:
         else:
             log.warning("this kernel has no pidfds: exits are found by the %gs sweep",
                         self.monitor_interval)
-        scheduler.add_job(reconciler.round, "interval", seconds=self.safety_interval, id="scan")
+        reconciler.start()
+        scheduler.add_job(reconciler.kick, "interval", seconds=self.safety_interval, id="scan")
         if self.watcher is not None:
             scheduler.add_job(self.backstop, "interval", id="backstop", args=[reconciler],
                               seconds=max(BACKSTOP, self.safety_interval))

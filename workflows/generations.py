@@ -49,7 +49,7 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:
 
 def record(s: Session, gen: Generation, spawned: Spawned, fence: Fence | Unfenced) -> None:
     """spawning -> running with the leader's pid and start time (its identity on the box)."""
-    move(s, Generation, [Generation.id == gen.id],
+    move(s, Generation, gen.id,
          {"state": GenState.running, "pid": spawned.pid, "create_time": spawned.create_time},
          f"generation g{gen.id} spawning -> running", fence=fence, col="state",
          frm=GenState.spawning)

@@ -106,7 +106,7 @@ def run_hold(ctx: Context, a: Attempt) -> None:
         now = utcnow()
         s.add(Member(generation_id=g.id, host=a.host, role=MemberRole.spawning, attempt_id=a.id,
                      fence=a.fence or 0, since=now, next_attempt_at=now))
-        move(s, Attempt, [Attempt.id == a.id], {"successor_id": g.id},
+        move(s, Attempt, a.id, {"successor_id": g.id},
              f"attempt #{a.id} successor", fence=BY_STEP)
         s.flush()
         return g
@@ -123,7 +123,7 @@ def run_hold(ctx: Context, a: Attempt) -> None:
         if clean:  # a one-shot run that exited 0: nothing becomes current
             clean_attempt(s, ctx, a, gen, proven)
         else:
-            move(s, Generation, [Generation.id == gen.id],
+            move(s, Generation, gen.id,
                  {"state": GenState.current, "current_at": utcnow()},
                  f"generation g{gen.id} running -> current", fence=BY_STATE, col="state",
                  frm=GenState.running)

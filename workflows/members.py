@@ -35,7 +35,7 @@ RESTORED = define("restore.done", "the parent limit is restored and the raised m
 
 def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool) -> None:
     """current -> retiring member (one transaction); queue a restart wake if wanted."""
-    move(s, Generation, [Generation.id == gen.id],
+    move(s, Generation, gen.id,
          {"state": GenState.retiring, "end_reason": why},
          f"generation g{gen.id} current -> retiring", fence=BY_STATE, col="state",
          frm=GenState.current)

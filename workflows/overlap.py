@@ -106,7 +106,7 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
         old_id = old.id if old is not None else None
         if old is not None:
             mark_retiring(s, old.id, GenState.current, f"replaced by g{gen.id}")
-        move(s, Generation, [Generation.id == gen.id],
+        move(s, Generation, gen.id,
              {"state": GenState.current, "current_at": utcnow()},
              f"generation g{gen.id} running -> current", fence=BY_STATE, col="state",
              frm=GenState.running)

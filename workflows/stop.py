@@ -111,7 +111,7 @@ def _signal(ctx: Context, st: Stop) -> bool:
         gen = s.execute(select(Generation).where(Generation.host == st.host,
                                                  Generation.state == GenState.current)).scalar_one_or_none()
         if gen is None:
-            move(s, Stop, [Stop.id == st.id], {"state": StopState.done, "ended_at": now,
+            move(s, Stop, st.id, {"state": StopState.done, "ended_at": now,
                                                "reason": "nothing was running"},
                  f"stop #{st.id}", fence=BY_STATE, col="state", frm=StopState.queued)
             emit(s, "stopped", st.host, reason="nothing was running")
@@ -120,11 +120,11 @@ def _signal(ctx: Context, st: Stop) -> bool:
         fence = held_fence(s, ctx, st.host)
         if fence is None:
             raise Poke(f"this agent does not hold the lease of {st.host}")
-        move(s, Generation, [Generation.id == gen.id],
+        move(s, Generation, gen.id,
              {"state": GenState.retiring, "end_reason": "stopped"},
              f"generation g{gen.id} current -> retiring", fence=Fence(st.host, ctx.agent_id, fence), col="state",
              frm=GenState.current)
-        move(s, Stop, [Stop.id == st.id],
+        move(s, Stop, st.id,
              {"state": StopState.signalled, "generation_id": gen.id, "fence": fence,
               "signalled_at": now}, f"stop #{st.id} queued -> signalled",
              fence=BY_STATE, col="state", frm=StopState.queued)
@@ -157,7 +157,7 @@ def _finish(ctx: Context, st: Stop) -> Result:
     def step(s: Session) -> None:
         if s.get(Generation, gen.id).state is GenState.retiring:  # type: ignore[union-attr]
             mark_proven(s, gen.id, "stopped")
-        move(s, Stop, [Stop.id == st.id], {"state": StopState.done, "ended_at": utcnow()},
+        move(s, Stop, st.id, {"state": StopState.done, "ended_at": utcnow()},
              f"stop #{st.id} signalled -> done", fence=BY_STATE, col="state",
              frm=StopState.signalled)
         emit(s, "stopped", st.host, gen.id, pid=gen.pid)

@@ -129,24 +129,23 @@ def _lease(ctx: Context, w: Wake) -> bool:
         stop = s.execute(select(Stop.id).where(Stop.host == w.host, Stop.state.in_(OPEN_STOP))).first()
         if stop is not None:
             raise Poke(f"waiting for stop #{stop.id} of {w.host} to finish")
-        where = [Wake.id == w.id]
         if coalesce(s, w) is not None:  # a worker's own start yields to a queued release
             coalesced.append(w.id)
             return False
         if unproven_wake(s, w.host) is not None:
-            move(s, Wake, where, {"state": WakeState.failed, "ended_at": utcnow(),
+            move(s, Wake, w.id, {"state": WakeState.failed, "ended_at": utcnow(),
                                   "reason": "refused: an earlier failed wake is unproven"},
                  f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
             return False
         current = s.execute(select(Generation.id).where(
             Generation.host == w.host, Generation.state == GenState.current)).first()
         if current is not None:
-            move(s, Wake, where, {"state": WakeState.done, "ended_at": utcnow(),
+            move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow(),
                                   "generation_id": current.id, "reason": "already awake"},
                  f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
             return False
         fence = acquire(s, ctx, w.host)
-        move(s, Wake, where, {"state": WakeState.leased, "fence": fence, "attempts": 0},
+        move(s, Wake, w.id, {"state": WakeState.leased, "fence": fence, "attempts": 0},
              f"wake #{w.id} queued -> leased", fence=Fence(w.host, ctx.agent_id, fence),
              col="state", frm=WakeState.queued)
         return True
@@ -195,7 +194,7 @@ def _start(ctx: Context, w: Wake) -> Result:
         # Publish before exec: the build is referenced in the store before any of it runs.
         s.execute(Build.__table__.update().where(Build.id == build.id, Build.published_at.is_(None))
                   .values(published_at=now))
-        move(s, Wake, [Wake.id == w.id], {"state": WakeState.spawning, "generation_id": g.id},
+        move(s, Wake, w.id, {"state": WakeState.spawning, "generation_id": g.id},
              f"wake #{w.id} leased -> spawning", fence=ours, col="state",
              frm=WakeState.leased)
         s.flush()
@@ -211,16 +210,16 @@ def _start(ctx: Context, w: Wake) -> Result:
 
     def recorded(s: Session) -> None:
         record(s, gen, spawned, ours)
-        move(s, Wake, [Wake.id == w.id],
+        move(s, Wake, w.id,
              {"state": WakeState.checking}, f"wake #{w.id} spawning -> checking",
              fence=ours, col="state", frm=WakeState.spawning)
 
     def current(s: Session) -> None:
-        move(s, Generation, [Generation.id == gen.id],
+        move(s, Generation, gen.id,
              {"state": GenState.current, "current_at": utcnow()},
              f"generation g{gen.id} running -> current", fence=ours, col="state",
              frm=GenState.running)
-        move(s, Wake, [Wake.id == w.id],
+        move(s, Wake, w.id,
              {"state": WakeState.done, "ended_at": utcnow()},
              f"wake #{w.id} checking -> done", fence=ours, col="state",
              frm=WakeState.checking)
@@ -268,7 +267,7 @@ def _refuse_build(ctx: Context, w: Wake, reason: str) -> Result:
     """Nothing ran: the wake fails at once and the lease is owed back."""
 
     def step(s: Session) -> None:
-        move(s, Wake, [Wake.id == w.id], {"state": WakeState.failed, "reason": reason,
+        move(s, Wake, w.id, {"state": WakeState.failed, "reason": reason,
                                           "ended_at": utcnow()},
              f"wake #{w.id} leased -> failed", fence=BY_STATE, col="state", frm=WakeState.leased)
         emit(s, "wake_failed", w.host, reason=reason, executed=False)
@@ -285,7 +284,7 @@ def _fail(ctx: Context, w: Wake, gen: Generation, wake_from: WakeState, gen_from
 
     def step(s: Session) -> None:
         mark_retiring(s, gen.id, gen_from, reason)
-        move(s, Wake, [Wake.id == w.id],
+        move(s, Wake, w.id,
              {"state": WakeState.unproven, "reason": reason, "last_error": reason,
               "since": utcnow()},
              f"wake #{w.id} -> unproven", fence=Fence(w.host, ctx.agent_id, w.fence or 0), col="state", frm=wake_from)
@@ -309,7 +308,7 @@ def _prove_failed(ctx: Context, w: Wake) -> Result:
     def step(s: Session) -> None:
         if s.get(Generation, gen.id).state is not GenState.proven:  # type: ignore[union-attr]
             mark_proven(s, gen.id)
-        move(s, Wake, [Wake.id == w.id], {"state": WakeState.failed, "ended_at": utcnow()},
+        move(s, Wake, w.id, {"state": WakeState.failed, "ended_at": utcnow()},
              f"wake #{w.id} unproven -> failed", fence=BY_STATE, col="state",
              frm=WakeState.unproven)
         emit(s, "proven", w.host, gen.id, after="failed wake")
@@ -328,7 +327,7 @@ def _to_reaping(ctx: Context, w: Wake) -> None:
         gen = s.get(Generation, w.generation_id) if w.generation_id else None
         if gen is not None and gen.state in (GenState.spawning, GenState.running):
             mark_retiring(s, gen.id, gen.state, "wake interrupted before it was current")
-        move(s, Wake, [Wake.id == w.id], {"state": WakeState.reaping},
+        move(s, Wake, w.id, {"state": WakeState.reaping},
              f"wake #{w.id} {w.state.value} -> reaping", fence=BY_STATE, col="state",
              frm=w.state)
         emit(s, "wake_interrupted", w.host, w.generation_id, step=w.state.value)
@@ -348,7 +347,7 @@ def _reap(ctx: Context, w: Wake) -> None:
     def step(s: Session) -> None:
         if gen is not None and s.get(Generation, gen.id).state is GenState.retiring:  # type: ignore[union-attr]
             mark_proven(s, gen.id, "wake interrupted before it was current")
-        move(s, Wake, [Wake.id == w.id], {"state": WakeState.leased, "attempts": 0},
+        move(s, Wake, w.id, {"state": WakeState.leased, "attempts": 0},
              f"wake #{w.id} reaping -> leased", fence=BY_STATE, col="state",
              frm=WakeState.reaping)
 

@@ -165,7 +165,7 @@ def coalesce(s: Session, w: Wake) -> Attempt | None:
     a = open_attempt(s, w.host)
     if a is None:
         return None
-    move(s, Wake, [Wake.id == w.id],
+    move(s, Wake, w.id,
          {"state": WakeState.cancelled, "ended_at": utcnow(),
           "reason": f"coalesced: attempt #{a.id} makes the spawn"},
          f"wake #{w.id} queued -> cancelled", fence=BY_STATE, col="state", frm=WakeState.queued)
@@ -256,7 +256,7 @@ def clean_wake(ctx: Context, w: Wake, gen: Generation) -> None:
 
     def step(s: Session) -> None:
         _end_clean_run(s, gen, proven, w.fence or 0)
-        move(s, Wake, [Wake.id == w.id],
+        move(s, Wake, w.id,
              {"state": WakeState.done, "ended_at": utcnow(),
               "reason": "one-shot run exited 0"},
              f"wake #{w.id} checking -> done", fence=Fence(w.host, ctx.agent_id, w.fence or 0), col="state",
@@ -383,7 +383,7 @@ def _replace(ctx: Context, gen: Generation, host: Host, cause: str, build_id: in
         lease = s.get(Lease, gen.host)
         if lease is None:
             raise BrokenInvariant("lease is missing")
-        move(s, Generation, [Generation.id == gen.id],
+        move(s, Generation, gen.id,
              {"state": GenState.retiring, "end_reason": f"{cause}: {why}"},
              f"generation g{gen.id} current -> retiring", fence=Fence(gen.host, ctx.agent_id, lease.fence), col="state",
              frm=GenState.current)

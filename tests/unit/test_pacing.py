@@ -406,6 +406,7 @@ def test_failing_host_does_not_delay_the_others(monkeypatch: pytest.MonkeyPatch,
         "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
     rec = reconciler(scheduler)
     scheduler.start()
+    rec.start()  # rounds on the Reconciler's own thread, as in the agent
     try:
         rec.kick()
         wait_for(lambda: len(probe.starts("a")) >= 4, 20, interval=0.01,

@@ -333,11 +333,13 @@ def one_of_each(s: Session, gid: int) -> dict[type, Any]:
             Host: ("web", Desired.down, Desired.up)}
 
 
+@pytest.mark.parametrize("by_key", [False, True], ids=["conditions", "primary-key"])
 @pytest.mark.parametrize("holder,fence", [(AGENT, FENCE + 1), ("agent-2", FENCE)])
 def test_a_stale_fence_is_refused_for_every_kind_of_row(store: Store, gen_id: int, holder: str,
-                                                         fence: int) -> None:
+                                                         fence: int, by_key: bool) -> None:
     """Each kind of row with a state, one legal move each: with a stale fence (or another
-    holder's) nothing moves and LostRace names the row; with the live fence it moves."""
+    holder's) nothing moves and LostRace names the row; with the live fence it moves. Both
+    forms of move(): a list of conditions, and the row's primary key (a cached statement)."""
     rows = store.write(lambda s: one_of_each(s, gen_id))
     store.write(lambda s: s.execute(update(Host).where(Host.name == "web").values(desired=Desired.down)))
     kinds = {model: (col, key) for model, col, key in STATE_MODELS.values()}
@@ -351,7 +353,7 @@ def test_a_stale_fence_is_refused_for_every_kind_of_row(store: Store, gen_id: in
 
         def step(s: Session, f: Fence, model: Any = model, col: str = col, key: Any = key,
                  keyval: Any = keyval, frm: Any = frm, to: Any = to) -> None:
-            move(s, model, [key == keyval], {col: to}, f"{model.__name__} {keyval}",
+            move(s, model, keyval if by_key else [key == keyval], {col: to}, f"{model.__name__} {keyval}",
                  fence=f, col=col, frm=frm)
 
         with pytest.raises(LostRace):
@@ -451,14 +453,15 @@ def test_illegal_transition_leaves_the_row(store: Store, gen_id: int) -> None:
 
 
 @pytest.mark.no_db
-def test_illegal_transition_is_refused_under_python_O() -> None:
-    """`python -O` strips asserts; the transition check is not one."""
+@pytest.mark.parametrize("where", ["[]", "1"], ids=["conditions", "primary-key"])
+def test_illegal_transition_is_refused_under_python_O(where: str) -> None:
+    """`python -O` strips asserts; the transition check is not one (in either form)."""
     probe = ("from models.transition import Unfenced, move\n"
              "from models.states import GenState\n"
              "from models.tables import Generation\n"
              "assert False, 'asserts are on: not running under -O'\n")
     cp = subprocess.run([sys.executable, "-O", "-c", probe + (
-        "move(None, Generation, [], {'state': GenState.current}, 'probe',\n"
+        f"move(None, Generation, {where}, {{'state': GenState.current}}, 'probe',\n"
         "     fence=Unfenced('probe'), col='state', frm=GenState.proven)\n")],
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert cp.returncode != 0, cp.stdout
