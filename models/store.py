@@ -123,12 +123,22 @@ class Store:
     def write(self, fn: Callable[[Session], T]) -> T:
         """Run fn in one short write transaction; lock contention is retried."""
         if self._write_lock is None:
-            return self._retried(fn, False)
+            return self._call(fn, False)
         with self._write_lock:
-            return self._retried(fn, False)
+            return self._call(fn, False)
 
     def read(self, fn: Callable[[Session], T]) -> T:
-        return self._retried(fn, True)
+        return self._call(fn, True)
+
+    def _call(self, fn: Callable[[Session], T], readonly: bool) -> T:
+        # The first try runs bare: tenacity's bookkeeping cost a tenth of a short
+        # transaction, and only contention needs it.
+        try:
+            return self._run(fn, readonly)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+        return self._retried(fn, readonly)
 
     def _run(self, fn: Callable[[Session], T], readonly: bool) -> T:
         with self._sessions() as session:

@@ -16,6 +16,8 @@ from typing import Any
 
 from sqlalchemy import bindparam, exists, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.util import identity_key
 
 from models.errors import IllegalTransition, LostRace
 from models.states import allowed
@@ -79,20 +81,20 @@ def _statement(model: Any, where: list[Any], values: dict[str, Any], what: str,
     return update(model).where(*where).values(**values)
 
 
-# Statements of moves by primary key, one per shape (table, columns set, expected states,
-# fenced or not), built once with bound parameters: building and cache-keying a statement
-# cost ~0.25 ms a time, several times the UPDATE itself (a wake makes seven moves).
-_BY_KEY: dict[tuple[Any, ...], Any] = {}
+# Statements of moves by equalities (the primary key, say), one per shape: table, columns
+# compared, columns set, expected states, fenced or not; built once with bound parameters.
+# Building and cache-keying a statement cost ~0.25 ms a time, several times the UPDATE
+# itself (a wake makes seven moves).
+_SHAPES: dict[tuple[Any, ...], Any] = {}
 
 
-def _by_key(model: Any, values: dict[str, Any], col: str | None, states: tuple[Any, ...],
-            fenced: bool) -> Any:
-    shape = (model, tuple(sorted(values)), col, states, fenced)
-    stmt = _BY_KEY.get(shape)
+def _shaped(model: Any, equal: tuple[str, ...], values: dict[str, Any], col: str | None,
+            states: tuple[Any, ...], fenced: bool) -> Any:
+    shape = (model, equal, tuple(sorted(values)), col, states, fenced)
+    stmt = _SHAPES.get(shape)
     if stmt is None:
         t = model.__table__
-        (pk,) = t.primary_key.columns
-        where = [pk == bindparam("k_", type_=pk.type)]
+        where = [t.c[k] == bindparam(f"w_{k}", type_=t.c[k].type) for k in equal]
         if col is not None:
             c = t.c[col]
             where.append(c == states[0] if len(states) == 1 else c.in_(states))
@@ -102,27 +104,43 @@ def _by_key(model: Any, values: dict[str, Any], col: str | None, states: tuple[A
                                         Lease.fence == bindparam("f_value")))
         stmt = update(t).where(*where).values(
             {k: bindparam(f"v_{k}", type_=t.c[k].type) for k in values})
-        _BY_KEY[shape] = stmt
+        _SHAPES[shape] = stmt
     return stmt
 
 
-def move(session: Session, model: Any, where: list[Any] | int | str, values: dict[str, Any],
-         what: str, *, fence: Fence | Unfenced, col: str | None = None, frm: Any = None) -> None:
+def move(session: Session, model: Any, where: list[Any] | dict[str, Any] | int | str,
+         values: dict[str, Any], what: str, *, fence: Fence | Unfenced, col: str | None = None,
+         frm: Any = None) -> None:
     """One row: UPDATE model SET values WHERE where [AND col IN frm] [AND fence holds].
-    `where` is the row's primary key, or a list of conditions. Raises IllegalTransition for
-    a move the table forbids, LostRace when no row matched."""
+    `where` is the row's primary key, a dict of column = value, or a list of conditions.
+    Raises IllegalTransition for a move the table forbids, LostRace when no row matched."""
     if not isinstance(fence, Fence | Unfenced):
         raise TypeError(f"{what}: fence must be Fence(...) or Unfenced('why')")
-    if not isinstance(where, list) and (isinstance(fence, Unfenced) or isinstance(fence.host, str)):
-        stmt, params = _keyed(model, where, values, what, fence, col, frm)  # checks first
+    if isinstance(where, list):
+        stmt = _statement(model, where, values, what, fence, col, frm)  # checks before any SQL
+        result = session.execute(stmt)
+    else:
+        if not isinstance(where, dict):
+            where = {_pk(model).name: where}
+        if isinstance(fence, Fence) and not isinstance(fence.host, str):
+            raise TypeError(f"{what}: a move by column values is fenced by a host name")
+        stmt, params = _equalities(model, where, values, what, fence, col, frm)  # checks first
         session.flush()  # as the ORM form autoflushes: the fence's lease may be pending
         result = session.execute(stmt, params)
-    else:  # checks before any SQL
-        conditions = where if isinstance(where, list) else [_pk(model) == where]
-        stmt = _statement(model, conditions, values, what, fence, col, frm)
-        result = session.execute(stmt)
+        if result.rowcount == 1:  # type: ignore[attr-defined]
+            _synchronize(session, model, where, values)
     if result.rowcount != 1:  # type: ignore[attr-defined]
         raise LostRace(what)
+
+
+def _synchronize(session: Session, model: Any, where: dict[str, Any], values: dict[str, Any]) -> None:
+    """As the ORM form does: a copy of the row this session already holds takes the new
+    values, so a later read in the same step does not see the old state."""
+    key = where.get(_pk(model).name)
+    obj = session.identity_map.get(identity_key(model, key)) if key is not None else None
+    if obj is not None:
+        for k, v in values.items():
+            set_committed_value(obj, k, v)
 
 
 def _pk(model: Any) -> Any:
@@ -130,14 +148,14 @@ def _pk(model: Any) -> Any:
     return pk
 
 
-def _keyed(model: Any, key: int | str, values: dict[str, Any], what: str,
-           fence: Fence | Unfenced, col: str | None, frm: Any) -> tuple[Any, dict[str, Any]]:
+def _equalities(model: Any, where: dict[str, Any], values: dict[str, Any], what: str,
+                fence: Fence | Unfenced, col: str | None, frm: Any) -> tuple[Any, dict[str, Any]]:
     """The cached statement of this move's shape, and its parameters."""
     states = _expected(col, values, frm, what) if col is not None else ()
-    params = {"k_": key, **{f"v_{k}": v for k, v in values.items()}}
+    params = {**{f"w_{k}": v for k, v in where.items()}, **{f"v_{k}": v for k, v in values.items()}}
     if isinstance(fence, Fence):
         params.update(f_host=fence.host, f_holder=fence.holder, f_value=fence.value)
-    return _by_key(model, values, col, states, isinstance(fence, Fence)), params
+    return _shaped(model, tuple(where), values, col, states, isinstance(fence, Fence)), params
 
 
 def move_many(session: Session, model: Any, where: list[Any], values: dict[str, Any], what: str,

@@ -35,12 +35,17 @@ THE_LEASE = Unfenced("the lease row itself: its fence is in the where")
 RELEASE_DONE = define("release.done", "the lease row and the owed release are deleted")
 
 
+# Built once (a statement built per call cost more than running it).
+_LEASE_OF = select(Lease.holder, Lease.fence, Lease.expires_at).where(Lease.host == bindparam("host"))
+_COUNTER_OF = select(Host.fence_seq, Host.box).where(Host.name == bindparam("host"))
+
+
 def acquire(s: Session, ctx: Context, host: str) -> int:
     """Take (or re-take) the host's lease with a new fence, inside the caller's transaction.
     Any owed release naming an older fence becomes stale: the fence moved on."""
     now = utcnow()
-    lease = s.get(Lease, host)
-    seq, placed = s.execute(select(Host.fence_seq, Host.box).where(Host.name == host)).one()
+    lease = s.execute(_LEASE_OF, {"host": host}).first()
+    seq, placed = s.execute(_COUNTER_OF, {"host": host}).one()
     if not placement.may_hold(placed, ctx.agent_id):
         raise Poke(f"host {host} is placed on {placed}, not on this box ({ctx.agent_id})")
     taking = lease is not None and lease.holder != ctx.agent_id
@@ -49,7 +54,7 @@ def acquire(s: Session, ctx: Context, host: str) -> int:
     if taking and not placement.may_take_over(placed, ctx.agent_id):
         raise Poke(f"lease of {host} expired with agent {lease.holder}; only a box the host is "
                    "placed on takes it over (`vigil host add ... --box BOX`)")
-    move(s, Host, [Host.name == host, Host.fence_seq == seq], {"fence_seq": seq + 1},
+    move(s, Host, {"name": host, "fence_seq": seq}, {"fence_seq": seq + 1},
          f"fence counter of {host}", fence=COUNTER)
     fence = seq + 1
     expires = now + timedelta(seconds=ctx.lease_ttl)
@@ -58,10 +63,13 @@ def acquire(s: Session, ctx: Context, host: str) -> int:
     else:
         # Taken from another agent only while still expired: a renewal that commits first
         # wins (the row lock makes this UPDATE re-read the expiry).
-        still = [Lease.expires_at <= now] if taking else []
-        move(s, Lease, [Lease.host == host, Lease.fence == lease.fence, *still],
-             {"holder": ctx.agent_id, "fence": fence, "acquired_at": now,
-              "expires_at": expires}, f"lease of {host}", fence=THE_LEASE)
+        values = {"holder": ctx.agent_id, "fence": fence, "acquired_at": now, "expires_at": expires}
+        if taking:
+            move(s, Lease, [Lease.host == host, Lease.fence == lease.fence, Lease.expires_at <= now],
+                 values, f"lease of {host}", fence=THE_LEASE)
+        else:
+            move(s, Lease, {"host": host, "fence": lease.fence}, values, f"lease of {host}",
+                 fence=THE_LEASE)
     emit(s, "leased", host, fence=fence)
     return fence
 

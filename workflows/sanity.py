@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from models.states import GenState
@@ -21,11 +21,13 @@ from models.tables import Generation
 from workflows.context import Context, Poke
 
 
+_CURRENTS = select(Generation.id).where(Generation.host == bindparam("host"),
+                                        Generation.state == GenState.current).order_by(Generation.id)
+
+
 def impossible(s: Session, host: str) -> str | None:
     """Why the host's rows cannot be acted on, or None when they pass the check."""
-    ids = s.execute(select(Generation.id).where(
-        Generation.host == host, Generation.state == GenState.current)
-        .order_by(Generation.id)).scalars().all()
+    ids = s.execute(_CURRENTS, {"host": host}).scalars().all()
     if len(ids) > 1:
         return (f"host {host} is in an impossible state: {len(ids)} current generations "
                 f"({', '.join(f'g{i}' for i in ids)}); the agent will not act on it until "

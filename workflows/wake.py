@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from models.errors import BrokenInvariant, NotFound, Refused
@@ -57,9 +57,25 @@ class WakeRequest:
     state: str
 
 
+# The statements a wake runs every time, built once (building one cost more than running it).
+_WAKE = select(Wake).where(Wake.id == bindparam("id"))
+_UNPROVEN = select(Wake).where(Wake.host == bindparam("host"),
+                               Wake.state == WakeState.unproven).limit(1)
+_OPEN_STOP = select(Stop.id).where(Stop.host == bindparam("host"), Stop.state.in_(OPEN_STOP))
+_CURRENT = select(Generation.id).where(Generation.host == bindparam("host"),
+                                       Generation.state == GenState.current)
+_LIVE = select(Generation.id, Generation.state).where(Generation.host == bindparam("host"),
+                                                      Generation.state.in_(LIVE_GEN))
+_HOST = select(Host).where(Host.name == bindparam("name"))
+_BUILD = select(Build).where(Build.id == bindparam("id"))
+
+
+def _wake(s: Session, wake_id: int) -> Wake | None:
+    return s.execute(_WAKE, {"id": wake_id}).scalar_one_or_none()
+
+
 def unproven_wake(s: Session, host: str) -> Wake | None:
-    return s.execute(select(Wake).where(Wake.host == host, Wake.state == WakeState.unproven)
-                     .limit(1)).scalar_one_or_none()
+    return s.execute(_UNPROVEN, {"host": host}).scalar_one_or_none()
 
 
 def refuse_if_unproven(s: Session, host: str) -> None:
@@ -100,23 +116,23 @@ def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
 
 def drive_wake(ctx: Context, wake_id: int) -> Result:
     """Advance one wake as far as it can go now."""
-    w = ctx.store.read(lambda s: s.get(Wake, wake_id))
+    w = ctx.store.read(lambda s: _wake(s, wake_id))
     if w is None or w.state not in OPEN_WAKE:
         return Result.gone
     if w.state in (WakeState.spawning, WakeState.checking):
         # Found mid-flight by a driver that did not start it: the agent died (or a step
         # failed) between spawn and current. Whatever ran is ended, then the wake retried.
         _to_reaping(ctx, w)
-        w = ctx.store.read(lambda s: s.get(Wake, wake_id))
+        w = ctx.store.read(lambda s: _wake(s, wake_id))
     if w.state is WakeState.unproven:
         return _prove_failed(ctx, w)
     if w.state is WakeState.reaping:
         _reap(ctx, w)
-        w = ctx.store.read(lambda s: s.get(Wake, wake_id))
+        w = ctx.store.read(lambda s: _wake(s, wake_id))
     if w.state is WakeState.queued:
         if not _lease(ctx, w):
             return Result.progress
-        w = ctx.store.read(lambda s: s.get(Wake, wake_id))
+        w = ctx.store.read(lambda s: _wake(s, wake_id))
     if w.state is WakeState.leased:
         return _start(ctx, w)
     return Result.progress
@@ -126,7 +142,7 @@ def _lease(ctx: Context, w: Wake) -> bool:
     """queued -> leased. False when the wake ended here (already awake, or refused)."""
 
     def step(s: Session) -> bool:
-        stop = s.execute(select(Stop.id).where(Stop.host == w.host, Stop.state.in_(OPEN_STOP))).first()
+        stop = s.execute(_OPEN_STOP, {"host": w.host}).first()
         if stop is not None:
             raise Poke(f"waiting for stop #{stop.id} of {w.host} to finish")
         if coalesce(s, w) is not None:  # a worker's own start yields to a queued release
@@ -137,8 +153,7 @@ def _lease(ctx: Context, w: Wake) -> bool:
                                   "reason": "refused: an earlier failed wake is unproven"},
                  f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
             return False
-        current = s.execute(select(Generation.id).where(
-            Generation.host == w.host, Generation.state == GenState.current)).first()
+        current = s.execute(_CURRENT, {"host": w.host}).first()
         if current is not None:
             move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow(),
                                   "generation_id": current.id, "reason": "already awake"},
@@ -167,15 +182,15 @@ def _start(ctx: Context, w: Wake) -> Result:
         raise Poke("agent shutting down")
 
     def leftovers(s: Session) -> tuple[Host, Build]:
-        live = s.execute(select(Generation.id, Generation.state).where(
-            Generation.host == w.host, Generation.state.in_(LIVE_GEN))).first()
+        live = s.execute(_LIVE, {"host": w.host}).first()
         if live is not None:
             raise Poke(f"generation g{live.id} of {w.host} is {live.state.value}, not proven gone")
-        h = s.get(Host, w.host)
+        h = s.execute(_HOST, {"name": w.host}).scalar_one_or_none()
         if h is None:
             raise BrokenInvariant("h is missing")
         # A worker's restart, recycle or converge names its build; anything else: the host's.
-        b = s.get(Build, w.build_id if w.build_id is not None else h.build_id)
+        b = s.execute(_BUILD, {"id": w.build_id if w.build_id is not None else h.build_id}
+                      ).scalar_one_or_none()
         if b is None:
             raise BrokenInvariant("b is missing")
         return h, b

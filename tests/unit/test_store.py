@@ -286,6 +286,17 @@ def test_move_lost_race_on_fence(store: Store, gen_id: int, holder: str, fence: 
     assert gen_state(store, gen_id) is GenState.spawning
 
 
+def test_a_move_by_key_updates_the_copy_the_session_holds(store: Store, gen_id: int) -> None:
+    """The cached form runs Core SQL; like the ORM form it leaves no stale copy behind."""
+    def step(s: Session) -> tuple[Any, Any]:
+        g = s.get(Generation, gen_id)
+        move(s, Generation, gen_id, {"state": GenState.running, "pid": 4242}, "probe",
+             fence=Unfenced("test"), col="state", frm=GenState.spawning)
+        return s.get(Generation, gen_id).state, g.pid  # type: ignore[union-attr]
+
+    assert store.write(step) == (GenState.running, 4242)
+
+
 def test_a_move_names_its_fence_or_its_waiver(store: Store, gen_id: int) -> None:
     with pytest.raises(TypeError, match="fence must be"):
         store.write(lambda s: move(s, Generation, [Generation.id == gen_id],
