@@ -38,6 +38,7 @@ RELEASE_DONE = define("release.done", "the lease row and the owed release are de
 # Built once (a statement built per call cost more than running it).
 _LEASE_OF = select(Lease.holder, Lease.fence, Lease.expires_at).where(Lease.host == bindparam("host"))
 _COUNTER_OF = select(Host.fence_seq, Host.box).where(Host.name == bindparam("host"))
+_NEW_LEASE = insert(Lease.__table__)
 
 
 def acquire(s: Session, ctx: Context, host: str) -> int:
@@ -59,7 +60,8 @@ def acquire(s: Session, ctx: Context, host: str) -> int:
     fence = seq + 1
     expires = now + timedelta(seconds=ctx.lease_ttl)
     if lease is None:
-        s.add(Lease(host=host, holder=ctx.agent_id, fence=fence, acquired_at=now, expires_at=expires))
+        s.execute(_NEW_LEASE, {"host": host, "holder": ctx.agent_id, "fence": fence,
+                               "acquired_at": now, "expires_at": expires})
     else:
         # Taken from another agent only while still expired: a renewal that commits first
         # wins (the row lock makes this UPDATE re-read the expiry).

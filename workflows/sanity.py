@@ -10,6 +10,7 @@ has repaired the rows. Other hosts are not affected.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy import bindparam, func, select
@@ -35,10 +36,15 @@ def impossible(s: Session, host: str) -> str | None:
     return None
 
 
-def impossible_hosts(s: Session) -> set[str]:
-    """Every host that fails the check (one query, for the sweeps)."""
-    return set(s.execute(select(Generation.host).where(Generation.state == GenState.current)
-                         .group_by(Generation.host).having(func.count() > 1)).scalars())
+def impossible_hosts(s: Session, among: Collection[str] | None = None) -> set[str]:
+    """Every host (of `among`, if given) that fails the check: one query, for the sweeps
+    and for a round's rows."""
+    if among is not None and not among:
+        return set()
+    q = select(Generation.host).where(Generation.state == GenState.current)
+    if among is not None:
+        q = q.where(Generation.host.in_(sorted(among)))
+    return set(s.execute(q.group_by(Generation.host).having(func.count() > 1)).scalars())
 
 
 def refuse_if_impossible(ctx: Context, model: Any, key: Any, row_id: int, host: str) -> None:

@@ -130,48 +130,50 @@ def drive_wake(ctx: Context, wake_id: int) -> Result:
         _reap(ctx, w)
         w = ctx.store.read(lambda s: _wake(s, wake_id))
     if w.state is WakeState.queued:
-        if not _lease(ctx, w):
+        leased = _lease(ctx, w)
+        if leased is None:
             return Result.progress
-        w = ctx.store.read(lambda s: _wake(s, wake_id))
+        w = leased
     if w.state is WakeState.leased:
         return _start(ctx, w)
     return Result.progress
 
 
-def _lease(ctx: Context, w: Wake) -> bool:
-    """queued -> leased. False when the wake ended here (already awake, or refused)."""
+def _lease(ctx: Context, w: Wake) -> Wake | None:
+    """queued -> leased: the wake as it is now. None when it ended here (already awake, or
+    refused)."""
 
-    def step(s: Session) -> bool:
+    def step(s: Session) -> Wake | None:
         stop = s.execute(_OPEN_STOP, {"host": w.host}).first()
         if stop is not None:
             raise Poke(f"waiting for stop #{stop.id} of {w.host} to finish")
         if coalesce(s, w) is not None:  # a worker's own start yields to a queued release
             coalesced.append(w.id)
-            return False
+            return None
         if unproven_wake(s, w.host) is not None:
             move(s, Wake, w.id, {"state": WakeState.failed, "ended_at": utcnow(),
                                   "reason": "refused: an earlier failed wake is unproven"},
                  f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
-            return False
+            return None
         current = s.execute(_CURRENT, {"host": w.host}).first()
         if current is not None:
             move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow(),
                                   "generation_id": current.id, "reason": "already awake"},
                  f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
-            return False
+            return None
         fence = acquire(s, ctx, w.host)
         move(s, Wake, w.id, {"state": WakeState.leased, "fence": fence, "attempts": 0},
              f"wake #{w.id} queued -> leased", fence=Fence(w.host, ctx.agent_id, fence),
              col="state", frm=WakeState.queued)
-        return True
+        return _wake(s, w.id)
 
     coalesced: list[int] = []
-    ok = ctx.store.write(step)
-    if ok:
+    leased = ctx.store.write(step)
+    if leased is not None:
         crashpoint(LEASED)
     if coalesced:
         crashpoint(COALESCED)
-    return ok
+    return leased
 
 
 def _start(ctx: Context, w: Wake) -> Result:
