@@ -24,6 +24,7 @@ from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Member, Stop, Wake
 from models.transition import Unfenced, move, move_many
 from workflows.access import grant_socket
+from workflows.builds import mark_published
 from workflows.classify import BuildFailed, Cancelled, Stale
 from workflows.context import Context, Poke
 from workflows.crash import crashpoint, define
@@ -122,8 +123,7 @@ def asleep(s: Session, ctx: Context, a: Attempt, h: Host,
 
 def publish_in(s: Session, a: Attempt) -> None:
     """In the caller's transaction: the build is written as referenced, the step moves."""
-    s.execute(Build.__table__.update().where(Build.id == a.build_id, Build.published_at.is_(None))
-              .values(published_at=utcnow()))
+    mark_published(s, a.build_id)
     step_to(s, a, AttemptStep.published)
 
 

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from sqlalchemy import or_, select
+from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from models.states import OPEN_WAKE, GenState
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Wake
+
+_B = Build.__table__
+_PUBLISH = update(_B).where(_B.c.id == bindparam("build"), _B.c.published_at.is_(None)
+                           ).values(published_at=bindparam("now"))
+
+
+def mark_published(s: Session, build_id: int) -> None:
+    """In the caller's transaction, before anything of the build is exec'd: it is written
+    as referenced (gc keeps it). Once: a build published earlier keeps its time."""
+    s.execute(_PUBLISH, {"build": build_id, "now": utcnow()})
 
 
 def referenced_ids(s: Session) -> set[int]:

@@ -8,6 +8,7 @@ import json
 import os
 import uuid as uuidlib
 
+from sqlalchemy import bindparam, insert, update
 from sqlalchemy.orm import Session
 
 from models.states import GenState, HostKind
@@ -18,19 +19,25 @@ from workflows.access import prepare_socket_dir
 from workflows.context import Context
 from workflows.ports import Spawned, SpawnSpec
 
+_G = Generation.__table__
+_NEW = insert(_G).returning(_G.c.id)  # built once: an ORM add cost a unit-of-work flush
+_SOCKET = update(_G).where(_G.c.id == bindparam("gid")).values(socket=bindparam("sock"))
+
 
 def intend(s: Session, ctx: Context, host: Host, build_id: int, fence: int | None) -> Generation:
     """The generation row, `spawning`, in the caller's transaction: its containment chosen
-    and (an instance) its socket named before anything of it runs."""
+    and (an instance) its socket named before anything of it runs. Returns a copy of the
+    row as written."""
     gen_uuid = str(uuidlib.uuid4())
-    g = Generation(uuid=gen_uuid, host=host.name, build_id=build_id, state=GenState.spawning,
-                   fence=fence, cgroup=ctx.proc.containment_for(gen_uuid),
-                   agent_id=ctx.agent_id, created_at=utcnow())
-    s.add(g)
-    s.flush()
-    if host.kind is HostKind.instance:
-        g.socket = ctx.socket_for(host.name, g.id)
-    return g
+    row = dict(uuid=gen_uuid, host=host.name, build_id=build_id, state=GenState.spawning,
+               fence=fence, cgroup=ctx.proc.containment_for(gen_uuid), agent_id=ctx.agent_id,
+               created_at=utcnow())
+    gid = s.execute(_NEW, row).scalar_one()
+    socket = None
+    if host.kind is HostKind.instance:  # named after the row's id
+        socket = ctx.socket_for(host.name, gid)
+        s.execute(_SOCKET, {"gid": gid, "sock": socket})
+    return Generation(id=gid, socket=socket, **row)
 
 
 def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:

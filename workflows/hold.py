@@ -15,7 +15,7 @@ from models.states import (
     Outcome,
 )
 from models.store import emit, utcnow
-from models.tables import Attempt, Build, Generation, Host, Member
+from models.tables import Attempt, Generation, Host, Member
 from models.transition import move, move_many
 from workflows.attempt import (
     ADMITTED,
@@ -31,6 +31,7 @@ from workflows.attempt import (
     step_to,
     verify,
 )
+from workflows.builds import mark_published
 from workflows.classify import Stale
 from workflows.context import Context
 from workflows.crash import crashpoint, define
@@ -194,8 +195,7 @@ def _finish_old(ctx: Context, a: Attempt) -> None:
             mark_proven(s, old.id, "hold swap")
         if old is not None and s.get(Member, old.id) is not None:
             leave_set(s, ctx, a.host, old.id)
-        s.execute(Build.__table__.update().where(Build.id == a.build_id, Build.published_at.is_(None))
-                  .values(published_at=utcnow()))
+        mark_published(s, a.build_id)
         step_to(s, a, AttemptStep.published, drain_seconds=drain)
 
     ctx.store.write(step)

@@ -36,8 +36,10 @@ RELEASE_DONE = define("release.done", "the lease row and the owed release are de
 
 
 # Built once (a statement built per call cost more than running it).
-_LEASE_OF = select(Lease.holder, Lease.fence, Lease.expires_at).where(Lease.host == bindparam("host"))
-_COUNTER_OF = select(Host.fence_seq, Host.box).where(Host.name == bindparam("host"))
+# (Table columns, not the mapped ones: no ORM bookkeeping for a plain row.)
+_L, _H = Lease.__table__.c, Host.__table__.c
+_LEASE_OF = select(_L.holder, _L.fence, _L.expires_at).where(_L.host == bindparam("host"))
+_COUNTER_OF = select(_H.fence_seq, _H.box).where(_H.name == bindparam("host"))
 _NEW_LEASE = insert(Lease.__table__)
 
 

@@ -21,9 +21,9 @@ from models.store import emit
 from models.tables import Generation
 from workflows.context import Context, Poke
 
-
-_CURRENTS = select(Generation.id).where(Generation.host == bindparam("host"),
-                                        Generation.state == GenState.current).order_by(Generation.id)
+_G = Generation.__table__.c
+_CURRENTS = select(_G.id).where(_G.host == bindparam("host"),
+                                _G.state == GenState.current).order_by(_G.id)
 
 
 def impossible(s: Session, host: str) -> str | None:

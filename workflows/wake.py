@@ -19,6 +19,7 @@ from models.store import emit, utcnow
 from models.tables import Build, Generation, Host, Stop, Wake
 from models.transition import Fence, Unfenced, move, move_many
 from workflows.access import grant_socket
+from workflows.builds import mark_published
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
@@ -61,11 +62,11 @@ class WakeRequest:
 _WAKE = select(Wake).where(Wake.id == bindparam("id"))
 _UNPROVEN = select(Wake).where(Wake.host == bindparam("host"),
                                Wake.state == WakeState.unproven).limit(1)
-_OPEN_STOP = select(Stop.id).where(Stop.host == bindparam("host"), Stop.state.in_(OPEN_STOP))
-_CURRENT = select(Generation.id).where(Generation.host == bindparam("host"),
-                                       Generation.state == GenState.current)
-_LIVE = select(Generation.id, Generation.state).where(Generation.host == bindparam("host"),
-                                                      Generation.state.in_(LIVE_GEN))
+# (Table columns, not the mapped ones: no ORM bookkeeping for a plain row.)
+_S, _G = Stop.__table__.c, Generation.__table__.c
+_OPEN_STOP = select(_S.id).where(_S.host == bindparam("host"), _S.state.in_(OPEN_STOP))
+_CURRENT = select(_G.id).where(_G.host == bindparam("host"), _G.state == GenState.current)
+_LIVE = select(_G.id, _G.state).where(_G.host == bindparam("host"), _G.state.in_(LIVE_GEN))
 _HOST = select(Host).where(Host.name == bindparam("name"))
 _BUILD = select(Build).where(Build.id == bindparam("id"))
 
@@ -206,11 +207,9 @@ def _start(ctx: Context, w: Wake) -> Result:
     ours = Fence(w.host, ctx.agent_id, w.fence)  # every move of this start, and its generation's
 
     def intent(s: Session) -> Generation:
-        now = utcnow()
         g = intend(s, ctx, host, build.id, w.fence)
         # Publish before exec: the build is referenced in the store before any of it runs.
-        s.execute(Build.__table__.update().where(Build.id == build.id, Build.published_at.is_(None))
-                  .values(published_at=now))
+        mark_published(s, build.id)
         move(s, Wake, w.id, {"state": WakeState.spawning, "generation_id": g.id},
              f"wake #{w.id} leased -> spawning", fence=ours, col="state",
              frm=WakeState.leased)
