@@ -88,13 +88,15 @@ def _statement(model: Any, where: list[Any], values: dict[str, Any], what: str,
 _SHAPES: dict[tuple[Any, ...], Any] = {}
 
 
-def _shaped(model: Any, equal: tuple[str, ...], values: dict[str, Any], col: str | None,
-            states: tuple[Any, ...], fenced: bool) -> Any:
+def _shaped(model: Any, equal: tuple[tuple[str, bool], ...], values: dict[str, Any],
+            col: str | None, states: tuple[Any, ...], fenced: bool) -> Any:
     shape = (model, equal, tuple(sorted(values)), col, states, fenced)
     stmt = _SHAPES.get(shape)
     if stmt is None:
         t = model.__table__
-        where = [t.c[k] == bindparam(f"w_{k}", type_=t.c[k].type) for k in equal]
+        # A None compares as IS NULL (`= NULL` would match nothing).
+        where = [t.c[k].is_(None) if null else t.c[k] == bindparam(f"w_{k}", type_=t.c[k].type)
+                 for k, null in equal]
         if col is not None:
             c = t.c[col]
             where.append(c == states[0] if len(states) == 1 else c.in_(states))
@@ -152,10 +154,12 @@ def _equalities(model: Any, where: dict[str, Any], values: dict[str, Any], what:
                 fence: Fence | Unfenced, col: str | None, frm: Any) -> tuple[Any, dict[str, Any]]:
     """The cached statement of this move's shape, and its parameters."""
     states = _expected(col, values, frm, what) if col is not None else ()
-    params = {**{f"w_{k}": v for k, v in where.items()}, **{f"v_{k}": v for k, v in values.items()}}
+    params = {**{f"w_{k}": v for k, v in where.items() if v is not None},
+              **{f"v_{k}": v for k, v in values.items()}}
     if isinstance(fence, Fence):
         params.update(f_host=fence.host, f_holder=fence.holder, f_value=fence.value)
-    return _shaped(model, tuple(where), values, col, states, isinstance(fence, Fence)), params
+    equal = tuple((k, v is None) for k, v in where.items())
+    return _shaped(model, equal, values, col, states, isinstance(fence, Fence)), params
 
 
 def move_many(session: Session, model: Any, where: list[Any], values: dict[str, Any], what: str,

@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 from datetime import UTC
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.errors import BrokenInvariant
 from models.states import (
-    OPEN_STOP,
     OPEN_WAKE,
     AttemptStep,
     Desired,
@@ -21,7 +20,7 @@ from models.states import (
     Outcome,
 )
 from models.store import emit, utcnow
-from models.tables import Attempt, Build, Generation, Host, Member, Stop, Wake
+from models.tables import Attempt, Build, Generation, Host, Member, Wake
 from models.transition import Unfenced, move, move_many
 from workflows.access import grant_socket
 from workflows.builds import mark_published
@@ -31,6 +30,7 @@ from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, ref_of
 from workflows.generations import launch, record
 from workflows.lease import held_fence
+from workflows.lookups import newest_revision, open_stop
 from workflows.members import drive_member
 from workflows.queue import enqueue_wake
 from workflows.workers import (
@@ -62,10 +62,10 @@ def gate(s: Session, ctx: Context, a: Attempt) -> None:
     """Re-checked before every step that acts: the newest attempt, the lease, not stopping."""
     if ctx.shutting_down.is_set():  # the gate refusing (DESIGN §4 rule 7): stale
         raise Stale("the agent is shutting down")
-    stop = s.execute(select(Stop.id).where(Stop.host == a.host, Stop.state.in_(OPEN_STOP))).first()
+    stop = open_stop(s, a.host)
     if stop is not None:
-        raise Cancelled(f"host {a.host} is being stopped (stop #{stop.id})")
-    newest = s.execute(select(func.max(Attempt.revision)).where(Attempt.host == a.host)).scalar()
+        raise Cancelled(f"host {a.host} is being stopped (stop #{stop})")
+    newest = newest_revision(s, a.host)
     if newest is not None and newest > a.revision:
         raise Stale(f"superseded by a newer attempt (revision {newest} > {a.revision})")
     if a.fence is not None and held_fence(s, ctx, a.host) != a.fence:
@@ -73,7 +73,7 @@ def gate(s: Session, ctx: Context, a: Attempt) -> None:
 
 
 def step_to(s: Session, a: Attempt, new: AttemptStep, **values: object) -> None:
-    move(s, Attempt, [Attempt.id == a.id, Attempt.outcome.is_(None)],
+    move(s, Attempt, {"id": a.id, "outcome": None},
          {"step": new, **values}, f"attempt #{a.id} {a.step.value} -> {new.value}",
          fence=BY_STEP, col="step", frm=a.step)
     a.step = new

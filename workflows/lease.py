@@ -27,6 +27,7 @@ from models.transition import Unfenced, move
 from workflows import placement
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
+from workflows.lookups import lease_of
 
 # Moves that carry no lease fence, each with the reason it needs none.
 COUNTER = Unfenced("the fence counter itself")
@@ -37,8 +38,7 @@ RELEASE_DONE = define("release.done", "the lease row and the owed release are de
 
 # Built once (a statement built per call cost more than running it).
 # (Table columns, not the mapped ones: no ORM bookkeeping for a plain row.)
-_L, _H = Lease.__table__.c, Host.__table__.c
-_LEASE_OF = select(_L.holder, _L.fence, _L.expires_at).where(_L.host == bindparam("host"))
+_H = Host.__table__.c
 _COUNTER_OF = select(_H.fence_seq, _H.box).where(_H.name == bindparam("host"))
 _NEW_LEASE = insert(Lease.__table__)
 
@@ -47,7 +47,7 @@ def acquire(s: Session, ctx: Context, host: str) -> int:
     """Take (or re-take) the host's lease with a new fence, inside the caller's transaction.
     Any owed release naming an older fence becomes stale: the fence moved on."""
     now = utcnow()
-    lease = s.execute(_LEASE_OF, {"host": host}).first()
+    lease = lease_of(s, host)
     seq, placed = s.execute(_COUNTER_OF, {"host": host}).one()
     if not placement.may_hold(placed, ctx.agent_id):
         raise Poke(f"host {host} is placed on {placed}, not on this box ({ctx.agent_id})")
@@ -79,7 +79,7 @@ def acquire(s: Session, ctx: Context, host: str) -> int:
 
 
 def held_fence(s: Session, ctx: Context, host: str) -> int | None:
-    lease = s.get(Lease, host)
+    lease = lease_of(s, host)
     return lease.fence if lease is not None and lease.holder == ctx.agent_id else None
 
 

@@ -25,6 +25,7 @@ from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.generations import intend, launch, record
 from workflows.lease import acquire, owe_release, release_owed
+from workflows.lookups import open_stop
 from workflows.ports import SpawnError
 from workflows.queue import enqueue_wake
 from workflows.workers import (
@@ -63,8 +64,7 @@ _WAKE = select(Wake).where(Wake.id == bindparam("id"))
 _UNPROVEN = select(Wake).where(Wake.host == bindparam("host"),
                                Wake.state == WakeState.unproven).limit(1)
 # (Table columns, not the mapped ones: no ORM bookkeeping for a plain row.)
-_S, _G = Stop.__table__.c, Generation.__table__.c
-_OPEN_STOP = select(_S.id).where(_S.host == bindparam("host"), _S.state.in_(OPEN_STOP))
+_G = Generation.__table__.c
 _CURRENT = select(_G.id).where(_G.host == bindparam("host"), _G.state == GenState.current)
 _LIVE = select(_G.id, _G.state).where(_G.host == bindparam("host"), _G.state.in_(LIVE_GEN))
 _HOST = select(Host).where(Host.name == bindparam("name"))
@@ -145,9 +145,9 @@ def _lease(ctx: Context, w: Wake) -> Wake | None:
     refused)."""
 
     def step(s: Session) -> Wake | None:
-        stop = s.execute(_OPEN_STOP, {"host": w.host}).first()
+        stop = open_stop(s, w.host)
         if stop is not None:
-            raise Poke(f"waiting for stop #{stop.id} of {w.host} to finish")
+            raise Poke(f"waiting for stop #{stop} of {w.host} to finish")
         if coalesce(s, w) is not None:  # a worker's own start yields to a queued release
             coalesced.append(w.id)
             return None

@@ -297,6 +297,18 @@ def test_a_move_by_key_updates_the_copy_the_session_holds(store: Store, gen_id: 
     assert store.write(step) == (GenState.running, 4242)
 
 
+def test_a_move_by_column_values_compares_none_as_is_null(store: Store, gen_id: int) -> None:
+    """{"pid": None} means `pid IS NULL` (`pid = NULL` would match no row, ever)."""
+    def set_pid(s: Session) -> None:
+        move(s, Generation, {"id": gen_id, "pid": None}, {"pid": 7}, "probe",
+             fence=Unfenced("test"))
+
+    store.write(set_pid)
+    assert store.read(lambda s: s.get(Generation, gen_id).pid) == 7  # type: ignore[union-attr]
+    with pytest.raises(LostRace):
+        store.write(set_pid)  # pid is set now: the guard fails
+
+
 def test_a_move_names_its_fence_or_its_waiver(store: Store, gen_id: int) -> None:
     with pytest.raises(TypeError, match="fence must be"):
         store.write(lambda s: move(s, Generation, [Generation.id == gen_id],
