@@ -138,14 +138,20 @@ def publish(ctx: Context, a: Attempt) -> None:
     crashpoint(PUBLISHED)
 
 
-def spawn(ctx: Context, a: Attempt, host: Host, build: Build, gen: Generation) -> Generation:
-    def intent(s: Session) -> None:
-        gate(s, ctx, a)
-        if s.execute(select(Build.published_at).where(Build.id == a.build_id)).scalar() is None:
-            raise Stale("build not published")
-        step_to(s, a, AttemptStep.spawning)
+def spawning_in(s: Session, ctx: Context, a: Attempt) -> None:
+    """In the caller's transaction: the gate passed, the spawn is written (intent before
+    the exec)."""
+    gate(s, ctx, a)
+    if s.execute(select(Build.published_at).where(Build.id == a.build_id)).scalar() is None:
+        raise Stale("build not published")
+    step_to(s, a, AttemptStep.spawning)
 
-    ctx.store.write(intent)
+
+def spawn(ctx: Context, a: Attempt, host: Host, build: Build, gen: Generation) -> Generation:
+    """Exec the successor. Its intent is written here, unless an earlier commit of this
+    drive carried it (the attempt is at `spawning` already)."""
+    if a.step is not AttemptStep.spawning:
+        ctx.store.write(lambda s: spawning_in(s, ctx, a))
     crashpoint(SPAWNING)
     spawned = launch(ctx, host, build, gen)
     crashpoint(EXECD)
@@ -163,6 +169,29 @@ def spawn(ctx: Context, a: Attempt, host: Host, build: Build, gen: Generation) -
 def check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Generation) -> bool:
     """Health, then the optional canary settle: failures here are the build's own.
     True when a one-shot run already exited 0."""
+    clean = probe(ctx, host, gen)
+    ctx.store.write(lambda s: healthy_in(s, ctx, a, gen))
+    crashpoint(HEALTHY)
+    if not a.canary or clean:
+        return clean
+    ref = ref_of(gen)
+    deadline = ctx.clock.now() + ctx.settle_seconds
+    next_gate = 0.0
+    while ctx.clock.now() < deadline:
+        if not ctx.proc.leader_alive(ref):
+            raise BuildFailed(f"successor exited during the {ctx.settle_seconds:g}s canary settle")
+        if ctx.clock.now() >= next_gate:
+            ctx.store.read(lambda s: gate(s, ctx, a))
+            next_gate = ctx.clock.now() + 0.5
+        ctx.clock.sleep(0.05)
+    ctx.store.write(lambda s: (gate(s, ctx, a), step_to(s, a, AttemptStep.settled)))
+    crashpoint(SETTLED)
+    return False
+
+
+def probe(ctx: Context, host: Host, gen: Generation) -> bool:
+    """The successor's health (a worker: that it lives). Raises BuildFailed for the build's
+    own failure; True when a one-shot run already exited 0."""
     ref = ref_of(gen)
     clean = False
     if gen.socket:
@@ -180,30 +209,16 @@ def check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Gener
         clean = code == 0
     elif not ctx.proc.leader_alive(ref):
         raise BuildFailed("worker exited right after its start")
+    return clean
 
-    def healthy(s: Session) -> None:
-        gate(s, ctx, a)
-        move_many(s, Member, [Member.generation_id == gen.id], {"role": MemberRole.successor},
-                  f"member g{gen.id} successor", fence=BY_STEP, col="role",
-                  frm=MemberRole.spawning)
-        step_to(s, a, AttemptStep.healthy)
 
-    ctx.store.write(healthy)
-    crashpoint(HEALTHY)
-    if not a.canary or clean:
-        return clean
-    deadline = ctx.clock.now() + ctx.settle_seconds
-    next_gate = 0.0
-    while ctx.clock.now() < deadline:
-        if not ctx.proc.leader_alive(ref):
-            raise BuildFailed(f"successor exited during the {ctx.settle_seconds:g}s canary settle")
-        if ctx.clock.now() >= next_gate:
-            ctx.store.read(lambda s: gate(s, ctx, a))
-            next_gate = ctx.clock.now() + 0.5
-        ctx.clock.sleep(0.05)
-    ctx.store.write(lambda s: (gate(s, ctx, a), step_to(s, a, AttemptStep.settled)))
-    crashpoint(SETTLED)
-    return False
+def healthy_in(s: Session, ctx: Context, a: Attempt, gen: Generation) -> None:
+    """In the caller's transaction: the successor is written healthy."""
+    gate(s, ctx, a)
+    move_many(s, Member, [Member.generation_id == gen.id], {"role": MemberRole.successor},
+              f"member g{gen.id} successor", fence=BY_STEP, col="role",
+              frm=MemberRole.spawning)
+    step_to(s, a, AttemptStep.healthy)
 
 
 def end_retiring(ctx: Context, a: Attempt, *, mark_unproven: bool) -> tuple[Generation, float]:

@@ -19,15 +19,19 @@ from models.transition import move
 from workflows.attempt import (
     ADMITTED,
     BY_STATE,
+    HEALTHY,
     PUBLISHED,
     SWITCHED,
     asleep,
     check,
     end_retiring,
     gate,
+    healthy_in,
+    probe,
     publish,
     publish_in,
     spawn,
+    spawning_in,
     step_to,
     verify,
 )
@@ -72,10 +76,12 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
                      fence=a.fence, since=now, next_attempt_at=now))
         step_to(s, a, AttemptStep.admitted, fence=a.fence, successor_id=g.id)
         if not _can_raise(ctx, h):
-            # Nothing to raise: the raise and the publication ride in this commit (one
-            # fsync instead of three before the exec); their crash points follow it.
+            # Nothing to raise: the raise, the publication and the spawn's intent ride in
+            # this commit (one fsync instead of four before the exec); their crash points
+            # follow it.
             step_to(s, a, AttemptStep.raised)
             publish_in(s, a)
+            spawning_in(s, ctx, a)
         s.flush()
         return h, g
 
@@ -85,19 +91,27 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
     host, gen = admitted
     a.successor_id = gen.id
     crashpoint(ADMITTED)
-    if a.step is AttemptStep.published:
+    if a.step is AttemptStep.spawning:
         crashpoint(RAISED)
         crashpoint(PUBLISHED)
     else:
         _raise_parent(ctx, a, host)
         publish(ctx, a)
     spawned = spawn(ctx, a, host, build, gen)
-    check(ctx, a, host, gen, spawned)
+    # Without a canary settle, "healthy" rides in the switch's commit (one fsync between
+    # the answer and the switch); its crash point follows that commit.
+    merged = not a.canary
+    if merged:
+        probe(ctx, host, gen)
+    else:
+        check(ctx, a, host, gen, spawned)
 
     old_id = None
 
     def switch(s: Session) -> None:
         nonlocal old_id
+        if merged:
+            healthy_in(s, ctx, a, gen)
         gate(s, ctx, a)
         # None when the old current died mid-deploy (the liveness sweep already made it a
         # retiring member): the successor still takes over, there is nothing to drain.
@@ -129,6 +143,8 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
         raise BuildFailed("successor exited before the switch")
     ctx.store.write(switch)
     a.retiring_id = old_id
+    if merged:
+        crashpoint(HEALTHY)
     crashpoint(SWITCHED)
     _drain(ctx, a)
     return None
