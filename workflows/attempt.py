@@ -138,20 +138,14 @@ def publish(ctx: Context, a: Attempt) -> None:
     crashpoint(PUBLISHED)
 
 
-def spawning_in(s: Session, ctx: Context, a: Attempt) -> None:
-    """In the caller's transaction: the gate passed, the spawn is written (intent before
-    the exec)."""
-    gate(s, ctx, a)
-    if s.execute(select(Build.published_at).where(Build.id == a.build_id)).scalar() is None:
-        raise Stale("build not published")
-    step_to(s, a, AttemptStep.spawning)
-
-
 def spawn(ctx: Context, a: Attempt, host: Host, build: Build, gen: Generation) -> Generation:
-    """Exec the successor. Its intent is written here, unless an earlier commit of this
-    drive carried it (the attempt is at `spawning` already)."""
-    if a.step is not AttemptStep.spawning:
-        ctx.store.write(lambda s: spawning_in(s, ctx, a))
+    def intent(s: Session) -> None:
+        gate(s, ctx, a)
+        if s.execute(select(Build.published_at).where(Build.id == a.build_id)).scalar() is None:
+            raise Stale("build not published")
+        step_to(s, a, AttemptStep.spawning)
+
+    ctx.store.write(intent)
     crashpoint(SPAWNING)
     spawned = launch(ctx, host, build, gen)
     crashpoint(EXECD)

@@ -31,7 +31,6 @@ from workflows.attempt import (
     publish,
     publish_in,
     spawn,
-    spawning_in,
     step_to,
     verify,
 )
@@ -76,12 +75,12 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
                      fence=a.fence, since=now, next_attempt_at=now))
         step_to(s, a, AttemptStep.admitted, fence=a.fence, successor_id=g.id)
         if not _can_raise(ctx, h):
-            # Nothing to raise: the raise, the publication and the spawn's intent ride in
-            # this commit (one fsync instead of four before the exec); their crash points
-            # follow it.
+            # Nothing to raise: the raise and the publication ride in this commit (one
+            # fsync instead of three before the exec); their crash points follow it. (The
+            # spawn's intent stays a commit of its own: a crash before it proves that
+            # nothing of the build ran, executed=false.)
             step_to(s, a, AttemptStep.raised)
             publish_in(s, a)
-            spawning_in(s, ctx, a)
         s.flush()
         return h, g
 
@@ -91,7 +90,7 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
     host, gen = admitted
     a.successor_id = gen.id
     crashpoint(ADMITTED)
-    if a.step is AttemptStep.spawning:
+    if a.step is AttemptStep.published:
         crashpoint(RAISED)
         crashpoint(PUBLISHED)
     else:
