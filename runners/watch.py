@@ -48,13 +48,17 @@ class ExitWatcher:
     own thread with the generations whose leader exited (or was already gone, or whose pid
     now names another process). `refresh()` asks it to re-read what to watch from
     `leaders()` (one query); it does so at most every `settle` seconds, so a burst of
-    drives costs one read."""
+    drives costs one read, and at most every `per_leader` seconds per leader watched, so
+    a storm of wakes does not re-read a thousand rows four times a second."""
 
     def __init__(self, leaders: Callable[[], dict[int, tuple[int, float]]],
-                 on_exit: Callable[[set[int]], None], settle: float = 0.25) -> None:
+                 on_exit: Callable[[set[int]], None], settle: float = 0.25,
+                 per_leader: float = 0.001, settle_max: float = 2.0) -> None:
         self.leaders = leaders
         self.on_exit = on_exit
         self.settle = settle
+        self.per_leader = per_leader
+        self.settle_max = settle_max
         self._dirty = True
         self._poll = select.epoll()
         self._fd_of: dict[int, int] = {}  # generation id -> pidfd
@@ -93,8 +97,9 @@ class ExitWatcher:
         try:
             while not self._stop.is_set():
                 timeout = -1.0
+                settle = min(self.settle_max, max(self.settle, self.per_leader * len(self._fd_of)))
                 if self._dirty:
-                    timeout = max(0.0, last_sync + self.settle - time.monotonic())
+                    timeout = max(0.0, last_sync + settle - time.monotonic())
                 exited: set[int] = set()
                 for fd, _ in self._poll.poll(timeout):
                     if fd == self._bell_r:
@@ -105,7 +110,7 @@ class ExitWatcher:
                         exited.add(gen)
                 if self._stop.is_set():
                     break
-                if self._dirty and time.monotonic() >= last_sync + self.settle:
+                if self._dirty and time.monotonic() >= last_sync + settle:
                     self._dirty = False
                     last_sync = time.monotonic()
                     try:
