@@ -85,6 +85,9 @@ class ExitWatcher:
         self._stop.set()
         self._ring()
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            os.close(self._bell_r)
+            os.close(self._bell_w)
 
     def _ring(self) -> None:
         try:
@@ -128,8 +131,8 @@ class ExitWatcher:
             for fd in list(self._gen_of):
                 self._forget_fd(fd)
             self._poll.close()
-            os.close(self._bell_r)
-            os.close(self._bell_w)
+            # The bell stays open: close() rings it after setting stop, and this loop may
+            # have seen stop (woken by an exit) before that ring; close() closes it.
 
     def _drain_bell(self) -> None:
         try:

@@ -72,3 +72,16 @@ def test_exits_are_reported_by_generation_and_unwanted_ones_are_dropped(sleepers
         assert 1 not in everything and 3 not in everything, seen
     finally:
         w.close()
+
+
+def test_close_after_the_loop_already_saw_stop() -> None:
+    """The loop can see stop before close() rings its bell (woken by an exit in between):
+    close() must still ring and close cleanly (it raised EBADF: the loop had closed the
+    bell, and a reused fd number would have taken the write)."""
+    w = ExitWatcher(dict, lambda ids: None, settle=0.01)
+    w.start()
+    w._stop.set()  # what close() does first; then the loop wakes for another reason
+    w.refresh()
+    w._thread.join(5)
+    assert not w._thread.is_alive()
+    w.close()
