@@ -253,7 +253,10 @@ def test_batch_gives_back_free_drops_stale_keeps_needed(store: Store, ctx: Conte
     released = store.read(lambda s: s.execute(select(Event.host).where(
         Event.kind == "released")).scalars().all())
     assert sorted(released) == ["f1", "f2", "f3"]
-    assert give_back(ctx, limit=256) == 0  # kept is backed off, nothing else is due
+    # kept is backed off (0.1 s), nothing else is due; on a loaded box the 0.1 s may have
+    # passed by now, and then kept is rightly due again.
+    again = give_back(ctx, limit=256)
+    assert again == 0 or (again == 1 and utcnow() >= row.next_attempt_at), again
 
 
 def test_batch_takes_at_most_its_limit_and_the_round_drains_the_rest(
