@@ -11,9 +11,9 @@ import uuid as uuidlib
 from sqlalchemy import bindparam, insert, update
 from sqlalchemy.orm import Session
 
-from models.states import GenState, HostKind
+from models.states import GenState, HostKind, MemberRole
 from models.store import utcnow
-from models.tables import Build, Generation, Host
+from models.tables import Build, Generation, Host, Member
 from models.transition import Fence, Unfenced, move
 from workflows.access import prepare_socket_dir
 from workflows.context import Context
@@ -60,3 +60,16 @@ def record(s: Session, gen: Generation, spawned: Spawned, fence: Fence | Unfence
          {"state": GenState.running, "pid": spawned.pid, "create_time": spawned.create_time},
          f"generation g{gen.id} spawning -> running", fence=fence, col="state",
          frm=GenState.spawning)
+
+
+_NEW_MEMBER = insert(Member.__table__)  # built once, as _NEW
+
+
+def join_set(s: Session, gen_id: int, host: str, role: MemberRole, fence: int, *,
+             attempt_id: int | None = None, unproven: bool = False) -> None:
+    """In the caller's transaction: the generation is a member of its host's operation set
+    (due at once) until its termination is proven."""
+    now = utcnow()
+    s.execute(_NEW_MEMBER, {"generation_id": gen_id, "host": host, "role": role,
+                            "attempt_id": attempt_id, "fence": fence, "unproven": unproven,
+                            "since": now, "next_attempt_at": now})

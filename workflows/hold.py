@@ -36,7 +36,7 @@ from workflows.classify import Stale
 from workflows.context import Context
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
-from workflows.generations import intend
+from workflows.generations import intend, join_set
 from workflows.lease import acquire, held_fence, owe_release, release_owed
 from workflows.members import leave_set
 from workflows.workers import (
@@ -104,9 +104,7 @@ def run_hold(ctx: Context, a: Attempt) -> None:
     def new_gen(s: Session) -> Generation:
         gate(s, ctx, a)
         g = intend(s, ctx, host, a.build_id, a.fence)
-        now = utcnow()
-        s.add(Member(generation_id=g.id, host=a.host, role=MemberRole.spawning, attempt_id=a.id,
-                     fence=a.fence or 0, since=now, next_attempt_at=now))
+        join_set(s, g.id, a.host, MemberRole.spawning, a.fence or 0, attempt_id=a.id)
         move(s, Attempt, a.id, {"successor_id": g.id},
              f"attempt #{a.id} successor", fence=BY_STEP)
         s.flush()
@@ -170,9 +168,7 @@ def _stop_old(ctx: Context, a: Attempt) -> None:
             step_to(s, a, AttemptStep.stopping_old)
             return
         mark_retiring(s, old.id, GenState.current, "hold swap")
-        now = utcnow()
-        s.add(Member(generation_id=old.id, host=a.host, role=MemberRole.retiring, attempt_id=a.id,
-                     fence=a.fence or 0, since=now, next_attempt_at=now))
+        join_set(s, old.id, a.host, MemberRole.retiring, a.fence or 0, attempt_id=a.id)
         step_to(s, a, AttemptStep.stopping_old, retiring_id=old.id)
         a.retiring_id = old.id
         old_socket = old.socket

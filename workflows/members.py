@@ -20,6 +20,7 @@ from models.transition import Unfenced, move
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, ref_of
+from workflows.generations import join_set
 from workflows.lease import owe_release, release_owed
 from workflows.queue import enqueue_wake
 from workflows.sanity import impossible_hosts
@@ -39,11 +40,9 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
          {"state": GenState.retiring, "end_reason": why},
          f"generation g{gen.id} current -> retiring", fence=BY_STATE, col="state",
          frm=GenState.current)
-    now = utcnow()
     lease = s.get(Lease, gen.host)
-    s.add(Member(generation_id=gen.id, host=gen.host, role=MemberRole.retiring,
-                 fence=lease.fence if lease is not None else gen.fence, unproven=True,
-                 since=now, next_attempt_at=now))
+    join_set(s, gen.id, gen.host, MemberRole.retiring,
+             lease.fence if lease is not None else gen.fence, unproven=True)
     emit(s, "exited", gen.host, gen.id, pid=gen.pid, reason=why)
     host = s.get(Host, gen.host)
     if restart and host is not None and host.kind is HostKind.worker:

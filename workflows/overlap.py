@@ -38,7 +38,7 @@ from workflows.classify import BuildFailed, Stale
 from workflows.context import Context, Poke
 from workflows.crash import crashpoint, define
 from workflows.ending import mark_proven, mark_retiring, ref_of
-from workflows.generations import intend
+from workflows.generations import intend, join_set
 from workflows.lease import held_fence
 from workflows.members import leave_set, run_restores
 
@@ -70,9 +70,7 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
         if h.raised:
             raise Poke(f"parent limit of {a.host} is still raised: a restore is pending")
         g = intend(s, ctx, h, a.build_id, a.fence)
-        now = utcnow()
-        s.add(Member(generation_id=g.id, host=a.host, role=MemberRole.spawning, attempt_id=a.id,
-                     fence=a.fence, since=now, next_attempt_at=now))
+        join_set(s, g.id, a.host, MemberRole.spawning, a.fence, attempt_id=a.id)
         step_to(s, a, AttemptStep.admitted, fence=a.fence, successor_id=g.id)
         if not _can_raise(ctx, h):
             # Nothing to raise: the raise and the publication ride in this commit (one
@@ -124,10 +122,8 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
              f"generation g{gen.id} running -> current", fence=BY_STATE, col="state",
              frm=GenState.running)
         s.execute(Member.__table__.delete().where(Member.generation_id == gen.id))
-        now = utcnow()
         if old is not None:
-            s.add(Member(generation_id=old.id, host=a.host, role=MemberRole.retiring,
-                         attempt_id=a.id, fence=a.fence, since=now, next_attempt_at=now))
+            join_set(s, old.id, a.host, MemberRole.retiring, a.fence, attempt_id=a.id)
         s.execute(Host.__table__.update().where(Host.name == a.host).values(build_id=a.build_id))
         step_to(s, a, AttemptStep.switched, retiring_id=old_id)
         emit(s, "switched", a.host, gen.id, attempt=a.id, retiring=old_id)

@@ -30,6 +30,7 @@ from models.transition import Fence, Unfenced, move, move_many
 from workflows.context import Context
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
+from workflows.generations import join_set
 from workflows.lease import owe_release, release_owed
 from workflows.ports import ProcRef
 from workflows.queue import enqueue_wake
@@ -244,9 +245,7 @@ def _end_clean_run(s: Session, gen: Generation, proven: bool, fence: int) -> Non
     if proven:
         mark_proven(s, gen.id)
     else:
-        now = utcnow()
-        s.add(Member(generation_id=gen.id, host=gen.host, role=MemberRole.retiring, fence=fence,
-                     unproven=True, since=now, next_attempt_at=now))
+        join_set(s, gen.id, gen.host, MemberRole.retiring, fence, unproven=True)
     mark_good(s, gen.build_id)
 
 
@@ -387,9 +386,7 @@ def _replace(ctx: Context, gen: Generation, host: Host, cause: str, build_id: in
              {"state": GenState.retiring, "end_reason": f"{cause}: {why}"},
              f"generation g{gen.id} current -> retiring", fence=Fence(gen.host, ctx.agent_id, lease.fence), col="state",
              frm=GenState.current)
-        now = utcnow()
-        s.add(Member(generation_id=gen.id, host=gen.host, role=MemberRole.retiring,
-                     fence=lease.fence, since=now, next_attempt_at=now))
+        join_set(s, gen.id, gen.host, MemberRole.retiring, lease.fence)
         enqueue_wake(s, gen.host, cause, build_id=build_id)
         if cause == "converge":  # a recycle keeps the drift's age: it must not starve it
             s.execute(update(Host).where(Host.name == gen.host).values(drift_since=None))
