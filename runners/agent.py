@@ -135,8 +135,6 @@ class Reconciler:
             if fresh:
                 self.backlog = []
             backlog = [d for d in self.backlog if d.host not in busy]
-        if fresh:
-            self._drain()
         free = self.max_hosts - len(busy)
         if free > 0 and len(backlog) < free:
             # Rotate: hosts after the cursor go first, so no host is always last.
@@ -169,6 +167,8 @@ class Reconciler:
             # Rows another agent claimed first free their slot for the next host of the round.
             if won is None or len(won) == len(admitted) or taken >= len(backlog):
                 break
+        if fresh:  # after the per-host drives are on their way: a deploy does not wait on it
+            self._drain()
         with self._lock:
             self.backlog = backlog[taken:]
             if self.backlog:
