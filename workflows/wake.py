@@ -130,93 +130,114 @@ def drive_wake(ctx: Context, wake_id: int) -> Result:
     if w.state is WakeState.reaping:
         _reap(ctx, w)
         w = ctx.store.read(lambda s: _wake(s, wake_id))
-    if w.state is WakeState.queued:
-        leased = _lease(ctx, w)
-        if leased is None:
-            return Result.progress
-        w = leased
-    if w.state is WakeState.leased:
+    if w.state in (WakeState.queued, WakeState.leased):
         return _start(ctx, w)
     return Result.progress
 
 
-def _lease(ctx: Context, w: Wake) -> Wake | None:
-    """queued -> leased: the wake as it is now. None when it ended here (already awake, or
-    refused)."""
+def _lease_in(s: Session, ctx: Context, w: Wake, coalesced: list[int]) -> Wake | None:
+    """In the caller's transaction: queued -> leased; the wake as it is now. None when it
+    ended here (already awake, or refused, or yielded to an attempt: id in `coalesced`)."""
+    stop = open_stop(s, w.host)
+    if stop is not None:
+        raise Poke(f"waiting for stop #{stop} of {w.host} to finish")
+    if coalesce(s, w) is not None:  # a worker's own start yields to a queued release
+        coalesced.append(w.id)
+        return None
+    if unproven_wake(s, w.host) is not None:
+        move(s, Wake, w.id, {"state": WakeState.failed, "ended_at": utcnow(),
+                             "reason": "refused: an earlier failed wake is unproven"},
+             f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
+        return None
+    current = s.execute(_CURRENT, {"host": w.host}).first()
+    if current is not None:
+        move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow(),
+                             "generation_id": current.id, "reason": "already awake"},
+             f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
+        return None
+    fence = acquire(s, ctx, w.host)
+    move(s, Wake, w.id, {"state": WakeState.leased, "fence": fence, "attempts": 0},
+         f"wake #{w.id} queued -> leased", fence=Fence(w.host, ctx.agent_id, fence),
+         col="state", frm=WakeState.queued)
+    return _wake(s, w.id)
 
-    def step(s: Session) -> Wake | None:
-        stop = open_stop(s, w.host)
-        if stop is not None:
-            raise Poke(f"waiting for stop #{stop} of {w.host} to finish")
-        if coalesce(s, w) is not None:  # a worker's own start yields to a queued release
-            coalesced.append(w.id)
-            return None
-        if unproven_wake(s, w.host) is not None:
-            move(s, Wake, w.id, {"state": WakeState.failed, "ended_at": utcnow(),
-                                  "reason": "refused: an earlier failed wake is unproven"},
-                 f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
-            return None
-        current = s.execute(_CURRENT, {"host": w.host}).first()
-        if current is not None:
-            move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow(),
-                                  "generation_id": current.id, "reason": "already awake"},
-                 f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
-            return None
-        fence = acquire(s, ctx, w.host)
-        move(s, Wake, w.id, {"state": WakeState.leased, "fence": fence, "attempts": 0},
-             f"wake #{w.id} queued -> leased", fence=Fence(w.host, ctx.agent_id, fence),
-             col="state", frm=WakeState.queued)
-        return _wake(s, w.id)
 
-    coalesced: list[int] = []
-    leased = ctx.store.write(step)
-    if leased is not None:
-        crashpoint(LEASED)
-    if coalesced:
-        crashpoint(COALESCED)
-    return leased
+def _leftovers(s: Session, w: Wake) -> tuple[Host, Build]:
+    """Prove the host holds no leftover process before spawning anything new (Poke if it
+    does); the host and the build to start."""
+    live = s.execute(_LIVE, {"host": w.host}).first()
+    if live is not None:
+        raise Poke(f"generation g{live.id} of {w.host} is {live.state.value}, not proven gone")
+    h = s.execute(_HOST, {"name": w.host}).scalar_one_or_none()
+    if h is None:
+        raise BrokenInvariant("h is missing")
+    # A worker's restart, recycle or converge names its build; anything else: the host's.
+    b = s.execute(_BUILD, {"id": w.build_id if w.build_id is not None else h.build_id}
+                  ).scalar_one_or_none()
+    if b is None:
+        raise BrokenInvariant("b is missing")
+    return h, b
+
+
+@dataclass
+class _Intent:
+    wake: Wake  # as leased
+    host: Host | None = None
+    build: Build | None = None
+    gen: Generation | None = None  # None: nothing written past the lease
+    why_not: str | None = None  # a leftover to wait for (Poke)
+    refusal: str | None = None  # the staged build cannot run
 
 
 def _start(ctx: Context, w: Wake) -> Result:
-    """leased -> spawning -> checking -> done, or -> unproven on the build's failure."""
-    if w.fence is None:
-        raise BrokenInvariant("w.fence is missing")
+    """(queued ->) leased -> spawning -> checking -> done, or -> unproven on the build's
+    failure. A queued wake is leased in the same commit that writes its generation's
+    intent (one fsync, not two, before the exec); the lease alone commits when the start
+    cannot go on (a leftover to wait for, a build that cannot run)."""
     if ctx.shutting_down.is_set():
         raise Poke("agent shutting down")
+    fresh = w.state is WakeState.queued
+    coalesced: list[int] = []
 
-    def leftovers(s: Session) -> tuple[Host, Build]:
-        live = s.execute(_LIVE, {"host": w.host}).first()
-        if live is not None:
-            raise Poke(f"generation g{live.id} of {w.host} is {live.state.value}, not proven gone")
-        h = s.execute(_HOST, {"name": w.host}).scalar_one_or_none()
-        if h is None:
-            raise BrokenInvariant("h is missing")
-        # A worker's restart, recycle or converge names its build; anything else: the host's.
-        b = s.execute(_BUILD, {"id": w.build_id if w.build_id is not None else h.build_id}
-                      ).scalar_one_or_none()
-        if b is None:
-            raise BrokenInvariant("b is missing")
-        return h, b
-
-    # Prove the host holds no leftover process before spawning anything new.
-    host, build = ctx.store.read(leftovers)
-    refusal = staged_problem(ctx, build, host.kind)
-    if refusal is not None:
-        return _refuse_build(ctx, w, refusal)
-
-    ours = Fence(w.host, ctx.agent_id, w.fence)  # every move of this start, and its generation's
-
-    def intent(s: Session) -> Generation:
-        g = intend(s, ctx, host, build.id, w.fence)
+    def intent(s: Session) -> _Intent | None:
+        leased = _lease_in(s, ctx, w, coalesced) if fresh else w
+        if leased is None:
+            return None
+        if leased.fence is None:
+            raise BrokenInvariant("w.fence is missing")
+        try:
+            host, build = _leftovers(s, leased)
+        except Poke as exc:
+            if not fresh:
+                raise
+            return _Intent(leased, why_not=str(exc))
+        refusal = staged_problem(ctx, build, host.kind)
+        if refusal is not None:
+            return _Intent(leased, host, build, refusal=refusal)
+        g = intend(s, ctx, host, build.id, leased.fence)
         # Publish before exec: the build is referenced in the store before any of it runs.
         mark_published(s, build.id)
-        move(s, Wake, w.id, {"state": WakeState.spawning, "generation_id": g.id},
-             f"wake #{w.id} leased -> spawning", fence=ours, col="state",
+        move(s, Wake, leased.id, {"state": WakeState.spawning, "generation_id": g.id},
+             f"wake #{leased.id} leased -> spawning",
+             fence=Fence(leased.host, ctx.agent_id, leased.fence), col="state",
              frm=WakeState.leased)
-        s.flush()
-        return g
+        return _Intent(leased, host, build, g)
 
-    gen = ctx.store.write(intent)
+    it = ctx.store.write(intent)
+    if coalesced:
+        crashpoint(COALESCED)
+    if it is None:
+        return Result.progress
+    if fresh:
+        crashpoint(LEASED)
+    if it.why_not is not None:
+        raise Poke(it.why_not)
+    if it.refusal is not None:
+        return _refuse_build(ctx, it.wake, it.refusal)
+    w, host, build, gen = it.wake, it.host, it.build, it.gen
+    if host is None or build is None or gen is None or w.fence is None:
+        raise BrokenInvariant("the start's intent is incomplete")
+    ours = Fence(w.host, ctx.agent_id, w.fence)  # every move of this start, and its generation's
     crashpoint(INTENT)
     try:
         spawned = launch(ctx, host, build, gen)
