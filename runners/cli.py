@@ -26,7 +26,7 @@ from runners.wakeup import notify
 from workflows import crash
 from workflows.builds import collect
 from workflows.deploy import last_failed, request_deploy
-from workflows.hosts import add_host, record_build, remove_host, status
+from workflows.hosts import add_host, check_args, check_env, record_build, remove_host, status
 from workflows.stop import request_stop
 from workflows.wake import request_wake
 
@@ -153,6 +153,8 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         pairs[key] = value
     if cwd is not None and not os.path.isdir(cwd):
         raise BadInput(f"--cwd {cwd} is not a directory", "pass an existing directory")
+    check_args(list(args), label="--arg ")
+    check_env(pairs, label="--env ")
     from workflows.workers import check_policy
 
     check_policy(HostKind(kind), policy)  # before anything is staged

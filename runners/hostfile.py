@@ -26,7 +26,7 @@ from typing import Any
 from models.errors import BadInput
 from models.states import HostKind
 from runners.sockets import check_group, parse_mode
-from workflows.hosts import NAME
+from workflows.hosts import NAME, check_args, check_env
 
 
 class Invalid(ValueError):
@@ -45,6 +45,10 @@ def _kind(v: Any, _: Path) -> HostKind:
 def _str_list(v: Any, _: Path) -> list[str]:
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
         raise Invalid("must be a list of strings", 'write args = ["--flag", "value"]')
+    try:
+        check_args(v, label="")
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
     return v
 
 
@@ -55,6 +59,10 @@ def _str_table(v: Any, _: Path) -> dict[str, str]:
         if not isinstance(x, str):
             raise Invalid(f"{k} must be a string, not {json.dumps(x)}",
                           f"quote it: {k} = {json.dumps(str(x).lower() if isinstance(x, bool) else str(x))}")
+    try:
+        check_env(v, label="")
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
     return v
 
 

@@ -261,6 +261,9 @@ class ProcessBackend:
             self._drop_cgroup(cg)
             name = errno.errorcode.get(e.errno or 0, "error")
             raise SpawnError(f"spawn {spec.argv[0]}: {e.strerror} ({name})") from e
+        except ValueError as e:  # an env name or an argument execve cannot take: never starts
+            self._drop_cgroup(cg)
+            raise SpawnError(f"spawn {spec.argv[0]}: {e} (fix the host's args or env)") from e
         finally:
             if not isinstance(out, int):
                 out.close()

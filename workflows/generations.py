@@ -17,7 +17,7 @@ from models.tables import Build, Generation, Host, Member
 from models.transition import Fence, Unfenced, move
 from workflows.access import prepare_socket_dir
 from workflows.context import Context
-from workflows.ports import Spawned, SpawnSpec
+from workflows.ports import Spawned, SpawnError, SpawnSpec
 
 _G = Generation.__table__
 _NEW = insert(_G).returning(_G.c.id)  # built once: an ORM add cost a unit-of-work flush
@@ -42,16 +42,23 @@ def intend(s: Session, ctx: Context, host: Host, build_id: int, fence: int | Non
 
 def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:
     """Exec the build as `gen`: args, env and cwd from the host, output to its log, inside
-    the containment the row names. Raises SpawnError when it did not start."""
-    os.makedirs(os.path.dirname(ctx.log_for(host.name)), exist_ok=True)
-    if gen.socket:
-        prepare_socket_dir(ctx, host, gen.socket)
-    spec = SpawnSpec(generation_uuid=gen.uuid, host=host.name,
-                     argv=[build.path, *json.loads(host.args)],
-                     env={**json.loads(host.env), "VIGIL_HOME": str(ctx.state_dir)},
-                     cwd=host.cwd, socket_path=gen.socket, log_path=ctx.log_for(host.name),
-                     cgroup=gen.cgroup)
-    return ctx.proc.spawn(spec)
+    the containment the row names. Raises SpawnError when it did not start, whatever the
+    port raised: a start that raises anything else would be retried forever, a new
+    generation row each time."""
+    try:
+        os.makedirs(os.path.dirname(ctx.log_for(host.name)), exist_ok=True)
+        if gen.socket:
+            prepare_socket_dir(ctx, host, gen.socket)
+        spec = SpawnSpec(generation_uuid=gen.uuid, host=host.name,
+                         argv=[build.path, *json.loads(host.args)],
+                         env={**json.loads(host.env), "VIGIL_HOME": str(ctx.state_dir)},
+                         cwd=host.cwd, socket_path=gen.socket, log_path=ctx.log_for(host.name),
+                         cgroup=gen.cgroup)
+        return ctx.proc.spawn(spec)
+    except ValueError as exc:  # the host's args or env: no retry can succeed
+        raise SpawnError(f"spawn {build.path}: {exc}") from exc
+    except OSError as exc:  # the box's fault (log dir, fork), never the build's
+        raise SpawnError(f"spawn {build.path}: {exc}", build_fault=False) from exc
 
 
 def record(s: Session, gen: Generation, spawned: Spawned, fence: Fence | Unfenced) -> None:

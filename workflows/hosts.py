@@ -34,6 +34,24 @@ def check_name(name: str) -> None:
                        "use 1-63 characters: lowercase letters, digits and '-', not starting with '-'")
 
 
+def check_env(env: dict[str, str], label: str = "env: ") -> None:
+    """Names and values execve can take: a bad one would fail every start of the host."""
+    for k, v in env.items():
+        if not k:
+            raise BadInput(f"{label}a name is empty", "give every entry a name: NAME=value")
+        if "=" in k:
+            raise BadInput(f"{label}name {k!r} contains '='", "rename it: a name cannot hold '='")
+        if "\0" in k or "\0" in v:
+            raise BadInput(f"{label}{k!r} contains a NUL byte", "remove the NUL (\\0) character")
+
+
+def check_args(args: list[str], label: str = "args: ") -> None:
+    """Arguments execve can take (`label` starts the message; the caller names the field)."""
+    for a in args:
+        if "\0" in a:
+            raise BadInput(f"{label}{a!r} contains a NUL byte", "remove the NUL (\\0) character")
+
+
 def record_build(s: Session, path: str, digest: str, source: str) -> Build:
     b = s.execute(select(Build).where(Build.path == path)).scalar_one_or_none()
     if b is None:
@@ -51,6 +69,8 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
              policy: dict[str, Any] | None = None, socket_group: str | None = None,
              socket_mode: int | None = None) -> None:
     check_name(name)
+    check_args(args)
+    check_env(env)
     if drain_timeout <= 0 or health_timeout <= 0:
         raise BadInput("timeouts must be positive numbers of seconds", "e.g. --drain-timeout 10")
     if s.get(Host, name) is not None:

@@ -1,0 +1,116 @@
+"""Input found by attacking vigil (issue 16): each is refused with one line (cause; fix),
+a non-zero exit and nothing changed; where bad values are already in a store (written by
+hand or by an older vigil), the agent fails the step once instead of retrying it forever."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from models.tables import Attempt, Generation, Host
+from tests.conftest import HELLO, Vigil, wait_for
+from tests.integration.test_cli_bad_input import dump, refused
+
+HOSTS = f"""\
+[hosts.web]
+build = "{HELLO}"
+env = {{ GREETING = "hi" }}
+args = ["--flag"]
+"""
+
+
+def apply_refused(vigil: Vigil, short_tmp: Path, text: str, *words: str) -> None:
+    """`vigil apply` of `text`: one line naming the file and the words, exit 2, no change."""
+    f = short_tmp / "hosts.toml"
+    f.write_text(HOSTS)
+    vigil.run("apply", str(f))
+    before = dump(vigil)
+    f.write_text(text)
+    cp = vigil.run("apply", str(f), check=False)
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    line = refused(cp, str(f), *words)
+    assert "Traceback" not in line
+    assert dump(vigil) == before
+
+
+# -- 1. env and args no process can be started with ---------------------------------------
+
+@pytest.mark.parametrize(("edit", "words"), [
+    (('GREETING = "hi"', '"C=D" = "x"'), ("hosts.web.env", "'C=D'", "'='")),
+    (('GREETING = "hi"', '"" = "x"'), ("hosts.web.env", "empty")),
+    (('GREETING = "hi"', '"A\\u0000B" = "x"'), ("hosts.web.env", "NUL")),
+    (('GREETING = "hi"', 'GREETING = "a\\u0000b"'), ("hosts.web.env", "GREETING", "NUL")),
+    (('args = ["--flag"]', 'args = ["a\\u0000b"]'), ("hosts.web.args", "NUL")),
+])
+def test_apply_refuses_env_and_args_no_process_can_take(vigil: Vigil, short_tmp: Path,
+                                                        edit: tuple[str, str],
+                                                        words: tuple[str, ...]) -> None:
+    apply_refused(vigil, short_tmp, HOSTS.replace(*edit), *words)
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (("--env", "A\x00B=x"), ("--env", "NUL")),
+    (("--env", "A=x\x00y"), ("--env", "NUL")),
+    (("--arg", "a\x00b"), ("--arg", "NUL")),
+])
+def test_host_add_refuses_env_and_args_no_process_can_take(vigil: Vigil, extra: tuple[str, ...],
+                                                           words: tuple[str, ...]) -> None:
+    vigil.add_host("hello")
+    before = dump(vigil)
+    staged = sorted(p.name for p in (vigil.state_dir / "builds").iterdir())
+    # In-process: a NUL cannot be passed in a real process's argv.
+    refused(vigil.run("host", "add", "ok", "--build", str(HELLO), *extra, check=False), *words)
+    assert dump(vigil) == before
+    assert sorted(p.name for p in (vigil.state_dir / "builds").iterdir()) == staged
+
+
+def _poison(vigil: Vigil, host: str, **values: object) -> None:
+    """Store values no process can be started with, as a hand edit (or an older vigil) would."""
+    with vigil.store.engine.begin() as conn:
+        conn.execute(sa.update(Host).where(Host.name == host).values(
+            **{k: json.dumps(v) for k, v in values.items()}))
+
+
+def _generations(vigil: Vigil, host: str) -> int:
+    return vigil.store.read(lambda s: s.execute(
+        sa.select(sa.func.count()).select_from(Generation).where(Generation.host == host)).scalar())
+
+
+@pytest.mark.parametrize("poison", [{"env": {"C=D": "x"}}, {"args": ["a\x00b"]}])
+def test_stored_unstartable_host_fails_its_wake_once_and_stops(vigil: Vigil,
+                                                               poison: dict[str, object]) -> None:
+    vigil.add_host("bad")
+    _poison(vigil, "bad", **poison)
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    cp = vigil.run("wake", "bad", "--wait", "--timeout", "20", check=False)
+    line = refused(cp, "wake of bad failed", "spawn")
+    assert "timed out" not in line, line
+    time.sleep(1)  # a loop would write a generation every ~250 ms: give it the time to show
+    assert _generations(vigil, "bad") == 1
+    started = time.monotonic()
+    vigil.run("stop", "bad", "--wait", "--timeout", "20")
+    assert time.monotonic() - started < 10
+    vigil.quiesce(10)
+    assert vigil.app_pids() == []
+    vigil.check()
+
+
+def test_deploy_whose_spawn_can_never_succeed_fails_unexecuted(vigil: Vigil) -> None:
+    vigil.add_host("hello")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "hello", "--wait")
+    _poison(vigil, "hello", args=["a\x00b"])
+    cp = vigil.run("deploy", "hello", str(HELLO), "--wait", "--timeout", "30", check=False)
+    assert cp.returncode != 0, cp.stdout + cp.stderr
+    a = vigil.store.read(lambda s: s.execute(
+        sa.select(Attempt).order_by(Attempt.id.desc()).limit(1)).scalar_one())
+    assert (a.outcome.value, a.executed) == ("failed", False), (a.outcome, a.executed, a.reason)
+    assert vigil.status("hello")["state"] == "awake"  # the old one keeps serving
+    wait_for(lambda: not vigil.obligations(), 10, what="quiescence")
+    vigil.check()
