@@ -8,6 +8,7 @@ from datetime import datetime
 
 from sqlalchemy import (
     Boolean,
+    CheckConstraint,
     Column,
     DateTime,
     Enum,
@@ -25,6 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from models.durations import DURATIONS, sql_check
 from models.states import (
     AttemptStep,
     Cause,
@@ -125,6 +127,11 @@ class Host(Base):
     # Who may connect to its socket (None: the agent-wide setting); see runners/sockets.py.
     socket_group: Mapped[str | None] = mapped_column(String(32))
     socket_mode: Mapped[int | None] = mapped_column(Integer)
+
+    # Every duration finite, above 0, at most a day (migration 0006; on SQLite the same
+    # rule is held by triggers, as adding a CHECK there means rebuilding the table).
+    __table_args__ = (CheckConstraint(" AND ".join(
+        sql_check(c, nullable=c == "max_run") for c in DURATIONS), name="durations"),)
 
 
 class Generation(Base):

@@ -15,6 +15,7 @@ import click
 from sqlalchemy import func, select
 
 from models import schema
+from models.durations import parse_seconds
 from models.errors import BadInput, NotFound, VigilError
 from models.states import Cause, HostKind, Mode, Outcome
 from models.store import Store
@@ -42,6 +43,18 @@ def show(t: Any) -> None:
 
     Console().print(t)
 
+
+class Seconds(click.ParamType):
+    """A duration option: finite, above 0, at most a day (models/durations.py), refused
+    with one line before the command does anything."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        return parse_seconds(str(value), param.opts[0] if param else "a duration")
+
+
+SECONDS = Seconds()
 
 _opened: list[Store] = []  # disposed when the command ends (main may run in-process)
 
@@ -118,20 +131,20 @@ def host() -> None:
 @click.option("--arg", "args", multiple=True, help="Argument for the build (repeatable).")
 @click.option("--env", "envs", multiple=True, help="K=V environment entry (repeatable).")
 @click.option("--cwd", default=None, help="Working directory of the app.")
-@click.option("--drain-timeout", type=float, default=10.0, show_default=True)
-@click.option("--health-timeout", type=float, default=10.0, show_default=True)
+@click.option("--drain-timeout", type=SECONDS, default=10.0, show_default=True)
+@click.option("--health-timeout", type=SECONDS, default=10.0, show_default=True)
 @click.option("--box", "boxes", multiple=True,
               help="A box (agent id) that may run the host (repeatable); none: any box.")
 @click.option("--socket-group", default=None,
               help="Group that may connect to its socket (overrides the agent's).")
 @click.option("--socket-mode", default=None, help="Mode of its socket, octal (default 0660).")
 @click.option("--one-shot", is_flag=True, help="Worker: run once; exit 0 is success, no respawn.")
-@click.option("--max-run", type=float, default=None, help="Worker: recycle after S seconds up.")
-@click.option("--restart-floor", type=float, default=None, help="Worker: first restart delay (1).")
-@click.option("--restart-cap", type=float, default=None, help="Worker: longest restart delay (30).")
-@click.option("--restart-reset", type=float, default=None,
+@click.option("--max-run", type=SECONDS, default=None, help="Worker: recycle after S seconds up.")
+@click.option("--restart-floor", type=SECONDS, default=None, help="Worker: first restart delay (1).")
+@click.option("--restart-cap", type=SECONDS, default=None, help="Worker: longest restart delay (30).")
+@click.option("--restart-reset", type=SECONDS, default=None,
               help="Worker: up this long, the backoff starts again from the floor (60).")
-@click.option("--converge-grace", type=float, default=None,
+@click.option("--converge-grace", type=SECONDS, default=None,
               help="Worker: how long its live build may differ before it converges (60).")
 @click.pass_obj
 def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
@@ -281,7 +294,7 @@ def _wait_row(env: Env, model: Any, row_id: int, timeout: float) -> Any:
 @cli.command()
 @click.argument("name")
 @click.option("--wait", is_flag=True, help="Block until the agent has woken it or it failed.")
-@click.option("--timeout", type=float, default=300.0, show_default=True)
+@click.option("--timeout", type=SECONDS, default=300.0, show_default=True)
 @click.pass_obj
 def wake(env: Env, name: str, wait: bool, timeout: float) -> None:
     """Start a host's current build."""
@@ -305,7 +318,7 @@ def wake(env: Env, name: str, wait: bool, timeout: float) -> None:
 @cli.command()
 @click.argument("name")
 @click.option("--wait", is_flag=True, help="Block until it is proven stopped.")
-@click.option("--timeout", type=float, default=300.0, show_default=True)
+@click.option("--timeout", type=SECONDS, default=300.0, show_default=True)
 @click.pass_obj
 def stop(env: Env, name: str, wait: bool, timeout: float) -> None:
     """Stop a host: SIGTERM, drain, SIGKILL, proof, lease given back."""
@@ -326,7 +339,7 @@ def stop(env: Env, name: str, wait: bool, timeout: float) -> None:
 @click.option("--cause", type=click.Choice([c.value for c in Cause if c is not Cause.retry]),
               default="release", show_default=True)
 @click.option("--wait", is_flag=True, help="Show the steps as they happen; exit 0 when done.")
-@click.option("--timeout", type=float, default=600.0, show_default=True)
+@click.option("--timeout", type=SECONDS, default=600.0, show_default=True)
 @click.option("--converge", is_flag=True,
               help="Worker: only make BUILD its live build; it converges after its grace.")
 @click.pass_obj
@@ -361,7 +374,7 @@ def deploy(env: Env, name: str, build_path: str, mode: str, canary: bool, cause:
 @cli.command()
 @click.argument("name")
 @click.option("--wait", is_flag=True)
-@click.option("--timeout", type=float, default=600.0, show_default=True)
+@click.option("--timeout", type=SECONDS, default=600.0, show_default=True)
 @click.pass_obj
 def retry(env: Env, name: str, wait: bool, timeout: float) -> None:
     """Re-arm the host's last failed build: a new attempt with cause `retry`."""
@@ -566,17 +579,17 @@ def crashpoints() -> None:
 
 
 @cli.command()
-@click.option("--safety-interval", type=float, default=30.0, show_default=True,
+@click.option("--safety-interval", type=SECONDS, default=30.0, show_default=True,
               help="Seconds between full scans when nothing rings (the backstop: intents "
                    "ring the agent, exits arrive by pidfd, due rows set a timer).")
 @click.option("--log-level", default="INFO", show_default=True)
 @click.option("--box", envvar="VIGIL_BOX", default=None,
               help="Name this box (its agent id) on the first start (env VIGIL_BOX).")
-@click.option("--lease-ttl", envvar="VIGIL_LEASE_TTL", type=float, default=30.0,
+@click.option("--lease-ttl", envvar="VIGIL_LEASE_TTL", type=SECONDS, default=30.0,
               show_default=True, help="Seconds a host lease lasts without renewal.")
 @click.option("--converge-budget", type=click.IntRange(min=0), default=1, show_default=True,
               help="Workers converged onto their live build per sweep, box-wide.")
-@click.option("--sweep-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+@click.option("--sweep-interval", type=SECONDS, default=1.0, show_default=True,
               help="Seconds between sweeps of worker drift and max-run (and of dead currents "
                    "where the kernel has no pidfds; with pidfds an exit is handled at once).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), envvar="VIGIL_LOG_FORMAT",
@@ -602,6 +615,8 @@ def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
 
     if box is not None:
         check_box(box)
+    if sweep_interval < 0.05:
+        raise BadInput(f"--sweep-interval {sweep_interval:g} is too short", "give at least 0.05 seconds")
     if not 1.0 <= lease_ttl <= 3600:
         raise BadInput(f"--lease-ttl {lease_ttl:g} is out of range",
                        "give between 1 and 3600 seconds (default 30)")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from models.durations import check_seconds
 from models.errors import BadInput
 from models.states import HostKind
 from runners.sockets import check_group, parse_mode
@@ -74,10 +75,10 @@ def _directory(v: Any, base: Path) -> str:
 
 
 def _seconds(v: Any, _: Path) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-        raise Invalid(f"must be a positive number of seconds, not {json.dumps(v)}",
-                      "write e.g. 10 or 2.5")
-    return float(v)
+    try:
+        return check_seconds(v, "")
+    except BadInput as exc:
+        raise Invalid(exc.cause, "write e.g. 10 or 2.5") from None
 
 
 def _megabytes(v: Any, _: Path) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from models.durations import parse_seconds
 from models.errors import StoreNotReady
 from models.store import Store, normalize_url, prepare_state_dir, sqlite_url
 from runners.files import LocalFiles
@@ -32,7 +33,7 @@ def open_store(state_dir: Path, db: str | None, *, create: bool = False) -> Stor
 
 def make_context(state_dir: Path, store: Store, agent_id: str, **kw: object) -> Context:
     proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"))
-    settle = float(os.environ.get("VIGIL_SETTLE_SECONDS", "10"))
+    settle = parse_seconds(os.environ.get("VIGIL_SETTLE_SECONDS", "10"), "VIGIL_SETTLE_SECONDS")
     kw.setdefault("sockets", SocketAccess(state_dir))  # per-host groups; no agent-wide one
     return Context(store=store, agent_id=agent_id, state_dir=state_dir.absolute(), proc=proc,
                    health=HttpHealth(), files=LocalFiles(), limits=CgroupMemoryLimit(proc.base),

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from models.durations import check_seconds
 from models.errors import BadInput, NotFound, Refused
 from models.states import (
     LIVE_GEN,
@@ -71,8 +72,8 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
     check_name(name)
     check_args(args)
     check_env(env)
-    if drain_timeout <= 0 or health_timeout <= 0:
-        raise BadInput("timeouts must be positive numbers of seconds", "e.g. --drain-timeout 10")
+    check_seconds(drain_timeout, "--drain-timeout")
+    check_seconds(health_timeout, "--health-timeout")
     if s.get(Host, name) is not None:
         raise BadInput(f"host {name} already exists", f"remove it first with `vigil host rm {name}`")
     worker = check_policy(kind, policy or {})  # restart policy, max-run, one-shot, converge

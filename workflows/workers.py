@@ -22,6 +22,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 from tenacity import RetryCallState, wait_exponential
 
+from models.durations import check_seconds
 from models.errors import BadInput, BrokenInvariant, LostRace
 from models.states import OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, MemberRole, WakeState
 from models.store import emit, utcnow
@@ -67,10 +68,8 @@ def check_policy(kind: HostKind, policy: dict[str, object]) -> dict[str, object]
         raise BadInput(f"{flags} only apply to workers", "add --kind worker, or drop them")
     out = {**POLICY_DEFAULTS, **given}
     for key in ("max_run", "restart_floor", "restart_cap", "restart_reset", "converge_grace"):
-        value = out[key]
-        if value is not None and not (isinstance(value, float | int) and value > 0):
-            raise BadInput(f"--{key.replace('_', '-')} must be a positive number of seconds",
-                           f"e.g. --{key.replace('_', '-')} 5")
+        if out[key] is not None:
+            check_seconds(out[key], f"--{key.replace('_', '-')}", "5")
     if float(out["restart_cap"]) < float(out["restart_floor"]):  # type: ignore[arg-type]
         raise BadInput(f"--restart-cap {out['restart_cap']} is below --restart-floor "
                        f"{out['restart_floor']}", "pass a cap at least as large as the floor")

@@ -114,3 +114,57 @@ def test_deploy_whose_spawn_can_never_succeed_fails_unexecuted(vigil: Vigil) -> 
     assert vigil.status("hello")["state"] == "awake"  # the old one keeps serving
     wait_for(lambda: not vigil.obligations(), 10, what="quiescence")
     vigil.check()
+
+
+# -- 3. durations: finite, above 0, at most a day --------------------------------------------
+
+BAD_SECONDS = ("inf", "1e300", "nan", "-1", "0", "86401")
+
+
+@pytest.mark.parametrize("value", BAD_SECONDS)
+@pytest.mark.parametrize("option", [
+    ("--drain-timeout",), ("--health-timeout",), ("--kind", "worker", "--max-run"),
+    ("--kind", "worker", "--restart-floor"), ("--kind", "worker", "--restart-cap"),
+    ("--kind", "worker", "--restart-reset"), ("--kind", "worker", "--converge-grace"),
+])
+def test_host_add_refuses_unbounded_durations(vigil: Vigil, option: tuple[str, ...],
+                                              value: str) -> None:
+    before = dump(vigil)
+    refused(vigil.run("host", "add", "ok", "--build", str(HELLO), *option, value, check=False),
+            option[-1], "seconds", "86400")
+    assert dump(vigil) == before
+    assert not (vigil.state_dir / "builds").exists() or not any(
+        (vigil.state_dir / "builds").iterdir()), "nothing may be staged"
+
+
+@pytest.mark.parametrize("value", BAD_SECONDS)
+@pytest.mark.parametrize("command", [("wake", "hello", "--wait"), ("stop", "hello", "--wait"),
+                                     ("deploy", "hello", str(HELLO), "--wait"),
+                                     ("retry", "hello", "--wait")])
+def test_wait_timeout_refused_before_anything_is_queued(vigil: Vigil, command: tuple[str, ...],
+                                                        value: str) -> None:
+    vigil.add_host("hello")
+    before = dump(vigil)
+    refused(vigil.run(*command, "--timeout", value, check=False), "--timeout", "seconds")
+    assert dump(vigil) == before
+
+
+@pytest.mark.parametrize("value", ("inf", "nan", "-1", "1e300"))
+@pytest.mark.parametrize("option", ["--safety-interval", "--sweep-interval", "--lease-ttl"])
+def test_agent_refuses_unbounded_intervals(vigil: Vigil, option: str, value: str) -> None:
+    refused(vigil.run("agent", option, value, check=False, timeout=30), option)
+
+
+@pytest.mark.parametrize("value", ("inf", "nan", "-1", "1e300", "0", "86401"))
+@pytest.mark.parametrize("key", ["drain_timeout", "health_timeout"])
+def test_apply_refuses_unbounded_durations(vigil: Vigil, short_tmp: Path, key: str,
+                                           value: str) -> None:
+    apply_refused(vigil, short_tmp, HOSTS + f"{key} = {value}\n",
+                  f"hosts.web.{key}", "seconds", "86400")
+
+
+@pytest.mark.parametrize("value", ("inf", "nan", "-1", "1e300"))
+def test_apply_refuses_unbounded_worker_durations(vigil: Vigil, short_tmp: Path,
+                                                  value: str) -> None:
+    apply_refused(vigil, short_tmp, HOSTS + f'[hosts.jobs]\nbuild = "{HELLO}"\nkind = "worker"\n'
+                  f"restart_cap = {value}\n", "hosts.jobs.restart_cap", "seconds")

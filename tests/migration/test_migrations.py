@@ -22,6 +22,7 @@ from sqlalchemy import Connection, DateTime, bindparam, inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from models import schema, views
+from models.durations import DURATIONS
 from models.errors import StoreNotReady
 from models.store import Store, prepare_state_dir
 from models.tables import Base
@@ -161,6 +162,18 @@ def seed_0005(conn: Connection) -> None:
                                           "job_state": b"\x80\x05opaque pickle"})
 
 
+def seed_0006(conn: Connection) -> None:
+    """A worker whose durations sit on the bounds 0006 sets (above 0, at most a day)."""
+    raw_insert(conn, "hosts", {"name": "slow", "kind": "worker", "build_id": 3, "args": "[]",
+                               "env": "{}", "cwd": None, "drain_timeout": 86400.0,
+                               "health_timeout": 0.001, "memory_tier_mb": None,
+                               "desired": "down", "raised": False, "fence_seq": 0, "box": None,
+                               "created_at": T0, "one_shot": False, "max_run": None,
+                               "restart_floor": 0.001, "restart_cap": 86400.0,
+                               "restart_reset": 86400.0, "converge_grace": 86400.0,
+                               "restart_streak": 0, "drift_since": None})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -169,6 +182,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0003": seed_0003,
     "0004": seed_0004,
     "0005": seed_0005,
+    "0006": seed_0006,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
@@ -451,6 +465,41 @@ def test_state_checks_allow_exactly_the_enum_values(migrated: Store) -> None:
             for bogus in ("bogus", values[0].upper(), ""):
                 with pytest.raises(IntegrityError), conn.begin():
                     raw_insert(conn, table, {**_row(table, 99), column: bogus})
+
+
+@pytest.mark.parametrize("column", DURATIONS)
+def test_duration_columns_refuse_unbounded_values(migrated: Store, column: str) -> None:
+    """Every duration of a host is finite, above 0 and at most a day, on insert and update."""
+    engine = migrated.engine
+    with engine.connect() as conn:
+        with conn.begin():
+            _parents(conn)
+        with conn.begin() as tx:  # the bounds themselves go in
+            raw_insert(conn, "hosts", {**_row("hosts", 1), column: 86400.0})
+            raw_insert(conn, "hosts", {**_row("hosts", 2), column: 0.001})
+            tx.rollback()
+        for bogus in (float("inf"), 1e300, 86400.5, 0.0, -1.0):
+            with pytest.raises(IntegrityError), conn.begin():
+                raw_insert(conn, "hosts", {**_row("hosts", 99), column: bogus})
+            with pytest.raises(IntegrityError), conn.begin():
+                conn.execute(text(f"UPDATE hosts SET {column} = :v WHERE name = 'web'"),
+                             {"v": bogus})
+
+
+def test_upgrade_clamps_durations_written_out_of_bounds(store: Store) -> None:
+    engine = store.engine
+    schema.upgrade(engine, "0005")
+    with engine.begin() as conn:
+        seed_0001(conn)
+        seed_0003(conn)
+        conn.execute(text("UPDATE hosts SET drain_timeout = 1e300, restart_cap = :inf "
+                          "WHERE name = 'jobs'"), {"inf": float("inf")})
+    schema.upgrade(engine)
+    with engine.connect() as conn:
+        assert tuple(conn.execute(text(
+            "SELECT drain_timeout, restart_cap, max_run FROM hosts WHERE name = 'jobs'")).one()) \
+            == (86400.0, 86400.0, 3600.0)
+        assert conn.execute(text("SELECT count(*) FROM hosts")).scalar() == 2  # rows kept
 
 
 def test_one_current_generation_per_host(migrated: Store) -> None:
