@@ -65,6 +65,12 @@ def normalize_url(url: str) -> str:
     if backend in ("postgresql", "postgres") and driver in ("", "psycopg"):
         return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
     if backend == "sqlite" and driver in ("", "pysqlite"):
+        db = parsed.database or ""
+        if db in ("", ":memory:") or ":memory:" in db or parsed.query.get("mode") == "memory":
+            # Every command and the agent would each see an empty database of their own.
+            raise BadInput(f"the database URL {url!r} names a database in memory: a store "
+                           "must be a file", "use sqlite:////absolute/path/vigil.db, or leave "
+                           "--db out to use the state dir's vigil.db")
         return url
     raise BadInput(f"vigil does not run on {parsed.drivername} (database URL "
                    f"{parsed.render_as_string()})", f"use {SUPPORTED_URLS}")

@@ -490,6 +490,9 @@ def events(env: Env, name: str | None, as_json: bool, follow: bool, limit: int) 
 
     store = env.store()
     data = output.events_after(store, name, -1, limit)
+    if name is not None and not data and store.read(lambda s: s.get(Host, name)) is None:
+        # (A removed host's events still show: its name is in them.)
+        raise NotFound(f"no host named {name!r}", "see `vigil host list`")
     if as_json and not follow:
         _json(data)
         return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.jobstores.base import ConflictingIdError, JobLookupError
@@ -49,9 +49,12 @@ def jobstore(store: Store) -> SQLAlchemyJobStore:
 
 def cron(expr: str) -> CronTrigger:
     try:
-        return CronTrigger.from_crontab(expr, timezone=UTC)
+        trigger = CronTrigger.from_crontab(expr, timezone=UTC)
     except ValueError as exc:
         raise BadInput(f"invalid cron expression {expr!r} ({exc})", FIX_CRON) from None
+    if trigger.get_next_fire_time(None, datetime.now(UTC)) is None:  # e.g. 31 February
+        raise BadInput(f"cron expression {expr!r} never fires", FIX_CRON)
+    return trigger
 
 
 class StoreOnly(BaseScheduler):

@@ -70,6 +70,8 @@ def request_deploy(s: Session, host: str, build: Build, *, mode: Mode, canary: b
 
 def last_failed(s: Session, host: str) -> tuple[Build, Attempt]:
     """What `vigil retry` re-arms: the newest attempt of the host that failed, and its build."""
+    if s.get(Host, host) is None:
+        raise NotFound(f"no host named {host!r}", "see `vigil host list`")
     a = s.execute(select(Attempt).where(Attempt.host == host, Attempt.outcome.in_(
         (Outcome.failed, Outcome.down))).order_by(Attempt.id.desc()).limit(1)).scalar_one_or_none()
     if a is None:

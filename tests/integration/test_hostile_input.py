@@ -168,3 +168,45 @@ def test_apply_refuses_unbounded_worker_durations(vigil: Vigil, short_tmp: Path,
                                                   value: str) -> None:
     apply_refused(vigil, short_tmp, HOSTS + f'[hosts.jobs]\nbuild = "{HELLO}"\nkind = "worker"\n'
                   f"restart_cap = {value}\n", "hosts.jobs.restart_cap", "seconds")
+
+
+# -- 11. accepted but meaningless ---------------------------------------------------------------
+
+def test_cron_that_never_fires_is_refused(vigil: Vigil) -> None:
+    vigil.add_host("hello")
+    before = dump(vigil)
+    refused(vigil.run("schedule", "add", "hello", "--cron", "0 0 31 2 *", check=False),
+            "'0 0 31 2 *' never fires", "crontab")
+    assert dump(vigil) == before
+    vigil.run("schedule", "add", "hello", "--cron", "0 0 29 2 *")  # rare, but it fires
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file::memory:?uri=true",
+                                 "sqlite:///file:x?mode=memory&uri=true"])
+def test_in_memory_database_is_refused(short_tmp: Path, url: str) -> None:
+    v = Vigil(short_tmp / "mem", {"VIGIL_DB": url})
+    v.env["VIGIL_DB"] = url  # whatever the database under test: this URL
+    try:
+        for args in (("db", "upgrade"), ("status",), ("host", "add", "x", "--build", str(HELLO))):
+            refused(v.run(*args, check=False), "in memory", "a file")
+            assert not v.state_dir.exists() or list(v.state_dir.iterdir()) == [], args
+    finally:
+        v.cleanup()
+
+
+@pytest.mark.parametrize("args", [("events", "nope"), ("events", "nope", "--json"),
+                                  ("retry", "nope"), ("retry", "nope", "--wait")])
+def test_events_and_retry_of_unknown_host(vigil: Vigil, args: tuple[str, ...]) -> None:
+    vigil.add_host("hello")
+    before = dump(vigil)
+    cp = vigil.run(*args, check=False)
+    refused(cp, "no host named 'nope'", "vigil host list")
+    assert cp.returncode == 3
+    assert dump(vigil) == before
+
+
+def test_events_of_a_removed_host_still_show(vigil: Vigil) -> None:
+    vigil.add_host("gone")
+    vigil.run("host", "rm", "gone")
+    kinds = [e["kind"] for e in vigil.json("events", "gone")]
+    assert kinds == ["host_added", "host_removed"], kinds
