@@ -27,7 +27,15 @@ from runners.wakeup import notify
 from workflows import crash
 from workflows.builds import collect
 from workflows.deploy import last_failed, request_deploy
-from workflows.hosts import add_host, check_args, check_env, record_build, remove_host, status
+from workflows.hosts import (
+    add_host,
+    check_args,
+    check_env,
+    check_socket_room,
+    record_build,
+    remove_host,
+    status,
+)
 from workflows.stop import request_stop
 from workflows.wake import request_wake
 
@@ -166,6 +174,8 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         pairs[key] = value
     if cwd is not None and not os.path.isdir(cwd):
         raise BadInput(f"--cwd {cwd} is not a directory", "pass an existing directory")
+    if HostKind(kind) is HostKind.instance:
+        check_socket_room(env.state_dir, name)
     check_args(list(args), label="--arg ")
     check_env(pairs, label="--env ")
     from workflows.workers import check_policy
@@ -232,6 +242,9 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
     from workflows.apply import Wanted, apply_host, plan, remove_absent
 
     specs = load(file)  # every key checked first: a bad file changes nothing
+    for spec in specs:
+        if spec.fields["kind"] is HostKind.instance:
+            check_socket_room(env.state_dir, spec.name)
     store = env.store()
 
     def wanted(stage: bool) -> list[Wanted]:
@@ -618,6 +631,7 @@ def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
 
     if box is not None:
         check_box(box)
+    check_socket_room(env.state_dir)  # its doorbell; each instance's is checked below
     if sweep_interval < 0.05:
         raise BadInput(f"--sweep-interval {sweep_interval:g} is too short", "give at least 0.05 seconds")
     if not 1.0 <= lease_ttl <= 3600:
@@ -629,6 +643,9 @@ def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
         parse_listen(metrics_listen)  # a bad value is refused before anything starts
     logs.configure(log_level, log_format)
     store = env.store()
+    for name in store.read(lambda s: s.execute(select(Host.name).where(
+            Host.kind == HostKind.instance)).scalars().all()):
+        check_socket_room(env.state_dir, name)  # e.g. a state dir moved to a longer path
     ctx = make_context(env.state_dir, store, agent_id(env.state_dir, box), lease_ttl=lease_ttl,
                        sockets=SocketAccess(env.state_dir, group, mode))
     sys.exit(AgentDaemon(ctx, safety_interval=safety_interval, monitor_interval=sweep_interval,

@@ -10,8 +10,8 @@ import uuid
 from pathlib import Path
 
 from models.errors import BadInput
+from workflows.hosts import DOORBELL
 
-DOORBELL = "agent.sock"
 LOCK = "agent.lock"
 AGENT_ID = "agent-id"
 

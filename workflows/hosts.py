@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -26,6 +28,7 @@ from models.tables import Attempt, Build, Generation, Host, Lease, Stop, Wake
 from workflows.lease import still_needed
 from workflows.workers import check_policy
 
+DOORBELL = "agent.sock"  # the agent's datagram socket in the state dir (runners/doorbell.py)
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
 
@@ -51,6 +54,24 @@ def check_args(args: list[str], label: str = "args: ") -> None:
     for a in args:
         if "\0" in a:
             raise BadInput(f"{label}{a!r} contains a NUL byte", "remove the NUL (\\0) character")
+
+
+SUN_PATH_MAX = 107  # bytes in a unix socket's path (sockaddr_un.sun_path, less its NUL)
+GEN_DIGITS = 7  # room for generation numbers up to 9,999,999 in `g<n>.sock`
+
+
+def check_socket_room(state_dir: Path, host: str | None = None) -> None:
+    """The longest socket path vigil binds fits the kernel's limit: an instance's
+    `run/<host>/g<n>.sock`, or (no host) the agent's own doorbell."""
+    path = (state_dir / "run" / host / f"g{'9' * GEN_DIGITS}.sock" if host is not None
+            else state_dir / DOORBELL)
+    size = len(os.fsencode(str(path)))
+    if size > SUN_PATH_MAX:
+        what = f"host {host}'s" if host is not None else "the agent's"
+        raise BadInput(f"{what} socket path {path} would be {size} bytes; unix sockets take "
+                       f"at most {SUN_PATH_MAX} bytes",
+                       "use a shorter state dir (--state-dir / VIGIL_HOME)"
+                       + (" or a shorter host name" if host is not None else ""))
 
 
 def record_build(s: Session, path: str, digest: str, source: str) -> Build:

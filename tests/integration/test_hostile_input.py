@@ -210,3 +210,50 @@ def test_events_of_a_removed_host_still_show(vigil: Vigil) -> None:
     vigil.run("host", "rm", "gone")
     kinds = [e["kind"] for e in vigil.json("events", "gone")]
     assert kinds == ["host_added", "host_removed"], kinds
+
+
+# -- 10. unix socket paths longer than the kernel takes ------------------------------------------
+
+def _long_box(short_tmp: Path, length: int) -> Vigil:
+    """A box whose state dir path is `length` bytes long."""
+    name = "d" * (length - len(str(short_tmp)) - 1)
+    v = Vigil(short_tmp / name)
+    assert len(str(v.state_dir)) == length
+    v.run("db", "upgrade")
+    return v
+
+
+def test_host_whose_socket_path_is_too_long_is_refused(short_tmp: Path) -> None:
+    v = _long_box(short_tmp, 60)
+    try:
+        before = dump(v)
+        host = "h" * 40  # 60 + /run/ + 40 + /g<n>.sock: over 107 bytes
+        refused(v.run("host", "add", host, "--build", str(HELLO), check=False),
+                "107 bytes", "shorter state dir", "host name")
+        f = short_tmp / "hosts.toml"
+        f.write_text(f'[hosts.{host}]\nbuild = "{HELLO}"\n')
+        refused(v.run("apply", str(f), check=False), "107 bytes", "shorter")
+        assert dump(v) == before
+        v.run("host", "add", "h" * 20, "--build", str(HELLO))  # fits
+        v.run("host", "add", host, "--build", str(HELLO), "--kind", "worker")  # no socket
+    finally:
+        v.cleanup()
+
+
+def test_agent_whose_doorbell_path_is_too_long_is_refused(short_tmp: Path) -> None:
+    v = _long_box(short_tmp, 100)  # + /agent.sock: 110 bytes
+    try:
+        refused(v.run("agent", check=False, timeout=30), "107 bytes", "shorter state dir")
+    finally:
+        v.cleanup()
+
+
+def test_agent_refuses_a_stored_host_whose_socket_path_no_longer_fits(short_tmp: Path) -> None:
+    v = _long_box(short_tmp, 60)
+    try:
+        v.run("host", "add", "web", "--build", str(HELLO))
+        with v.store.engine.begin() as conn:  # as if added under a shorter state dir
+            conn.execute(sa.update(Host).values(name="w" * 40))
+        refused(v.run("agent", check=False, timeout=30), "107 bytes", "host " + "w" * 40)
+    finally:
+        v.cleanup()
