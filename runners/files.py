@@ -56,6 +56,10 @@ def stage_build(src: str, state_dir: Path) -> tuple[str, str]:
     if not path.is_file():
         raise BadInput(f"build {src} is not a regular file", "pass the path of an executable file")
     if not os.access(path, os.X_OK):
+        if path.is_symlink():  # chmod would change the link's target, whatever that is
+            raise BadInput(f"build {src} is a symlink to {path.resolve()}, which is not executable",
+                           "check that the link points at the build you meant, and pass an "
+                           "executable file (vigil never suggests changing a link's target)")
         raise BadInput(f"build {src} is not executable", f"run `chmod +x {src}`")
     digest = LocalFiles().digest(str(path))
     dest_dir = staging_root(state_dir) / digest

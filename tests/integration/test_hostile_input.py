@@ -257,3 +257,23 @@ def test_agent_refuses_a_stored_host_whose_socket_path_no_longer_fits(short_tmp:
         refused(v.run("agent", check=False, timeout=30), "107 bytes", "host " + "w" * 40)
     finally:
         v.cleanup()
+
+
+# -- 12. fix texts must be safe ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["host add", "deploy"])
+def test_symlink_build_never_gets_a_fix_that_changes_its_target(vigil: Vigil, short_tmp: Path,
+                                                                command: str) -> None:
+    target = short_tmp / "passwd"
+    target.write_text("root:x:0:0::/root:/bin/sh\n")
+    target.chmod(0o644)
+    link = short_tmp / "passwdlink"
+    link.symlink_to(target)
+    vigil.add_host("hello")
+    before = dump(vigil)
+    args = (("host", "add", "ok", "--build", str(link)) if command == "host add"
+            else ("deploy", "hello", str(link)))
+    line = refused(vigil.run(*args, check=False), "symlink", str(target), "not executable")
+    assert "chmod" not in line, line
+    assert dump(vigil) == before
+    assert target.stat().st_mode & 0o777 == 0o644
