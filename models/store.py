@@ -76,6 +76,21 @@ def normalize_url(url: str) -> str:
                    f"{parsed.render_as_string()})", f"use {SUPPORTED_URLS}")
 
 
+def private_dirs(path: Path | str) -> None:
+    """`mkdir -p` where every directory made is 0700 from its first moment: makedirs gives
+    the ones in between the umask's mode (0777 under umask 000)."""
+    missing = []
+    p = Path(path).absolute()
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # made meanwhile by another process
+
+
 def prepare_state_dir(state_dir: Path) -> Path:
     """Create the state directory 0700 (and refuse one owned by someone else)."""
     state_dir = state_dir.absolute()
@@ -93,7 +108,7 @@ def prepare_state_dir(state_dir: Path) -> Path:
                 "run vigil as its owner or choose another --state-dir",
             )
     else:
-        state_dir.mkdir(parents=True, mode=0o700)
+        private_dirs(state_dir)
     # 0710/0711: opened for traversal to a socket group by the agent (runners/sockets.py).
     if stat.S_IMODE(state_dir.stat().st_mode) not in (0o700, 0o710, 0o711):
         os.chmod(state_dir, 0o700)

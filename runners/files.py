@@ -9,6 +9,7 @@ import stat
 from pathlib import Path
 
 from models.errors import BadInput
+from models.store import private_dirs
 
 
 class LocalFiles:
@@ -65,7 +66,7 @@ def stage_build(src: str, state_dir: Path) -> tuple[str, str]:
     dest_dir = staging_root(state_dir) / digest
     dest = dest_dir / path.name
     if not dest.exists():
-        dest_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dirs(dest_dir)
         tmp = dest_dir / f".{path.name}.tmp{os.getpid()}"
         shutil.copyfile(path, tmp)
         os.chmod(tmp, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)

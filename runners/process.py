@@ -242,7 +242,9 @@ class ProcessBackend:
             argv = ["/bin/sh", "-c", _SHIM, "vigil-shim", cg, *argv]
 
         try:
-            out = open(spec.log_path, "ab") if spec.log_path else subprocess.DEVNULL
+            # 0600 whatever the umask: an app's output may hold secrets.
+            out = (open(spec.log_path, "ab", opener=lambda p, f: os.open(p, f, 0o600))
+                   if spec.log_path else subprocess.DEVNULL)
         except OSError as e:
             self._drop_cgroup(cg)
             raise SpawnError(f"spawn: cannot open log {spec.log_path}: {e.strerror}", build_fault=False) from e

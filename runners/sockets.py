@@ -27,6 +27,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from models.store import private_dirs
 from models.tables import Host
 from workflows.context import Context
 
@@ -91,8 +92,7 @@ class SocketAccess:
     def prepare_dir(self, socket_dir: str, group: str | None, mode: int | None) -> None:
         """Before the spawn: `run/<host>/` exists, reachable by the host's group only."""
         run = self.state_dir / "run"
-        run.mkdir(mode=0o700, exist_ok=True)
-        os.makedirs(socket_dir, mode=0o700, exist_ok=True)
+        private_dirs(socket_dir)  # run/ too
         policy = self._policy(group, mode)
         if policy is None:
             os.chmod(socket_dir, 0o700)

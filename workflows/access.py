@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from models.store import private_dirs
 from models.tables import Host
 from workflows.context import Context
 from workflows.ports import SpawnError
@@ -18,7 +19,7 @@ def prepare_socket_dir(ctx: Context, host: Host, socket: str) -> None:
     """Raises SpawnError (the box's fault, never the build's) when it cannot be done."""
     try:
         if ctx.sockets is None:
-            os.makedirs(os.path.dirname(socket), mode=0o700, exist_ok=True)
+            private_dirs(os.path.dirname(socket))
         else:
             ctx.sockets.prepare_dir(os.path.dirname(socket), host.socket_group, host.socket_mode)
     except (OSError, ValueError) as exc:

@@ -12,7 +12,7 @@ from sqlalchemy import bindparam, insert, update
 from sqlalchemy.orm import Session
 
 from models.states import GenState, HostKind, MemberRole
-from models.store import utcnow
+from models.store import private_dirs, utcnow
 from models.tables import Build, Generation, Host, Member
 from models.transition import Fence, Unfenced, move
 from workflows.access import prepare_socket_dir
@@ -46,7 +46,7 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:
     port raised: a start that raises anything else would be retried forever, a new
     generation row each time."""
     try:
-        os.makedirs(os.path.dirname(ctx.log_for(host.name)), exist_ok=True)
+        private_dirs(os.path.dirname(ctx.log_for(host.name)))
         if gen.socket:
             prepare_socket_dir(ctx, host, gen.socket)
         spec = SpawnSpec(generation_uuid=gen.uuid, host=host.name,

@@ -5,6 +5,7 @@ hand or by an older vigil), the agent fails the step once instead of retrying it
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -277,3 +278,29 @@ def test_symlink_build_never_gets_a_fix_that_changes_its_target(vigil: Vigil, sh
     assert "chmod" not in line, line
     assert dump(vigil) == before
     assert target.stat().st_mode & 0o777 == 0o644
+
+
+# -- 14. umask 000 --------------------------------------------------------------------------------
+
+def test_every_directory_is_created_with_its_final_mode_under_umask_000(short_tmp: Path) -> None:
+    old = os.umask(0)  # inherited by the CLI (in-process and real) and the agent
+    v = Vigil(short_tmp / "parent" / "state")
+    try:
+        v.run("db", "upgrade")
+        v.add_host("hello")
+        seen = {p: oct(p.stat().st_mode & 0o777) for p in [v.state_dir, *v.state_dir.rglob("*")]
+                if p.is_dir()}
+        assert (v.state_dir / "builds") in seen
+        assert all(m == "0o700" for m in seen.values()), seen  # before any agent ran
+        agent = v.start_agent()
+        v.wait_ready(agent)
+        v.run("wake", "hello", "--wait")
+        dirs = {p: oct(p.stat().st_mode & 0o777) for p in [short_tmp / "parent", v.state_dir,
+                                                            *v.state_dir.rglob("*")] if p.is_dir()}
+        assert {v.state_dir / "logs", v.state_dir / "run" / "hello"} <= set(dirs)
+        assert all(m == "0o700" for m in dirs.values()), dirs
+        log = v.state_dir / "logs" / "hello.log"
+        assert log.stat().st_mode & 0o077 == 0, oct(log.stat().st_mode)
+    finally:
+        os.umask(old)
+        v.cleanup()
