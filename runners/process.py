@@ -282,17 +282,25 @@ class ProcessBackend:
         cgroup.procs: an unreaped zombie still names its cgroup, so a build that joined and
         exited at once is not mistaken for a failed join."""
         want = "0::/" + os.path.relpath(cg, self._mount)
-        deadline = time.monotonic() + JOIN_TIMEOUT
-        while True:
+
+        def joined() -> bool:
             try:
                 with open(f"/proc/{h.pid}/cgroup") as f:
                     lines = f.read().splitlines()
             except OSError:
                 lines = []
-            if any(line == want or line.startswith(want + " ") for line in lines):
+            return any(line == want or line.startswith(want + " ") for line in lines)
+
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while True:
+            if joined():
                 return
             st = pid_status(h.pid)
             if st is None or st[1] == psutil.STATUS_ZOMBIE:
+                # It may have joined, run the build and exited since the read above (this
+                # thread paused in between): read again before calling the join failed.
+                if joined():
+                    return
                 rc = h.wait()
                 self._drop_cgroup(cg)
                 raise SpawnError(f"spawn: could not join cgroup {cg} (shim exit {rc})", build_fault=False)

@@ -336,3 +336,31 @@ def test_hello_finishes_in_flight_requests_on_term(h: Harness) -> None:
     assert wait_for(lambda: h.b.proven(ref))
     assert h.b.exit_status(ref.pid) == 0
     assert not os.path.exists(sock)  # hello removed its own socket
+
+
+def test_build_that_joins_its_cgroup_and_exits_at_once_counts_as_run(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The join is polled by reading /proc/<pid>/cgroup, then the shim's status. An agent
+    whose other threads hold the GIL can be paused between the two reads, long enough for
+    the shim to join, exec the build and the build to exit: a zombie that had joined is a
+    build that ran, never "could not join". The pause is widened here to make it certain."""
+    if h.b.mode != "cgroup":
+        pytest.skip("the join is a cgroup matter")
+    import runners.process as process
+
+    real = process.pid_status
+
+    def paused(pid: int) -> tuple[float, str] | None:
+        time.sleep(0.1)  # the agent descheduled between the two reads
+        return real(pid)
+
+    monkeypatch.setattr(process, "pid_status", paused)
+    build = Path(h.tmp) / "exit1.sh"
+    build.write_text("#!/bin/sh\necho ran\nexit 1\n")
+    build.chmod(0o755)
+    for _ in range(3):
+        ref = h.spawn(build, socket=False)  # raised "could not join cgroup (shim exit 1)"
+        assert ref.pid is not None
+        assert wait_for(lambda r=ref: h.b.exit_status(r.pid) is not None)
+        assert h.b.exit_status(ref.pid) == 1
+    assert (Path(h.tmp) / f"{ref.generation_uuid[:8]}.log").read_text() == "ran\n"
