@@ -8,6 +8,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,9 +44,10 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+FIRST_RETRY = 0.005  # seconds; the waits double from here up to 0.25 s
 transient_retry = retry(
     retry=retry_if_exception(is_transient),
-    wait=wait_exponential(multiplier=0.005, max=0.25),
+    wait=wait_exponential(multiplier=FIRST_RETRY, max=0.25),
     stop=stop_after_delay(60),
     reraise=True,
 )
@@ -159,6 +161,7 @@ class Store:
         except Exception as exc:
             if not is_transient(exc):
                 raise
+        time.sleep(FIRST_RETRY)  # as tenacity would before its first retry
         return self._retried(fn, readonly)
 
     def _run(self, fn: Callable[[Session], T], readonly: bool) -> T:

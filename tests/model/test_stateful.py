@@ -86,9 +86,11 @@ BUILDS = {"g0": "good", "g1": "good", "g2": "good", "stubborn": "stubborn",
           "bad_500": "bad_500", "bad_exit": "bad_exit"}  # label -> app kind (tests/model/apps.py)
 
 # An overlap deploy crashed at one of these never switched: it is abandoned, the host keeps
-# its build (DESIGN §5: before the switch, abandon; at or after it, finish).
-PRE_SWITCH = {"swap.admitted", "swap.raised", "swap.published", "swap.spawning", "swap.execd",
-              "swap.spawned", "swap.healthy", "swap.settled"}
+# its build (DESIGN §5: before the switch, abandon; at or after it, finish). Without a
+# canary, "healthy" is written in the switch's commit, so swap.healthy is past the switch.
+CANARY_PRE_SWITCH = {"swap.admitted", "swap.raised", "swap.published", "swap.spawning",
+                     "swap.execd", "swap.spawned", "swap.healthy", "swap.settled"}
+PRE_SWITCH = CANARY_PRE_SWITCH - {"swap.healthy", "swap.settled"}
 ALL_POINTS = sorted(crash_mod.REGISTERED)
 assert len(ALL_POINTS) > 30, "workflows.obligations/recovery register them at import"
 WAKE_POINTS = [p for p in ALL_POINTS if p.startswith(("wake.", "release."))]
@@ -277,7 +279,8 @@ class VigilMachine(RuleBasedStateMachine):
                 self.serving[host] = None
             self.pids.pop(host, None)
             return
-        self._apply_deploy(host, label, switched=not PRE_SWITCH & set(fired))
+        pre = CANARY_PRE_SWITCH if canary else PRE_SWITCH
+        self._apply_deploy(host, label, switched=not pre & set(fired))
 
     @rule(host=st.sampled_from(HOSTS), label=st.sampled_from(GOOD), mode=st.sampled_from(Mode),
           canary=st.booleans(), crash_at=crash_at(DEPLOY_POINTS))
