@@ -536,7 +536,7 @@ COMMITS = [
     ("stop", "_signal.<locals>.step"),
     ("stop", "_finish.<locals>.step"),
     ("stop", "drive_release.<locals>.step"),
-    ("dead_leader", "retire_dead_currents.<locals>.<lambda>"),
+    ("dead_leader", "retire_dead_currents.<locals>.step"),
     ("dead_leader", "drive_member.<locals>.step"),
     ("overlap", "run_overlap.<locals>.admit"),
     ("overlap", "spawn.<locals>.recorded"),
@@ -600,7 +600,7 @@ def test_one_failed_commit_is_retried_and_nothing_is_lost(
         # The old generation still serves, and the canonical link names it again.
         assert box.currents()[HOST].id == old.id and alive(old)
         assert box.ctx.files.read_link(box.ctx.link_for(HOST)) == old.socket
-    elif target == "retire_dead_currents.<locals>.<lambda>":
+    elif target == "retire_dead_currents.<locals>.step":
         # Nothing was written: the dead leader's generation is still current; the next
         # sweep retires it.
         assert box.currents()[HOST].id == old.id and not alive(old)

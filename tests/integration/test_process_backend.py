@@ -174,7 +174,9 @@ def test_double_fork_grandchild_is_contained(h: Harness) -> None:
     assert not h.b.proven(ref)  # the grandchild outlived the leader's graceful exit
     h.b.kill_all(ref)
     assert wait_for(lambda: h.b.proven(ref))
-    assert dead(gc)  # reparented to a PID 1 that never reaps: gone or zombie
+    # Reparented to a PID 1 that never reaps: gone or zombie. SIGKILL was sent; on a loaded
+    # box the grandchild may still be on its way out when the marker scan no longer sees it.
+    assert wait_for(lambda: dead(gc))
 
 
 def test_ignore_term_needs_kill_all(h: Harness) -> None:
