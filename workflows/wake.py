@@ -14,9 +14,9 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from models.errors import BrokenInvariant, NotFound, Refused
-from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, WakeState
+from models.states import LIVE_GEN, OPEN_WAKE, Desired, GenState, WakeState
 from models.store import emit, utcnow
-from models.tables import Build, Generation, Host, Stop, Wake
+from models.tables import Build, Generation, Host, Wake
 from models.transition import Fence, Unfenced, move, move_many
 from workflows.access import grant_socket
 from workflows.builds import mark_published
@@ -104,9 +104,8 @@ def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
                           .order_by(Wake.id).limit(1)).scalar_one_or_none()
     if open_wake is not None:
         return WakeRequest(open_wake.id, open_wake.state.value)
-    stopping = s.execute(select(Stop.id).where(Stop.host == host, Stop.state.in_(OPEN_STOP))).first()
-    current = s.execute(select(Generation.id).where(
-        Generation.host == host, Generation.state == GenState.current)).first()
+    stopping = open_stop(s, host)
+    current = s.execute(_CURRENT, {"host": host}).first()
     if current is not None and stopping is None:
         return WakeRequest(None, "awake")
     w = enqueue_wake(s, host, cause)

@@ -24,15 +24,16 @@ from tenacity import RetryCallState, wait_exponential
 
 from models.durations import check_seconds
 from models.errors import BadInput, BrokenInvariant, LostRace
-from models.states import OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, MemberRole, WakeState
+from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole, WakeState
 from models.store import emit, utcnow
-from models.tables import Attempt, Build, Generation, Host, Lease, Member, Stop, Wake
+from models.tables import Attempt, Build, Generation, Host, Lease, Member, Wake
 from models.transition import Fence, Unfenced, move, move_many
 from workflows.context import Context
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.generations import join_set
 from workflows.lease import owe_release, release_owed
+from workflows.lookups import open_stop
 from workflows.ports import ProcRef
 from workflows.queue import enqueue_wake
 from workflows.sanity import impossible_hosts
@@ -98,7 +99,7 @@ def _busy(s: Session, host: str) -> str | None:
     a = open_attempt(s, host)
     if a is not None:
         return f"attempt #{a.id} is open"
-    if s.execute(select(Stop.id).where(Stop.host == host, Stop.state.in_(OPEN_STOP))).first():
+    if open_stop(s, host) is not None:
         return "a stop is open"
     if s.execute(select(Wake.id).where(Wake.host == host, Wake.state.in_(OPEN_WAKE))).first():
         return "a wake is open"
