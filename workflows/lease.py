@@ -193,15 +193,20 @@ def drive_release(ctx: Context, release_id: int) -> Result:
         if row is None:
             return Result.gone
         lease = s.get(Lease, row.host)
+        # Plain deletes, each by its own guard: the batch (give_back) may take the same row
+        # between this step's reads and its writes (PostgreSQL reads are not locked).
+        drop = delete(_RELEASES).where(_RELEASES.c.id == release_id)
         if lease is None or lease.holder != row.holder or lease.fence != row.fence:
-            s.delete(row)  # an older incarnation: the lease moved on, nothing to give back
+            s.execute(drop)  # an older incarnation: the lease moved on, nothing to give back
             return Result.gone
         why = still_needed(s, row.host)
         if why is not None:
             raise Poke(f"lease of {row.host} still needed: {why}")
-        s.execute(delete(Lease).where(Lease.host == row.host, Lease.holder == row.holder,
-                                      Lease.fence == row.fence))
-        s.delete(row)
+        gone = s.execute(delete(Lease).where(Lease.host == row.host, Lease.holder == row.holder,
+                                             Lease.fence == row.fence)).rowcount
+        s.execute(drop)
+        if not gone:  # given back meanwhile, with its own event
+            return Result.gone
         emit(s, "released", row.host, fence=row.fence)
         return Result.progress
 
