@@ -390,7 +390,8 @@ class VigilMachine(RuleBasedStateMachine):
             g = currents.get(h)
             got = None if g is None else \
                 next(label for label, bid in self.build_ids.items() if bid == g.build_id)
-            assert got == want, f"host {h} serves {got}, the model says {want} (config {self.config[h]})"
+            assert got == want, (f"host {h} serves {got}, the model says {want} (config "
+                                 f"{self.config[h]}); its last events: {box.history(h)}")
             host = box.store.read(lambda s, h=h: s.get(Host, h))
             assert host.build_id == self.build_ids[self.config[h]], (h, host.build_id, self.config)
             if want is not None:
