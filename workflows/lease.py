@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -43,12 +44,25 @@ _COUNTER_OF = select(_H.fence_seq, _H.box).where(_H.name == bindparam("host"))
 _NEW_LEASE = insert(Lease.__table__)
 
 
-def acquire(s: Session, ctx: Context, host: str) -> int:
+@dataclass(frozen=True)
+class Holding:
+    """What acquire() reads first, when the caller has read it already in its transaction:
+    the host's lease (None: unleased), its fence counter and its placement."""
+
+    lease: Any
+    fence_seq: int
+    box: str | None
+
+
+def acquire(s: Session, ctx: Context, host: str, known: Holding | None = None) -> int:
     """Take (or re-take) the host's lease with a new fence, inside the caller's transaction.
     Any owed release naming an older fence becomes stale: the fence moved on."""
     now = utcnow()
-    lease = lease_of(s, host)
-    seq, placed = s.execute(_COUNTER_OF, {"host": host}).one()
+    if known is None:
+        lease = lease_of(s, host)
+        seq, placed = s.execute(_COUNTER_OF, {"host": host}).one()
+    else:
+        lease, seq, placed = known.lease, known.fence_seq, known.box
     if not placement.may_hold(placed, ctx.agent_id):
         raise Poke(f"host {host} is placed on {placed}, not on this box ({ctx.agent_id})")
     taking = lease is not None and lease.holder != ctx.agent_id
