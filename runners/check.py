@@ -158,7 +158,8 @@ def listener_violations(store: Store, state_dir: Path) -> list[Violation]:
             and r.boot_id == boot_id()]
     if held:
         try:
-            keys = Listeners(state_dir).listed()
+            with Listeners(state_dir) as holder:
+                keys = holder.listed()
         except OSError as exc:
             keys = None
             bad.append(Violation("listener_holder", f"the fd holder does not answer ({exc})"))

@@ -237,6 +237,8 @@ def host_rm(env: Env, name: str) -> None:
 
     forget(env.store(), name)
     close_removed(env.state_dir, rows)
+    if rows:
+        ring(env.state_dir)  # the agent closes its own copies of the sockets
     click.echo(f"host {name} removed")
 
 
@@ -255,6 +257,10 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
         if spec.fields["kind"] is HostKind.instance:
             check_socket_room(env.state_dir, spec.name)
     store = env.store()
+    from runners.listen_cli import probe_all, stored_listens
+
+    for spec in specs:  # each new address free now (a port in use, ...): nothing written
+        probe_all(spec.listens, stored_listens(store, spec.name), label=f"{file}: {spec.name}: ")
 
     def wanted(stage: bool) -> list[Wanted]:
         out = []
@@ -264,7 +270,7 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
             else:
                 digest = LocalFiles().digest(h.build)
                 path = str(staging_root(env.state_dir) / digest / Path(h.build).name)
-            out.append(Wanted(h.name, h.fields, path, digest, h.build))
+            out.append(Wanted(h.name, h.fields, path, digest, h.build, h.listens))
         return out
 
     changes = store.read(lambda s: plan(s, wanted(stage=False)))  # refusals: nothing changed

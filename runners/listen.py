@@ -246,6 +246,9 @@ class Listeners:
     def boot(self) -> str:
         return boot_id()
 
+    def keys(self) -> list[str]:
+        return list(self.socks)
+
     def inode(self, key: str) -> int | None:
         s = self.socks.get(key)
         return None if s is None else os.fstat(s.fileno()).st_ino
@@ -323,7 +326,14 @@ class Listeners:
                 self._ask({"op": "drop", "keys": keys}, start=False)
 
     def close(self) -> None:
+        """Close the connection to the holder (not the sockets: the agent's own die with it)."""
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+    def __enter__(self) -> Listeners:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -57,7 +57,8 @@ def close_removed(state_dir: Path, rows: list[Listener]) -> None:
     if not rows:
         return
     try:
-        Listeners(state_dir).drop([key_of(r) for r in rows])
+        with Listeners(state_dir) as holder:
+            holder.drop([key_of(r) for r in rows])
     except OSError as exc:
         click.echo(f"vigil: the fd holder did not close the sockets of the removed host "
                    f"({exc}); the agent closes them when it starts", err=True)

@@ -199,7 +199,7 @@ def reopen(s: Session, host: str) -> int:
     n = 0
     for r in stored(s, host):
         if r.state is ListenerState.lost:
-            move(s, Listener, [Listener.host == host, Listener.position == r.position],
+            move(s, Listener, {"host": host, "position": r.position},
                  {"state": ListenerState.new, "reason": None, "inode": None},
                  f"listener {r.address} lost -> new", fence=OPERATOR, col="state",
                  frm=ListenerState.lost)
@@ -241,7 +241,7 @@ def _open(ctx: Context, host: str, rows: list[Listener], fence: int | None) -> N
 
     def intent(s: Session) -> None:
         for r in rows:
-            move(s, Listener, [Listener.host == host, Listener.position == r.position],
+            move(s, Listener, {"host": host, "position": r.position},
                  {"state": ListenerState.opening, "agent_id": ctx.agent_id, "inode": None},
                  f"listener {r.address} {r.state.value} -> opening", fence=guard, col="state",
                  frm=(ListenerState.new, ListenerState.opening, ListenerState.held))
@@ -265,7 +265,7 @@ def _open(ctx: Context, host: str, rows: list[Listener], fence: int | None) -> N
 
     def held(s: Session) -> None:
         for r in rows:
-            move(s, Listener, [Listener.host == host, Listener.position == r.position],
+            move(s, Listener, {"host": host, "position": r.position},
                  {"state": ListenerState.held, "inode": inodes[r.position], "boot_id": boot,
                   "opened_at": utcnow(), "reason": None},
                  f"listener {r.address} opening -> held", fence=guard, col="state",
@@ -323,8 +323,7 @@ def recover_listeners(ctx: Context) -> dict[str, int]:
     if moves:
         def step(s: Session) -> None:
             for r, to, values in moves:
-                move(s, Listener, [Listener.host == r.host, Listener.position == r.position,
-                                  Listener.agent_id == ctx.agent_id],
+                move(s, Listener, {"host": r.host, "position": r.position, "agent_id": ctx.agent_id},
                      {"state": to, **values}, f"listener {r.address} {r.state.value} -> {to.value}",
                      fence=OWN_BOX, col="state", frm=r.state)
                 emit(s, f"listener_{to.value}", r.host, None, address=r.address,
@@ -335,6 +334,14 @@ def recover_listeners(ctx: Context) -> dict[str, int]:
     return {"rescued": rescued, "lost": sum(1 for _, to, _ in moves if to is ListenerState.lost)}
 
 
-def drop_host(ctx: Context, host: str, rows: list[Listener]) -> None:
-    if ctx.listeners is not None and rows:
-        ctx.listeners.drop([key_of(r) for r in rows])
+def collect(ctx: Context) -> int:
+    """Close the sockets this agent (and its holder) keeps that no listener row of this box
+    names any more: a host removed or its listeners changed. Returns how many."""
+    if ctx.listeners is None or not ctx.listeners.keys():
+        return 0
+    named = set(ctx.store.read(lambda s: [key_of(r) for r in s.execute(
+        select(Listener).where(Listener.agent_id == ctx.agent_id)).scalars()]))
+    doomed = [k for k in ctx.listeners.keys() if k not in named]
+    if doomed:
+        ctx.listeners.drop(doomed)
+    return len(doomed)

@@ -133,6 +133,9 @@ class ListenerPort(Protocol):
     def boot(self) -> str:
         """This boot of the box (a socket of another boot cannot be held by anything)."""
 
+    def keys(self) -> list[str]:
+        """The keys this agent has a copy of."""
+
     def inode(self, key: str) -> int | None:
         """The inode of this agent's copy of `key`, or None when it has none."""
 
