@@ -10,7 +10,6 @@ and hands it to a new holder. Only when none of them has it is the socket lost.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import ipaddress
 import json
@@ -128,6 +127,8 @@ def probe_address(address: str) -> str | None:
 
 
 def _pidfd_getfd(pid: int, target: int) -> int:
+    import ctypes  # only a rescue needs it
+
     libc = ctypes.CDLL(None, use_errno=True)
     pidfd = os.pidfd_open(pid)
     try:
