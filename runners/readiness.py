@@ -116,6 +116,7 @@ class Readiness:
                 self._sel.unregister(w.sock)
             except (KeyError, ValueError):
                 pass
+        self._read(generation_uuid, w)  # what it said last (STOPPING=1) is still queued
         w.sock.close()
         try:
             os.unlink(w.path)

@@ -157,6 +157,9 @@ def test_lost_listener_is_reported_and_refuses_spawns_until_reopened(
     vigil.run("wake", "app", "--wait")
     inode = store_inode(vigil, "app")
     vigil.run("stop", "app", "--wait")
+    # hello says STOPPING=1 on its NOTIFY_SOCKET when SIGTERM comes: an event
+    wait_for(lambda: "app_stopping" in [e["kind"] for e in vigil.json("events", "app")], 10,
+             what="the app_stopping event")
     vigil.stop_agent(agent)
     holder = holder_pid(vigil.state_dir)
     assert holder and list(holder_inodes(vigil).values()) == [inode]
