@@ -35,10 +35,10 @@ MARKER_ONCE = pytest.mark.once("containment, not the store: the marker variant r
 CONTAINMENTS = ["auto", pytest.param("marker", marks=MARKER_ONCE)]
 
 
-def started(v: Vigil, short_tmp: Path) -> tuple[list[Path], int]:
+def started(v: Vigil, short_tmp: Path, *extra: str) -> tuple[list[Path], int]:
     builds = serve_builds(short_tmp)
     port = free_port()
-    add_gunicorn(v, "web", builds[0], port)
+    add_gunicorn(v, "web", builds[0], port, *extra)
     v.wait_ready(v.start_agent())
     v.run("wake", "web", "--wait", timeout=120)
     return builds, port
@@ -68,8 +68,9 @@ def test_deploys_under_load_fail_no_request(vigil: Vigil, short_tmp: Path, mode:
 def test_crash_restarts_fail_no_request(vigil: Vigil, short_tmp: Path) -> None:
     """kill -9 of the generation's leader (gunicorn's arbiter): its workers finish what they
     accepted (SIGTERM, then the drain), the restart inherits the same socket, and what
-    arrives in between waits in the backlog."""
-    _, port = started(vigil, short_tmp)
+    arrives in between waits in the backlog. Each answer takes 0.2 s, so a request is in
+    a worker's hands when its leader is killed (SIGKILLed with it, that request failed)."""
+    _, port = started(vigil, short_tmp, "--env", "APP_DELAY=0.2")
     inode = serving_inode(vigil, "web")
     with Client(port) as client:
         for _ in range(CRASHES):
@@ -83,6 +84,7 @@ def test_crash_restarts_fail_no_request(vigil: Vigil, short_tmp: Path) -> None:
     print(f"\ncrash restarts: {client.ok} requests answered through {CRASHES} kill -9, "
           f"{len(client.failures)} failed")
     assert not client.failures, f"{len(client.failures)} failed: {client.failures[:5]}"
+    assert client.ok > CRASHES
     vigil.quiesce(30)
     vigil.check()
 
