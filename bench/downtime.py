@@ -6,6 +6,12 @@
 (b) supervisord: `supervisorctl restart hello` (stop, then start)
 (c) circus: `circusctl reload hello --waiting`, the unix socket owned by circus and passed
     to the app as an inherited fd (spawn the new process, then stop the oldest)
+Hold mode (stop, then start), the rows the comparison with (b) and (c) is about:
+(d) vigil-held: `vigil deploy held BUILD --mode hold --wait` on a listening socket vigil
+    holds (`--listen unix:...`, `--ready notify`): the old generation is stopped and proven
+    gone before the new one starts, and connections wait in the socket's backlog meanwhile
+(e) vigil-hold: the same hold deploy of a host on its own socket (no --listen): nothing
+    listens between the old one's exit and the new one's bind
 
 The app is examples/hello/hello.py for all three (threaded, listen backlog 1024), on a unix
 socket. One closed-loop client (a new connection per request, GET /, 2 s timeout per
@@ -19,7 +25,9 @@ bench/.peers (bench/install-peers); when they are not installed they are reporte
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -127,8 +135,59 @@ def peer_version(name: str) -> str | None:
 
 
 class Vigil:
-    who = "vigil"
+    """One agent for every vigil row; each row is a host of its own."""
 
+    who = "vigil"
+    host = "hello"
+    mode = "overlap"
+
+    def __init__(self, tmp: Path, agent: VigilAgent) -> None:
+        self.home = agent.home
+        self.builds = agent.builds
+        vigil(self.home, "host", "add", self.host, "--build", str(HELLO), "--drain-timeout", "5",
+              *self.options(tmp))
+        vigil(self.home, "wake", self.host, "--wait")
+        self.path = self.socket(tmp)
+        self.n = 0
+
+    def options(self, tmp: Path) -> list[str]:
+        return []
+
+    def socket(self, tmp: Path) -> str:
+        return str(self.home / "run" / f"{self.host}.sock")
+
+    def event(self) -> None:
+        self.n += 1
+        vigil(self.home, "deploy", self.host, str(self.builds[self.n % 2]), "--mode", self.mode,
+              "--wait")
+
+    def close(self) -> None:
+        vigil(self.home, "stop", self.host, "--wait", "--timeout", "30")
+
+
+class VigilHeld(Vigil):
+    """Hold deploys on a listening socket vigil holds (hello serves the inherited fd)."""
+
+    who = "vigil-held"
+    host = "held"
+    mode = "hold"
+
+    def options(self, tmp: Path) -> list[str]:
+        return ["--listen", f"unix:{tmp}/vigil-held.sock", "--ready", "notify"]
+
+    def socket(self, tmp: Path) -> str:
+        return f"{tmp}/vigil-held.sock"
+
+
+class VigilHold(Vigil):
+    """Hold deploys of a host on its own socket (no --listen): for contrast."""
+
+    who = "vigil-hold"
+    host = "hold"
+    mode = "hold"
+
+
+class VigilAgent:
     def __init__(self, tmp: Path) -> None:
         self.home = tmp / "vigil"
         self.builds = [HELLO, tmp / "hello-b.py"]
@@ -136,21 +195,17 @@ class Vigil:
         with open(self.builds[1], "a") as f:
             f.write("# second build\n")
         vigil(self.home, "db", "upgrade")
-        vigil(self.home, "host", "add", "hello", "--build", str(HELLO), "--drain-timeout", "5")
         self.agent = start_agent(self.home, tmp / "vigil-agent.log")
-        vigil(self.home, "wake", "hello", "--wait")
-        self.path = str(self.home / "run" / "hello.sock")
-        self.n = 0
-
-    def event(self) -> None:
-        self.n += 1
-        vigil(self.home, "deploy", "hello", str(self.builds[self.n % 2]), "--wait")
 
     def close(self) -> None:
-        try:
-            vigil(self.home, "stop", "hello", "--wait", "--timeout", "30")
-        finally:
-            end(self.agent)
+        end(self.agent)
+        holder = self.home / "listeners.lock"  # the fd holder keeps the held socket: end it
+        pid = holder.read_text().strip() if holder.exists() else ""
+        if pid.isdigit():
+            try:
+                os.kill(int(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
 
 class Supervisord:
@@ -222,8 +277,12 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="vgdown", dir="/tmp"))
     versions = {"supervisord": peer_version("supervisor"), "circus": peer_version("circus")}
     subjects: list = []
+    agent = None
     try:
-        subjects.append(Vigil(tmp))
+        agent = VigilAgent(tmp)
+        subjects.append(Vigil(tmp, agent))
+        subjects.append(VigilHeld(tmp, agent))
+        subjects.append(VigilHold(tmp, agent))
         if versions["supervisord"]:
             subjects.append(Supervisord(tmp))
         if versions["circus"]:
@@ -243,6 +302,8 @@ def main() -> None:
                 s.close()
             except Exception as e:  # keep ending the others
                 print(f"close {s.who}: {e}", file=sys.stderr)
+        if agent is not None:
+            agent.close()
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nevents per supervisor: {n} (interleaved); loadavg start {load0}, end {loadavg()}")
     print(f"{'supervisor':<12} {'failed/event':<18} {'longest gap ms':<26} command wall ms   (median (min-max))")

@@ -76,6 +76,13 @@ class Mode(str, enum.Enum):
     hold = "hold"
 
 
+class ListenerState(str, enum.Enum):
+    new = "new"  # declared; never opened on this box (or reopened by the operator)
+    opening = "opening"  # intent written: the socket may be bound, and may be in the holder
+    held = "held"  # open, with its inode recorded; kept by the fd holder between generations
+    lost = "lost"  # was held, and neither the holder nor any live process has it any more
+
+
 class Cause(str, enum.Enum):
     release = "release"
     retry = "retry"
@@ -135,6 +142,13 @@ TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
     Desired: {
         Desired.up: frozenset({Desired.down}),
         Desired.down: frozenset({Desired.up}),
+    },
+    ListenerState: {
+        ListenerState.new: frozenset({ListenerState.opening}),
+        ListenerState.opening: frozenset({ListenerState.held}),
+        # held -> opening: a new boot (nothing of the last one can hold it); -> lost: gone
+        ListenerState.held: frozenset({ListenerState.opening, ListenerState.lost}),
+        ListenerState.lost: frozenset({ListenerState.new}),  # the operator's reopen
     },
     StopState: {
         StopState.queued: frozenset({StopState.signalled, StopState.done, StopState.cancelled}),

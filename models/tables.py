@@ -7,6 +7,7 @@ import enum
 from datetime import datetime
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     CheckConstraint,
     Column,
@@ -33,6 +34,7 @@ from models.states import (
     Desired,
     GenState,
     HostKind,
+    ListenerState,
     MemberRole,
     Mode,
     Outcome,
@@ -127,11 +129,32 @@ class Host(Base):
     # Who may connect to its socket (None: the agent-wide setting); see runners/sockets.py.
     socket_group: Mapped[str | None] = mapped_column(String(32))
     socket_mode: Mapped[int | None] = mapped_column(Integer)
+    # How a generation says it is ready (workflows/readiness.py): NULL or "http" (GET / on
+    # its own socket), "notify" (READY=1 on its own NOTIFY_SOCKET), "exec:CMD".
+    ready: Mapped[str | None] = mapped_column(Text)
 
     # Every duration finite, above 0, at most a day (migration 0006; on SQLite the same
     # rule is held by triggers, as adding a CHECK there means rebuilding the table).
     __table_args__ = (CheckConstraint(" AND ".join(
         sql_check(c, nullable=c == "max_run") for c in DURATIONS), name="durations"),)
+
+
+class Listener(Base):
+    """A listening socket vigil opens once for a host and every generation inherits
+    (fd 3 + position). The inode identifies the very socket across agent restarts."""
+
+    __tablename__ = "listeners"
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"),
+                                      primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)  # fd = 3 + position
+    name: Mapped[str] = mapped_column(String(64))  # LISTEN_FDNAMES
+    address: Mapped[str] = mapped_column(Text, unique=True)  # tcp:HOST:PORT | unix:/PATH
+    state: Mapped[ListenerState] = mapped_column(state_enum(ListenerState, "listener_state"))
+    agent_id: Mapped[str | None] = mapped_column(String(64))  # the box that opened it
+    inode: Mapped[int | None] = mapped_column(BigInteger)
+    boot_id: Mapped[str | None] = mapped_column(String(36))  # the box's boot it was opened in
+    opened_at: Mapped[datetime | None] = mapped_column(DateTime)
+    reason: Mapped[str | None] = mapped_column(Text)  # why it is lost
 
 
 class Generation(Base):

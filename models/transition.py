@@ -138,7 +138,9 @@ def move(session: Session, model: Any, where: list[Any] | dict[str, Any] | int |
 def _synchronize(session: Session, model: Any, where: dict[str, Any], values: dict[str, Any]) -> None:
     """As the ORM form does: a copy of the row this session already holds takes the new
     values, so a later read in the same step does not see the old state."""
-    key = where.get(_pk(model).name)
+    names = [c.name for c in model.__table__.primary_key.columns]
+    ident = tuple(where.get(n) for n in names)
+    key = None if None in ident else (ident[0] if len(ident) == 1 else ident)
     obj = session.identity_map.get(identity_key(model, key)) if key is not None else None
     if obj is not None:
         for k, v in values.items():
@@ -146,8 +148,12 @@ def _synchronize(session: Session, model: Any, where: dict[str, Any], values: di
 
 
 def _pk(model: Any) -> Any:
-    (pk,) = model.__table__.primary_key.columns
-    return pk
+    """The one primary-key column (a row with a composite key is moved by a dict of them)."""
+    cols = list(model.__table__.primary_key.columns)
+    if len(cols) != 1:
+        raise TypeError(f"{model.__name__} has a composite primary key: pass a dict of "
+                        f"{', '.join(c.name for c in cols)}")
+    return cols[0]
 
 
 def _equalities(model: Any, where: dict[str, Any], values: dict[str, Any], what: str,

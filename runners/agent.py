@@ -34,6 +34,7 @@ from runners.watch import ExitWatcher, pidfds_supported
 from workflows.claim import claim
 from workflows.context import Context, Result
 from workflows.lease import renew_in
+from workflows.listeners import collect as collect_listeners
 from workflows.members import current_leaders, retire_dead_currents
 from workflows.obligations import Due, drain_batches, due, next_due, run_one
 from workflows.recovery import recover
@@ -170,6 +171,10 @@ class Reconciler:
                 break
         if fresh:  # after the per-host drives are on their way: a deploy does not wait on it
             self._drain()
+            try:
+                collect_listeners(self.ctx)  # a removed host's sockets are closed
+            except Exception:
+                log.exception("closing listeners no host names failed; the next round retries")
         with self._lock:
             self.backlog = backlog[taken:]
             if self.backlog:

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 from sqlalchemy import func, select
 
-from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, GenState
+from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, GenState, ListenerState
 from models.store import Store
 from models.tables import (
     Attempt,
@@ -17,6 +17,7 @@ from models.tables import (
     Generation,
     Host,
     Lease,
+    Listener,
     Member,
     Release,
     Restore,
@@ -126,9 +127,48 @@ def run_checks(store: Store, state_dir: Path) -> list[Violation]:
         if not has_lease and needed[h.name] is not None:
             bad.append(Violation("cause_without_lease", f"host {h.name}: {needed[h.name]} but it "
                                  "holds no lease"))
+    bad += listener_violations(store, state_dir)
     referenced = {h.build_id for h in hosts} | {g.build_id for g in gens} | pinned
     for b in builds:
         if b.id in referenced and (b.deleted_at is not None or not os.path.exists(b.path)):
             bad.append(Violation("referenced_build", f"build {b.digest[:12]} ({b.path}) is referenced "
                                  "but its staged file is gone"))
+    return bad
+
+
+def listener_violations(store: Store, state_dir: Path) -> list[Violation]:
+    """A lost listener; a held one (on this box, this boot) that the fd holder lacks."""
+    from runners.listen import Listeners, boot_id
+    from workflows.listeners import key_of, lost_line
+
+    rows = store.read(lambda s: s.execute(select(Listener).order_by(
+        Listener.host, Listener.position)).scalars().all())
+    if not rows:
+        return []
+    bad = []
+    by_host: dict[str, list[Listener]] = {}
+    for r in rows:
+        by_host.setdefault(r.host, []).append(r)
+    for host, mine in by_host.items():
+        line = lost_line(host, mine)
+        if line is not None:
+            bad.append(Violation("listener_lost", line))
+    me = (state_dir / "agent-id").read_text().strip() if (state_dir / "agent-id").exists() else None
+    held = [r for r in rows if r.state is ListenerState.held and r.agent_id == me
+            and r.boot_id == boot_id()]
+    if held:
+        try:
+            with Listeners(state_dir) as holder:
+                keys = holder.listed()
+        except OSError as exc:
+            keys = None
+            bad.append(Violation("listener_holder", f"the fd holder does not answer ({exc})"))
+        if keys is None:
+            bad.append(Violation("listener_holder", "no fd holder runs, yet the store says "
+                                 f"{held[0].address} of host {held[0].host} is held"))
+        else:
+            for r in held:
+                if keys.get(key_of(r)) != r.inode:
+                    bad.append(Violation("listener_holder", f"host {r.host}: the fd holder "
+                                         f"does not keep {r.address} (inode {r.inode})"))
     return bad

@@ -146,6 +146,11 @@ def host() -> None:
 @click.option("--socket-group", default=None,
               help="Group that may connect to its socket (overrides the agent's).")
 @click.option("--socket-mode", default=None, help="Mode of its socket, octal (default 0660).")
+@click.option("--listen", "listens", multiple=True, metavar="[NAME=]tcp:HOST:PORT|unix:/PATH",
+              help="A listening socket vigil holds; every generation inherits it as fd 3, 4, "
+                   "... (LISTEN_FDS; repeatable).")
+@click.option("--ready", default=None, metavar="notify|http|exec:CMD",
+              help="How a generation says it is ready (default: http; notify with --listen).")
 @click.option("--one-shot", is_flag=True, help="Worker: run once; exit 0 is success, no respawn.")
 @click.option("--max-run", type=SECONDS, default=None, help="Worker: recycle after S seconds up.")
 @click.option("--restart-floor", type=SECONDS, default=None, help="Worker: first restart delay (1).")
@@ -158,12 +163,14 @@ def host() -> None:
 def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
              envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
              boxes: tuple[str, ...], socket_group: str | None, socket_mode: str | None,
-             **policy: Any) -> None:
+             listens: tuple[str, ...], ready: str | None, **policy: Any) -> None:
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
+    from runners.listen_cli import checked_listeners
     from workflows.hosts import check_name
     from workflows.placement import encode
 
     check_name(name)
+    listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready)
     placed = encode(boxes)
     group, mode = _socket_options(socket_group, socket_mode)
     pairs: dict[str, str] = {}
@@ -188,7 +195,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         source=str(Path(build_path).absolute()), args=list(args), env=pairs,
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
         health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
-        policy=policy))
+        policy=policy, listeners=listeners, ready=ready))
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
 
 
@@ -224,10 +231,14 @@ def host_list(env: Env, as_json: bool) -> None:
 @click.argument("name")
 @click.pass_obj
 def host_rm(env: Env, name: str) -> None:
-    env.store().write(lambda s: remove_host(s, name))
+    rows = env.store().write(lambda s: remove_host(s, name))
+    from runners.listen_cli import close_removed
     from runners.schedules import forget
 
     forget(env.store(), name)
+    close_removed(env.state_dir, rows)
+    if rows:
+        ring(env.state_dir)  # the agent closes its own copies of the sockets
     click.echo(f"host {name} removed")
 
 
@@ -246,6 +257,10 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
         if spec.fields["kind"] is HostKind.instance:
             check_socket_room(env.state_dir, spec.name)
     store = env.store()
+    from runners.listen_cli import probe_all, stored_listens
+
+    for spec in specs:  # each new address free now (a port in use, ...): nothing written
+        probe_all(spec.listens, stored_listens(store, spec.name), label=f"{file}: {spec.name}: ")
 
     def wanted(stage: bool) -> list[Wanted]:
         out = []
@@ -255,7 +270,7 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
             else:
                 digest = LocalFiles().digest(h.build)
                 path = str(staging_root(env.state_dir) / digest / Path(h.build).name)
-            out.append(Wanted(h.name, h.fields, path, digest, h.build))
+            out.append(Wanted(h.name, h.fields, path, digest, h.build, h.listens))
         return out
 
     changes = store.read(lambda s: plan(s, wanted(stage=False)))  # refusals: nothing changed
@@ -650,6 +665,11 @@ def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
                        sockets=SocketAccess(env.state_dir, group, mode))
     sys.exit(AgentDaemon(ctx, safety_interval=safety_interval, monitor_interval=sweep_interval,
                          converge_budget=converge_budget, metrics_listen=metrics_listen).run())
+
+
+from runners.listen_cli import attach as _attach_listen  # noqa: E402
+
+_attach_listen(host)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,7 +19,7 @@ import os
 import re
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from models.errors import BadInput
 from models.states import HostKind
 from runners.sockets import check_group, parse_mode
 from workflows.hosts import NAME, check_args, check_env
+from workflows.listeners import Listen, check_set, default_ready, parse_listen, parse_ready
 
 
 class Invalid(ValueError):
@@ -107,6 +108,15 @@ def _mode(v: Any, _: Path) -> int:
         raise Invalid(str(exc), 'write socket_mode = "0660"') from None
 
 
+def _ready(v: Any, _: Path) -> str:
+    if not isinstance(v, str):
+        raise Invalid(f"must be a string, not {json.dumps(v)}", 'write ready = "notify"')
+    try:
+        return parse_ready(v, label="")
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
+
+
 def _flag(v: Any, _: Path) -> bool:
     if not isinstance(v, bool):
         raise Invalid(f"must be true or false, not {json.dumps(v)}", "write true or false")
@@ -130,6 +140,7 @@ KEYS: dict[str, Key] = {
     "memory_tier_mb": Key("memory_tier_mb", _megabytes, None),
     "socket_group": Key("socket_group", _group, None),
     "socket_mode": Key("socket_mode", _mode, None),
+    "ready": Key("ready", _ready, None),  # with `listen`: "notify" unless given
     # Worker policy (workflows/workers.py); defaults as `vigil host add`'s.
     "one_shot": Key("one_shot", _flag, False),
     "max_run": Key("max_run", _seconds, None),
@@ -141,6 +152,7 @@ KEYS: dict[str, Key] = {
 WORKER_ONLY = ("one_shot", "max_run", "restart_floor", "restart_cap", "restart_reset",
                "converge_grace")
 BUILD = "build"  # required: the executable, staged like `vigil deploy` does
+LISTEN = "listen"  # ["http=tcp:127.0.0.1:8080", ...]: the host's listeners (not a column)
 
 
 @dataclass(frozen=True)
@@ -148,6 +160,7 @@ class HostSpec:
     name: str
     build: str  # absolute path of the source executable
     fields: dict[str, Any]  # every KEYS field, defaults filled in
+    listens: list[Listen] = field(default_factory=list)
 
 
 def line_of(text: str, host: str | None, key: str | None) -> int:
@@ -209,9 +222,9 @@ def load(path: str) -> list[HostSpec]:
         if not isinstance(table, dict):
             raise bad(name, None, "must be a table", f'write [hosts.{name}] and its keys below it')
         for key in table:
-            if key != BUILD and key not in KEYS:
+            if key not in (BUILD, LISTEN) and key not in KEYS:
                 raise bad(name, key, "unknown key",
-                          f"the keys are {', '.join([BUILD, *KEYS])}")
+                          f"the keys are {', '.join([BUILD, LISTEN, *KEYS])}")
         if BUILD not in table:
             raise bad(name, None, f"no {BUILD} key", f'add {BUILD} = "path/to/executable"')
         build = table[BUILD]
@@ -239,5 +252,25 @@ def load(path: str) -> list[HostSpec]:
         if fields["one_shot"] and fields["max_run"] is not None:
             raise bad(name, "max_run", "max_run recycles an always-on worker; this one is one_shot",
                       "drop one of the two")
-        specs.append(HostSpec(name=name, build=str(src.absolute()), fields=fields))
+        listens = []
+        raw = table.get(LISTEN, [])
+        if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+            raise bad(name, LISTEN, "must be a list of strings",
+                      'write listen = ["http=tcp:127.0.0.1:8080"]')
+        try:
+            listens = [parse_listen(x, name, label="") for x in raw]
+            if fields["ready"] is None:
+                fields["ready"] = default_ready(listens)
+            check_set(listens, fields["kind"], fields["ready"], label=LISTEN)
+        except BadInput as exc:
+            raise bad(name, LISTEN if LISTEN in table else "ready", exc.cause, exc.fix or "") from None
+        specs.append(HostSpec(name=name, build=str(src.absolute()), fields=fields,
+                              listens=listens))
+    seen: dict[str, str] = {}
+    for spec in specs:
+        for a in spec.listens:
+            if a.address in seen:
+                raise bad(spec.name, LISTEN, f"{a.address} is also host {seen[a.address]}'s "
+                          "listener", "give each host its own address")
+            seen[a.address] = spec.name
     return specs

@@ -65,8 +65,15 @@ def status_table(rows: list[dict[str, Any]]) -> Any:
     for r in rows:
         t.add_row(r["host"], r["kind"], r["state"],
                   f"g{r['generation']}" if r["generation"] else "", str(r["pid"] or ""),
-                  (r["build_digest"] or "")[:12], age(r["since"]), r["socket"] or "")
+                  (r["build_digest"] or "")[:12], age(r["since"]), _where(r))
     return t
+
+
+def _where(r: dict[str, Any]) -> str:
+    """Its own socket, or its shared listeners (a lost one says so)."""
+    shared = [f"{lst['address']}{' LOST' if lst['state'] == 'lost' else ''}"
+              for lst in r.get("listeners", [])]
+    return ", ".join(shared) or r["socket"] or ""
 
 
 def obligations_table(rows: list[dict[str, Any]]) -> Any:

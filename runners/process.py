@@ -22,6 +22,7 @@ import subprocess
 import threading
 import time
 import uuid as uuidlib
+from collections.abc import Callable
 
 import psutil
 
@@ -36,6 +37,12 @@ MARKER = "VIGIL_GENERATION"
 CTIME_TOLERANCE = 1.05
 JOIN_TIMEOUT = 2.0  # bound for the shim to join its cgroup
 _SHIM = 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
+# For a generation on shared listeners: join the cgroup (if any), enter its working dir,
+# and set LISTEN_PID to its own pid, which exec keeps: the pid of the process that serves
+# (sd_listen_fds ignores the fds unless LISTEN_PID is its pid; only the shim knows it).
+_LISTEN_SHIM = ('{ [ -z "$1" ] || echo $$ > "$1/cgroup.procs"; } && { [ -z "$2" ] || cd "$2"; } '
+                '&& shift 2 && LISTEN_PID=$$ && export LISTEN_PID && exec "$@"')
+FIRST_FD = 3  # SD_LISTEN_FDS_START
 _BASE_ENV = ("PATH", "HOME", "LANG")
 
 
@@ -181,6 +188,62 @@ def _check_exec(argv0: str, env: dict[str, str], cwd: str | None) -> None:
         raise SpawnError(f"spawn {argv0}: not an ELF binary or #! script (ENOEXEC)")
 
 
+class _Spawned:
+    """What Popen gives for a child started by posix_spawn: its pid, poll, wait."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its status is unknown
+                self.returncode = -1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+                self.returncode = os.waitstatus_to_exitcode(status)
+            except ChildProcessError:
+                self.returncode = -1
+        return self.returncode
+
+
+def _spawn_with_fds(argv: list[str], env: dict[str, str], out: object,
+                    fds: tuple[int, ...]) -> _Spawned:
+    """posix_spawn with `fds` placed at 3, 4, ... in the child (Popen keeps a passed fd at
+    its own number, and the shell cannot move one above 9); stdin /dev/null, stdout and
+    stderr to `out`, a session of its own. Every other fd of this process is close-on-exec
+    (Python's default, and what the fd holder's replies are set to)."""
+    log = out if isinstance(out, int) else out.fileno()  # type: ignore[attr-defined]
+    if log == subprocess.DEVNULL:
+        log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        opened = True
+    else:
+        opened = False
+    try:
+        # Through numbers above every source first: a source may sit where a target goes.
+        high = max((log, FIRST_FD + len(fds), *fds)) + 1
+        actions: list[tuple[object, ...]] = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, log, 1), (os.POSIX_SPAWN_DUP2, log, 2)]
+        actions += [(os.POSIX_SPAWN_DUP2, fd, high + i) for i, fd in enumerate(fds)]
+        actions += [(os.POSIX_SPAWN_DUP2, high + i, FIRST_FD + i) for i in range(len(fds))]
+        actions += [(os.POSIX_SPAWN_CLOSE, high + i) for i in range(len(fds))]
+        pid = os.posix_spawn(argv[0], argv, env, file_actions=actions, setsid=True)
+    finally:
+        if opened:
+            os.close(log)
+    return _Spawned(pid)
+
+
 class ProcessBackend:
     """ProcessPort over real processes; `containment` is auto | cgroup | marker."""
 
@@ -188,7 +251,8 @@ class ProcessBackend:
         self.base = detect_cgroup_base(containment, cgroup_root)
         self.mode = "cgroup" if self.base else "marker"
         self._mount = os.path.dirname(self.base) if self.base else None
-        self._handles: dict[int, subprocess.Popen[bytes]] = {}
+        self._handles: dict[int, subprocess.Popen[bytes] | _Spawned] = {}
+        self.on_release: list[Callable[[str], None]] = []  # generation uuid, after a proof
         self._lock = threading.Lock()
 
     # -- handles ------------------------------------------------------------------------
@@ -226,6 +290,11 @@ class ProcessBackend:
         env["VIGIL_HOST"] = spec.host
         if spec.socket_path:
             env["VIGIL_SOCKET"] = spec.socket_path
+        if spec.notify_socket:
+            env["NOTIFY_SOCKET"] = spec.notify_socket
+        if spec.listen_fds:
+            env["LISTEN_FDS"] = str(len(spec.listen_fds))
+            env["LISTEN_FDNAMES"] = ":".join(spec.listen_names)
         _check_exec(spec.argv[0], env, spec.cwd)
         if spec.cwd and not os.path.isdir(spec.cwd):
             raise SpawnError(f"spawn {spec.argv[0]}: working dir {spec.cwd} does not exist")
@@ -240,6 +309,9 @@ class ProcessBackend:
             except OSError as e:
                 raise SpawnError(f"spawn: cannot create cgroup {cg}: {e.strerror}", build_fault=False) from e
             argv = ["/bin/sh", "-c", _SHIM, "vigil-shim", cg, *argv]
+        if spec.listen_fds:
+            argv = ["/bin/sh", "-c", _LISTEN_SHIM, "vigil-shim", cg or "", spec.cwd or "",
+                    *spec.argv]
 
         try:
             # 0600 whatever the umask: an app's output may hold secrets.
@@ -249,16 +321,13 @@ class ProcessBackend:
             self._drop_cgroup(cg)
             raise SpawnError(f"spawn: cannot open log {spec.log_path}: {e.strerror}", build_fault=False) from e
         try:
-            h = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                cwd=spec.cwd,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
+            if spec.listen_fds:
+                h: subprocess.Popen[bytes] | _Spawned = _spawn_with_fds(
+                    argv, env, out, spec.listen_fds)
+            else:
+                h = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                     cwd=spec.cwd, env=env, start_new_session=True,
+                                     close_fds=True)
         except OSError as e:
             self._drop_cgroup(cg)
             name = errno.errorcode.get(e.errno or 0, "error")
@@ -277,7 +346,7 @@ class ProcessBackend:
             self._handles[h.pid] = h
         return Spawned(pid=h.pid, create_time=ctime)
 
-    def _await_join(self, h: subprocess.Popen[bytes], cg: str) -> None:
+    def _await_join(self, h: subprocess.Popen[bytes] | _Spawned, cg: str) -> None:
         """Bounded wait until the shim is in its cgroup. Read /proc/<pid>/cgroup, not
         cgroup.procs: an unreaped zombie still names its cgroup, so a build that joined and
         exited at once is not mistaken for a failed join."""
@@ -375,6 +444,16 @@ class ProcessBackend:
         if ref.pid is not None and ref.create_time is not None:
             _signal(ref.pid, ref.create_time, signal.SIGTERM)
 
+    def terminate_all(self, ref: ProcRef) -> None:
+        pids: dict[int, float] = dict(self._marker_scan(ref.generation_uuid))
+        if ref.cgroup:
+            for pid in self._cgroup_pids(ref.cgroup):
+                st = pid_status(pid)
+                if st is not None and st[1] != psutil.STATUS_ZOMBIE:
+                    pids.setdefault(pid, st[0])
+        for pid, ctime in pids.items():
+            _signal(pid, ctime, signal.SIGTERM)
+
     def kill_all(self, ref: ProcRef) -> None:
         if ref.cgroup:
             try:
@@ -412,6 +491,8 @@ class ProcessBackend:
 
     def release(self, ref: ProcRef) -> None:
         self._drop_cgroup(ref.cgroup)  # ENOENT: already gone; EBUSY etc.: leave it
+        for hook in self.on_release:  # e.g. its NOTIFY_SOCKET is closed
+            hook(ref.generation_uuid)
         if ref.pid is not None:
             with self._lock:
                 h = self._handles.get(ref.pid)

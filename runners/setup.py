@@ -11,7 +11,9 @@ from models.store import Store, normalize_url, prepare_state_dir, sqlite_url
 from runners.files import LocalFiles
 from runners.health import HttpHealth
 from runners.limits import CgroupMemoryLimit
+from runners.listen import Listeners
 from runners.process import ProcessBackend
+from runners.readiness import Readiness
 from runners.sockets import SocketAccess
 from workflows.context import Context
 
@@ -35,6 +37,10 @@ def make_context(state_dir: Path, store: Store, agent_id: str, **kw: object) -> 
     proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"))
     settle = parse_seconds(os.environ.get("VIGIL_SETTLE_SECONDS", "10"), "VIGIL_SETTLE_SECONDS")
     kw.setdefault("sockets", SocketAccess(state_dir))  # per-host groups; no agent-wide one
+    ready = Readiness(store)
+    proc.on_release.append(ready.forget)  # a generation proven gone: its NOTIFY_SOCKET too
+    kw.setdefault("ready", ready)
+    kw.setdefault("listeners", Listeners(state_dir))
     return Context(store=store, agent_id=agent_id, state_dir=state_dir.absolute(), proc=proc,
                    health=HttpHealth(), files=LocalFiles(), limits=CgroupMemoryLimit(proc.base),
                    settle_seconds=settle, **kw)  # type: ignore[arg-type]

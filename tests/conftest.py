@@ -200,6 +200,23 @@ def marked_pids(state_dir: Path) -> list[int]:
     return out
 
 
+def end_holder(state_dir: Path) -> None:
+    """The fd holder of this state dir (runners/fdholder.py) outlives every agent while it
+    keeps a socket: end it by the pid its lock names, if it is that very holder."""
+    from runners.fdholder import holder_pid
+
+    pid = holder_pid(state_dir)
+    if pid is None or pid <= 0:
+        return
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return
+    if "runners.fdholder" in cmd and str(state_dir) in cmd:
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: pid_dead(pid), 5, what=f"fd holder {pid} to die")
+
+
 def run_in_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run `vigil ARGS` through runners.cli.main in this process, with `env` as os.environ."""
     from runners import cli
@@ -343,6 +360,7 @@ class Vigil:
                 pass
         for pid in marked_pids(self.state_dir):
             wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"pid {pid} to die")
+        end_holder(self.state_dir)
         if self.owns_db and self.db_url:  # after every process that used it is gone
             drop_db(self.db_url)
 

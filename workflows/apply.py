@@ -30,6 +30,7 @@ from models.transition import Unfenced, move
 from workflows.deploy import request_deploy
 from workflows.hosts import check_name, host_state, record_build, remove_host
 from workflows.lease import still_needed
+from workflows.listeners import Listen, as_listens, check_free, stored, write_set
 
 # Moves that carry no lease fence, each with the reason it needs none.
 OPERATOR = Unfenced("an operator's intent (vigil apply), written by the CLI")
@@ -45,6 +46,7 @@ class Wanted:
     build_path: str  # the staged path (`vigil apply --dry-run`: where it would be staged)
     digest: str
     source: str
+    listens: list[Listen] = field(default_factory=list)
 
 
 @dataclass
@@ -89,19 +91,25 @@ def _to_column(column: str, value: Any) -> Any:
 def diff(s: Session, w: Wanted) -> Change:
     """What applying `w` would do now (reads only)."""
     h = s.get(Host, w.name)
+    check_free(s, w.name, w.listens)
     if h is None:
-        return Change("add", w.name, [f"{w.fields['kind'].value}, build {w.digest[:12]}"],
-                      "asleep until `vigil wake`")
+        return Change("add", w.name, [f"{w.fields['kind'].value}, build {w.digest[:12]}"]
+                      + [f"listen {a.address}" for a in w.listens], "asleep until `vigil wake`")
     changed = [c for c, v in w.fields.items() if _stored(h, c) != v]
     details = [f"{c} {_show(c, _stored(h, c))} -> {_show(c, w.fields[c])}" for c in changed]
+    have = as_listens(stored(s, w.name))
+    if have != w.listens:
+        changed.append("listen")
+        details.append(f"listen {[a.address for a in have]} -> {[a.address for a in w.listens]}")
     build = s.get(Build, h.build_id)
     state = host_state(s, w.name)
     if state not in RUNS and s.execute(select(Attempt.id).where(
             Attempt.host == w.name, Attempt.outcome.is_(None))).first() is not None:
         state = "deploying"  # a queued attempt would set its own build: supersede it
-    if "kind" in changed and state not in ("asleep", "down"):
-        raise Refused(f"host {w.name} is {state}: its kind cannot change while it runs",
-                      f"stop it first with `vigil stop {w.name} --wait`, then apply again")
+    for what in ("kind", "listen"):  # what every generation of it inherits
+        if what in changed and state not in ("asleep", "down"):
+            raise Refused(f"host {w.name} is {state}: its {what} cannot change while it runs",
+                          f"stop it first with `vigil stop {w.name} --wait`, then apply again")
     if build is None or build.path != w.build_path:
         old = build.digest[:12] if build else "?"
         details.append(f"build {old} -> {w.digest[:12]}")
@@ -144,9 +152,14 @@ def apply_host(s: Session, w: Wanted) -> Change:
         check_name(w.name)
         s.add(Host(name=w.name, build_id=build.id, created_at=utcnow(),
                    **{c: _to_column(c, v) for c, v in w.fields.items()}))
+        s.flush()
+        write_set(s, w.name, w.listens)
         emit(s, "host_added", w.name, build=w.digest[:12], kind=w.fields["kind"].value,
              source="apply")
         return change
+    if as_listens(stored(s, w.name)) != w.listens:
+        write_set(s, w.name, w.listens)
+        emit(s, "host_updated", w.name, fields=["listen"], source="apply")
     values = {c: _to_column(c, v) for c, v in w.fields.items() if _stored(h, c) != v}
     if change.action == "update" and h.build_id != build.id:
         values["build_id"] = build.id

@@ -16,6 +16,7 @@ from models.states import (
     AttemptStep,
     Desired,
     GenState,
+    HostKind,
     MemberRole,
     Outcome,
 )
@@ -33,6 +34,7 @@ from workflows.lease import held_fence
 from workflows.lookups import newest_revision, open_stop
 from workflows.members import drive_member
 from workflows.queue import enqueue_wake
+from workflows.readiness import ready_problem
 from workflows.workers import (
     settle_one_shot,
     yield_own_starts,
@@ -188,12 +190,12 @@ def probe(ctx: Context, host: Host, gen: Generation) -> bool:
     own failure; True when a one-shot run already exited 0."""
     ref = ref_of(gen)
     clean = False
-    if gen.socket:
-        problem = ctx.health.check(gen.socket, host.health_timeout,
-                                   alive=lambda: ctx.proc.leader_alive(ref))
+    if host.kind is HostKind.instance:
+        problem = ready_problem(ctx, host, gen)
         if problem is not None:
             raise BuildFailed(problem)
-        problem = grant_socket(ctx, host, gen.socket)  # before the switch makes it canonical
+        # before the switch makes it canonical
+        problem = grant_socket(ctx, host, gen.socket) if gen.socket else None
         if problem is not None:
             raise Stale(problem)
     elif host.one_shot:

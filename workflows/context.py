@@ -10,7 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.store import Store
-from workflows.ports import Files, HealthPort, LimitPort, ProcessPort, SocketPort
+from workflows.ports import (
+    Files,
+    HealthPort,
+    LimitPort,
+    ListenerPort,
+    ProcessPort,
+    ReadinessPort,
+    SocketPort,
+)
 
 
 class Result(str, enum.Enum):
@@ -43,6 +51,8 @@ class Context:
     files: Files
     limits: LimitPort | None = None
     sockets: SocketPort | None = None  # None: sockets stay owner-only
+    listeners: ListenerPort | None = None  # the box's listening sockets (the agent's)
+    ready: ReadinessPort | None = None  # sd_notify and probe-command readiness (the agent's)
     clock: SystemClock = field(default_factory=SystemClock)
     lease_ttl: float = 30.0
     proof_wait: float = 2.0  # how long a proof may poll for the kernel to finish a kill
@@ -56,6 +66,10 @@ class Context:
 
     def socket_for(self, host: str, n: int) -> str:
         return str(self.run_dir / host / f"g{n}.sock")
+
+    def notify_for(self, host: str, n: int) -> str:
+        """A generation's own NOTIFY_SOCKET (as long as its g<n>.sock, which fits)."""
+        return str(self.run_dir / host / f"n{n}.sock")
 
     def link_for(self, host: str) -> str:
         return str(self.run_dir / f"{host}.sock")

@@ -33,6 +33,7 @@ from workflows.crash import crashpoint, define
 from workflows.ending import mark_retiring
 from workflows.hold import run_hold
 from workflows.lease import owe_release, release_owed
+from workflows.listeners import refuse_if_lost
 from workflows.overlap import run_overlap
 from workflows.ports import SpawnError
 
@@ -54,6 +55,7 @@ def request_deploy(s: Session, host: str, build: Build, *, mode: Mode, canary: b
     h = s.get(Host, host)
     if h is None:
         raise NotFound(f"no host named {host!r}", "see `vigil host list`")
+    refuse_if_lost(s, host)  # never run on a fresh socket by surprise
     effective = Mode.hold if h.kind is HostKind.worker else mode
     revision = (s.execute(select(func.max(Attempt.revision)).where(Attempt.host == host))
                 .scalar() or 0) + 1

@@ -23,10 +23,13 @@ def ref_of(gen: Generation) -> ProcRef:
 
 
 def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
-                   points: tuple[str, str] | None = None) -> str | None:
+                   points: tuple[str, str] | None = None, drain_rest: bool = False) -> str | None:
     """Drive the generation's processes to their end. `drain_until` (epoch seconds) is how
     long the leader may drain after SIGTERM; None means kill at once (a failed start).
-    `points` names the crash points after the TERM and after the KILL.
+    `points` names the crash points after the TERM and after the KILL. `drain_rest`: when
+    the leader is already gone, what is left of the containment gets SIGTERM and the same
+    drain before SIGKILL (a server's workers on a shared listener finish the requests they
+    accepted instead of being killed in the middle of one).
     Returns None when proven terminated, else why not (the caller keeps its obligation)."""
     ref = ref_of(gen)
     if drain_until is not None and ctx.proc.leader_alive(ref):
@@ -35,6 +38,12 @@ def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
             crashpoint(points[0])
         remaining = max(0.0, drain_until - ctx.clock.now())
         ctx.wait_until(lambda: not ctx.proc.leader_alive(ref), remaining, interval=0.02)
+    elif drain_until is not None and drain_rest and ctx.proc.live_members(ref):
+        ctx.proc.terminate_all(ref)
+        if points:
+            crashpoint(points[0])
+        remaining = max(0.0, drain_until - ctx.clock.now())
+        ctx.wait_until(lambda: ctx.proc.proven(ref), remaining, interval=0.02)
     if not ctx.proc.proven(ref):
         ctx.proc.kill_all(ref)
         if points:

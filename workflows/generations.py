@@ -17,7 +17,9 @@ from models.tables import Build, Generation, Host, Member
 from models.transition import Fence, Unfenced, move
 from workflows.access import prepare_socket_dir
 from workflows.context import Context
+from workflows.listeners import fds_for
 from workflows.ports import Spawned, SpawnError, SpawnSpec
+from workflows.readiness import mode, own_socket
 
 _G = Generation.__table__
 _NEW = insert(_G).returning(_G.c.id)  # built once: an ORM add cost a unit-of-work flush
@@ -34,7 +36,7 @@ def intend(s: Session, ctx: Context, host: Host, build_id: int, fence: int | Non
                created_at=utcnow())
     gid = s.execute(_NEW, row).scalar_one()
     socket = None
-    if host.kind is HostKind.instance:  # named after the row's id
+    if own_socket(host):  # named after the row's id
         socket = ctx.socket_for(host.name, gid)
         s.execute(_SOCKET, {"gid": gid, "sock": socket})
     return Generation(id=gid, socket=socket, **row)
@@ -49,11 +51,20 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:
         private_dirs(os.path.dirname(ctx.log_for(host.name)))
         if gen.socket:
             prepare_socket_dir(ctx, host, gen.socket)
+        fds, names = fds_for(ctx, host, gen.fence) if host.kind is HostKind.instance else ((), ())
+        notify = None
+        if host.kind is HostKind.instance and mode(host) == "notify":
+            if ctx.ready is None:
+                raise SpawnError("this process cannot receive READY=1", build_fault=False)
+            notify = ctx.notify_for(host.name, gen.id)
+            prepare_socket_dir(ctx, host, notify)
+            ctx.ready.open_notify(gen.uuid, notify, host.name, gen.id)
         spec = SpawnSpec(generation_uuid=gen.uuid, host=host.name,
                          argv=[build.path, *json.loads(host.args)],
                          env={**json.loads(host.env), "VIGIL_HOME": str(ctx.state_dir)},
                          cwd=host.cwd, socket_path=gen.socket, log_path=ctx.log_for(host.name),
-                         cgroup=gen.cgroup)
+                         cgroup=gen.cgroup, listen_fds=fds, listen_names=names,
+                         notify_socket=notify)
         return ctx.proc.spawn(spec)
     except ValueError as exc:  # the host's args or env: no retry can succeed
         raise SpawnError(f"spawn {build.path}: {exc}") from exc

@@ -24,8 +24,9 @@ from models.states import (
     WakeState,
 )
 from models.store import emit, utcnow
-from models.tables import Attempt, Build, Generation, Host, Lease, Stop, Wake
+from models.tables import Attempt, Build, Generation, Host, Lease, Listener, Stop, Wake
 from workflows.lease import still_needed
+from workflows.listeners import Listen, check_set, lost_line, stored, write_set
 from workflows.workers import check_policy
 
 DOORBELL = "agent.sock"  # the agent's datagram socket in the state dir (runners/doorbell.py)
@@ -89,8 +90,11 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
              args: list[str], env: dict[str, str], cwd: str | None, drain_timeout: float,
              health_timeout: float, memory_tier_mb: int | None = None, box: str | None = None,
              policy: dict[str, Any] | None = None, socket_group: str | None = None,
-             socket_mode: int | None = None) -> None:
+             socket_mode: int | None = None, listeners: list[Listen] | None = None,
+             ready: str | None = None) -> None:
     check_name(name)
+    listens = listeners or []
+    check_set(listens, kind, ready)
     check_args(args)
     check_env(env)
     check_seconds(drain_timeout, "--drain-timeout")
@@ -102,19 +106,25 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
     s.add(Host(name=name, kind=kind, build_id=build.id, args=json.dumps(args), env=json.dumps(env),
                cwd=cwd, drain_timeout=drain_timeout, health_timeout=health_timeout,
                memory_tier_mb=memory_tier_mb, box=box, socket_group=socket_group,
-               socket_mode=socket_mode, created_at=utcnow(), **worker))
-    emit(s, "host_added", name, build=digest[:12], kind=kind.value)
+               socket_mode=socket_mode, ready=ready, created_at=utcnow(), **worker))
+    s.flush()
+    write_set(s, name, listens)
+    emit(s, "host_added", name, build=digest[:12], kind=kind.value,
+         **({"listen": [a.address for a in listens]} if listens else {}))
 
 
-def remove_host(s: Session, name: str) -> None:
+def remove_host(s: Session, name: str) -> list[Listener]:
+    """Removes the host; returns its listeners (their sockets are closed after the commit)."""
     if s.get(Host, name) is None:
         raise NotFound(f"no host named {name!r}", "see `vigil host list`")
     why = still_needed(s, name)
     if why is not None or s.get(Lease, name) is not None:
         raise Refused(f"host {name} cannot be removed: {why or 'it still holds its lease'}",
                       f"stop it first with `vigil stop {name} --wait`")
+    rows = stored(s, name)
     s.execute(Host.__table__.delete().where(Host.name == name))
     emit(s, "host_removed", name)
+    return rows
 
 
 def host_state(s: Session, name: str) -> str:
@@ -163,8 +173,23 @@ def status(s: Session, name: str | None = None) -> list[dict[str, Any]]:
             "socket": gen.socket if gen else None,
             "since": (gen.current_at.isoformat() + "Z") if gen and gen.current_at else None,
             "lease": {"holder": lease.holder, "fence": lease.fence} if lease else None,
+            **_listen_status(s, h),
             **_worker_status(s, h, gen),
         })
+    return out
+
+
+def _listen_status(s: Session, h: Host) -> dict[str, Any]:
+    """A host on shared listeners: each one, and the line that says one is lost."""
+    rows = stored(s, h.name)
+    if not rows:
+        return {}
+    out: dict[str, Any] = {"ready": h.ready or "http", "listeners": [
+        {"name": r.name, "address": r.address, "state": r.state.value, "inode": r.inode}
+        for r in rows]}
+    line = lost_line(h.name, rows)
+    if line is not None:
+        out["problem"] = line
     return out
 
 

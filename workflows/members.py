@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from models.errors import BrokenInvariant, LostRace
 from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole
 from models.store import emit, utcnow
-from models.tables import Generation, Host, Lease, Member, Restore, Wake
+from models.tables import Generation, Host, Lease, Listener, Member, Restore, Wake
 from models.transition import Unfenced, move
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
@@ -119,7 +119,10 @@ def drive_member(ctx: Context, gen_id: int) -> Result:
         raise Poke(f"member g{gen_id} is {m.role.value}: its attempt drives it")
     if gen.state is GenState.retiring:
         since = m.since.replace(tzinfo=UTC).timestamp()
-        problem = end_generation(ctx, gen, drain_until=since + host.drain_timeout)
+        shared = ctx.store.read(lambda s: s.execute(select(Listener.position).where(
+            Listener.host == m.host).limit(1)).first()) is not None
+        problem = end_generation(ctx, gen, drain_until=since + host.drain_timeout,
+                                 drain_rest=shared)
         if problem is not None:
             ctx.store.write(lambda s: s.execute(Member.__table__.update().where(
                 Member.generation_id == gen_id).values(unproven=True, retried_at=utcnow())))

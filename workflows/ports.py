@@ -23,6 +23,11 @@ class SpawnSpec:
     socket_path: str | None = None  # instances only: passed as VIGIL_SOCKET
     log_path: str | None = None  # stdout and stderr are appended here
     cgroup: str | None = None  # containment directory chosen before the spawn
+    # Listening sockets it inherits as fds 3, 4, ... (the sd_listen_fds protocol): this
+    # process's fds, in order, and their names (LISTEN_FDNAMES).
+    listen_fds: tuple[int, ...] = ()
+    listen_names: tuple[str, ...] = ()
+    notify_socket: str | None = None  # its own NOTIFY_SOCKET (readiness by sd_notify)
 
 
 class SpawnError(Exception):
@@ -65,6 +70,9 @@ class ProcessPort(Protocol):
 
     def terminate(self, ref: ProcRef) -> None:
         """SIGTERM the leader if its identity still matches; a gone process is fine."""
+
+    def terminate_all(self, ref: ProcRef) -> None:
+        """SIGTERM every live process of the containment (each pid-verified)."""
 
     def kill_all(self, ref: ProcRef) -> None:
         """SIGKILL everything in the containment (and the leader if it still matches)."""
@@ -116,3 +124,51 @@ class SocketPort(Protocol):
 
     def grant(self, socket: str, group: str | None, mode: int | None) -> None:
         """Give the socket its group and mode (before it becomes canonical). Raises OSError."""
+
+
+class ListenerPort(Protocol):
+    """The box's listening sockets (runners/listen.py), by key (workflows/listeners.py):
+    this agent's copies, and the fd holder that keeps them across agent restarts."""
+
+    def boot(self) -> str:
+        """This boot of the box (a socket of another boot cannot be held by anything)."""
+
+    def keys(self) -> list[str]:
+        """The keys this agent has a copy of."""
+
+    def inode(self, key: str) -> int | None:
+        """The inode of this agent's copy of `key`, or None when it has none."""
+
+    def bind(self, key: str, address: str) -> int:
+        """Open (bind, listen) `address` as `key`; its inode. Raises OSError / ValueError."""
+
+    def hand(self, key: str) -> None:
+        """Give the fd holder its copy of `key`. Raises OSError."""
+
+    def fds(self, keys: list[str]) -> list[int]:
+        """This agent's fds of `keys`, in order. Raises KeyError (one it does not have)."""
+
+    def fetch(self, keep: set[str]) -> dict[str, int]:
+        """Take back what the holder keeps of `keep` (it closes the rest): key -> inode."""
+
+    def rescue(self, key: str, inode: int, pids: list[int]) -> bool:
+        """Copy socket `inode` out of a live process among `pids` and hand it to the holder."""
+
+    def drop(self, keys: list[str]) -> None:
+        """Close `keys`, here and in the holder."""
+
+
+class ReadinessPort(Protocol):
+    """A generation's own readiness signal on a shared listener (runners/readiness.py)."""
+
+    def open_notify(self, generation_uuid: str, path: str, host: str, generation_id: int) -> None:
+        """Bind the generation's NOTIFY_SOCKET at `path` (before its spawn, or again when it
+        is adopted). Raises OSError."""
+
+    def wait_notify(self, generation_uuid: str, timeout: float,
+                    alive: Callable[[], bool]) -> str | None:
+        """Until READY=1 arrives from the generation (None), or why not."""
+
+    def run_probe(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
+                  alive: Callable[[], bool]) -> str | None:
+        """Run `command` until it exits 0 (None), or why it did not within `timeout`."""

@@ -17,7 +17,9 @@ from workflows.context import Context
 from workflows.crash import crashpoint, define
 from workflows.ending import ref_of
 from workflows.lease import renew
+from workflows.listeners import recover_listeners
 from workflows.members import retire
+from workflows.readiness import adopt_problem
 from workflows.sanity import impossible, impossible_hosts
 from workflows.takeover import take_over
 
@@ -44,9 +46,8 @@ def recover(ctx: Context) -> dict[str, int]:
         ref = ref_of(gen)
         alive = ctx.proc.leader_alive(ref)
         problem = None if alive else "leader is gone"
-        if alive and gen.socket:
-            problem = ctx.health.check(gen.socket, min(host.health_timeout, 5.0),
-                                       alive=lambda r=ref: ctx.proc.leader_alive(r))
+        if alive:
+            problem = adopt_problem(ctx, host, gen)
         if problem is None:
             # The agent's socket group may have changed since the spawn: apply it now
             # (without restarting the app); a failure is reported, never a reason to kill.
@@ -71,6 +72,8 @@ def recover(ctx: Context) -> dict[str, int]:
                 ctx.files.remove_link(ctx.link_for(g.host), only_if_target=g.socket)
         crashpoint(ADOPTED)
     adopted, retired = len(adopt), len(drop)
+    # After the adoptions: a socket the holder lost is copied from a live generation.
+    recover_listeners(ctx)
     taken = take_over(ctx)  # hosts placed here whose owner's lease expired
     counts = {"adopted": adopted, "retired": retired, "refused": len(refused), "taken": taken}
     ctx.store.write(lambda s: emit(s, "recovered", None, agent=ctx.agent_id, **counts))

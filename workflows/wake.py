@@ -14,7 +14,7 @@ from sqlalchemy import Integer, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from models.errors import BrokenInvariant, NotFound, Refused
-from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, WakeState
+from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, WakeState
 from models.store import emit, utcnow
 from models.tables import Build, Generation, Host, Lease, Stop, Wake
 from models.transition import Fence, Unfenced, move, move_many
@@ -25,9 +25,11 @@ from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.generations import intend, launch, record
 from workflows.lease import Holding, acquire, owe_release, release_owed
+from workflows.listeners import refuse_if_lost
 from workflows.lookups import open_stop
 from workflows.ports import SpawnError
 from workflows.queue import enqueue_wake
+from workflows.readiness import ready_problem
 from workflows.workers import (
     COALESCED,
     after_failed_start,
@@ -119,6 +121,7 @@ def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
     if h is None:
         raise NotFound(f"no host named {host!r}", "see `vigil host list`, or add it with `vigil host add`")
     refuse_if_unproven(s, host)
+    refuse_if_lost(s, host)
     move_many(s, Host, [Host.name == host], {"desired": Desired.up}, f"host {host} up",
               fence=OPERATOR, col="desired", frm=tuple(Desired))
     open_wake = s.execute(select(Wake).where(Wake.host == host, Wake.state.in_(OPEN_WAKE))
@@ -305,9 +308,8 @@ def _start(ctx: Context, wake_id: int) -> Result | None:
         return Result.progress
     ctx.store.write(recorded)
     crashpoint(RECORDED)
-    if gen.socket:
-        problem = ctx.health.check(gen.socket, host.health_timeout,
-                                   alive=lambda: ctx.proc.leader_alive(ref))
+    if host.kind is HostKind.instance:
+        problem = ready_problem(ctx, host, gen)
     elif host.one_shot:
         code = settle_one_shot(ctx, ref)
         if code == 0:
@@ -330,7 +332,7 @@ def _start(ctx: Context, wake_id: int) -> Result | None:
 
 def always_on(host: Host, gen: Generation) -> bool:
     """A worker that is not a one-shot: nothing to check beyond its leader being alive."""
-    return not gen.socket and not host.one_shot
+    return host.kind is HostKind.worker and not host.one_shot
 
 
 def _refuse_build(ctx: Context, w: Wake, reason: str) -> Result:

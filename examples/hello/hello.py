@@ -4,6 +4,9 @@
 Env: HELLO_BUILD (build label), HELLO_FAIL_HEALTH=1 (answer 500), HELLO_DELAY=<sec> (per request).
 `hello.py --fd N` serves an inherited listening unix socket instead (a supervisor such as
 circus owns it and passes it to every process; bench/downtime.py uses that).
+Socket activation (vigil `--listen`, systemd): with LISTEN_FDS and LISTEN_PID = its pid it
+also serves the inherited fds 3, 4, ... (TCP or unix), and says READY=1 on $NOTIFY_SOCKET
+once it serves (HELLO_NEVER_READY=1: never, for tests).
 SIGTERM: close the listener, finish in-flight requests, exit 0.
 """
 
@@ -87,10 +90,56 @@ def serve_inherited(fd: int) -> int:
     return 0
 
 
+def inherited() -> list[int]:
+    """The sd_listen_fds protocol: fds 3.. when LISTEN_PID names this very process."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return []
+    return list(range(3, 3 + int(os.environ.get("LISTEN_FDS") or 0)))
+
+
+def notify(state: str) -> None:
+    """sd_notify: one datagram to $NOTIFY_SOCKET (nothing when it is not set)."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path or os.environ.get("HELLO_NEVER_READY") == "1":
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect("\0" + path[1:] if path.startswith("@") else path)
+            s.sendall(state.encode())
+        except OSError:
+            pass
+
+
+def serve_shared(fds: list[int]) -> list[Server]:
+    """Serve listeners this process shares with the next generation: on SIGTERM it stops
+    accepting and what is queued stays on the listener, for the next one."""
+    servers = []
+    for fd in fds:
+        srv = Server(None, Handler, bind_and_activate=False)  # type: ignore[arg-type]
+        srv.socket.close()
+        srv.socket = socket.socket(fileno=fd)
+        srv.socket.setblocking(False)  # another process may take the connection first
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+        servers.append(srv)
+    return servers
+
+
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--fd":
         return serve_inherited(int(sys.argv[2]))
+    shared = serve_shared(inherited())
     path = os.environ.get("VIGIL_SOCKET")
+    if not path and shared:
+        notify("READY=1\nSTATUS=serving")
+        while not STOP.wait(0.5):
+            pass
+        notify("STOPPING=1")
+        for srv in shared:
+            srv.shutdown()
+        with _idle:
+            _idle.wait_for(lambda: _inflight == 0)
+        return 0
     if not path:
         print("hello: VIGIL_SOCKET is not set", file=sys.stderr)
         return 2
@@ -102,8 +151,12 @@ def main() -> int:
     ino = os.stat(path).st_ino
     loop = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     loop.start()
+    notify("READY=1\nSTATUS=serving")
     while not STOP.wait(0.5):
         pass
+    notify("STOPPING=1")
+    for shared_srv in shared:
+        shared_srv.shutdown()
     srv.shutdown()  # stop the accept loop
     # Connections the kernel already queued were sent to us: serve them rather than reset them.
     srv.socket.setblocking(False)

@@ -174,6 +174,20 @@ def seed_0006(conn: Connection) -> None:
                                "restart_streak": 0, "drift_since": None})
 
 
+def seed_0011(conn: Connection) -> None:
+    """A host with a listening socket held on this box and its readiness (0011: listeners,
+    hosts.ready)."""
+    raw_insert(conn, "hosts", {"name": "api", "kind": "instance", "build_id": 1, "args": "[]",
+                               "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "up",
+                               "raised": False, "fence_seq": 0, "box": None, "created_at": T0,
+                               "ready": "notify"})
+    raw_insert(conn, "listeners", {"host": "api", "position": 0, "name": "http",
+                                   "address": "tcp:127.0.0.1:8080", "state": "held",
+                                   "agent_id": "agent-1", "inode": 4_300_000_000,
+                                   "boot_id": "b" * 36, "opened_at": T0, "reason": None})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -183,10 +197,11 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0004": seed_0004,
     "0005": seed_0005,
     "0006": seed_0006,
+    "0011": seed_0011,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
-LATER_TABLES = {"apscheduler_jobs"}
+LATER_TABLES = {"apscheduler_jobs", "listeners"}
 SEEDED_KINDS_0001 = {("wake", "web", 1), ("stop", "web", 1), ("release", "web", None),
                      ("restore", "web", None), ("attempt", "web", 1), ("member", "web", 2)}
 
@@ -429,6 +444,8 @@ def _row(table: str, i: int) -> dict[str, Any]:
                      "canary": False, "step": "queued", "created_at": T0, **retry_cols()},
         "members": {"generation_id": 1, "host": "web", "role": "retiring", "fence": 1,
                     "unproven": False, **retry_cols()},
+        "listeners": {"host": "web", "position": 100 + i, "name": "http",
+                      "address": f"unix:/run/l{i}.sock", "state": "new"},
     }
     return rows[table]
 
@@ -438,7 +455,7 @@ def test_enum_columns_are_known() -> None:
     assert cols == {("hosts", "kind"), ("hosts", "desired"), ("generations", "state"),
                     ("wakes", "state"), ("stops", "state"), ("attempts", "cause"),
                     ("attempts", "mode"), ("attempts", "effective_mode"), ("attempts", "step"),
-                    ("attempts", "outcome"), ("members", "role")}
+                    ("attempts", "outcome"), ("members", "role"), ("listeners", "state")}
     for _, _, typ in enum_columns():
         assert typ.enum_class is not None
         assert list(typ.enums) == [m.value for m in typ.enum_class]

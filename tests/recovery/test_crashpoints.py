@@ -48,7 +48,9 @@ from runners.files import stage_build
 from runners.process import CTIME_TOLERANCE
 from runners.setup import open_store
 from tests.conftest import FIXTURES, HELLO, Vigil, marked_pids, wait_for
+from tests.listening import app_has, holder_inodes
 from workflows import hosts
+from workflows.listeners import Listen
 from workflows.recovery import ADOPTED
 from workflows.wake import request_wake
 
@@ -199,14 +201,21 @@ def describe(pids: set[int]) -> str:
 
 def add_host(v: Vigil, name: str, build: Path, kind: HostKind = HostKind.instance,
              args: tuple[str, ...] = (), policy: dict[str, Any] | None = None,
-             **opts: float) -> None:
+             listen: bool = False, **opts: float) -> None:
     """What `vigil host add` does, in-process (the setup is not under test; this saves a
-    CLI start-up per host on a busy box)."""
+    CLI start-up per host on a busy box). `listen`: on a unix listener vigil holds, its
+    readiness still GET / on its own socket (hello serves both)."""
     path, digest = stage_build(str(build), v.state_dir)
+    listens = [Listen("http", f"unix:{listener_path(v)}")] if listen else []
     v.store.write(lambda s: hosts.add_host(
         s, name, kind=kind, build_path=path, digest=digest, source=str(build),
         args=list(args), env={}, cwd=None, drain_timeout=opts.get("drain_timeout", 10.0),
-        health_timeout=opts.get("health_timeout", 10.0), policy=policy))
+        health_timeout=opts.get("health_timeout", 10.0), policy=policy, listeners=listens,
+        ready="http" if listen else None))
+
+
+def listener_path(v: Vigil) -> Path:
+    return v.state_dir.parent / "app-listen.sock"
 
 
 def new_build(v: Vigil, source: Path = HELLO) -> Path:
@@ -263,6 +272,7 @@ class Flow:
     between: Callable[[Vigil], None] | None = None
     on_build: str | None = None
     until: Callable[[Vigil], bool] | None = None  # what the clean agent does without an obligation
+    listen: bool = False  # the target is on a listener vigil holds (workflows/listeners.py)
 
     def but(self, **changes: Any) -> Flow:
         return dataclasses.replace(self, **changes)
@@ -377,6 +387,9 @@ ONE_SHOT_DEPLOY = Flow("one-shot-deploy", cli_deploy("hold", JOB), end="ran",
                        attempt=("done", True), **_ONE_SHOT)
 
 
+LISTEN_WAKE = WAKE.but(name="listen-wake", listen=True)
+
+
 @dataclass(frozen=True)
 class Scenario:
     flow: Flow
@@ -444,6 +457,13 @@ SCENARIOS: dict[str, Scenario] = {
     "worker.coalesced": Scenario(COALESCE),
     "oneshot.clean_exit": Scenario(ONE_SHOT_WAKE),
     "oneshot.done": Scenario(ONE_SHOT_DEPLOY),
+    # the first wake of a host on a listener: the socket is opened and handed to the holder
+    "listen.opening": Scenario(LISTEN_WAKE),
+    "listen.bound": Scenario(LISTEN_WAKE),
+    "listen.handed": Scenario(LISTEN_WAKE),
+    "listen.held": Scenario(LISTEN_WAKE),
+    # ... and the next agent finds it with the holder, not yet written held
+    "listen.recovered": Scenario(LISTEN_WAKE, ("listen.handed", "listen.recovered")),
 }
 
 # The same points reached through another workflow (shared step names).
@@ -545,7 +565,7 @@ def run_scenario(v: Vigil, flow: Flow, chain: tuple[str, ...], depth: int = 0) -
     v.env["VIGIL_SETTLE_SECONDS"] = flow.settle
     build = flow.build(v) if callable(flow.build) else flow.build
     add_host(v, BYSTANDER, HELLO)
-    add_host(v, TARGET, build, flow.kind, flow.args, flow.policy, **flow.host)
+    add_host(v, TARGET, build, flow.kind, flow.args, flow.policy, flow.listen, **flow.host)
 
     # Setup: a clean agent wakes what must be serving before the crash.
     setup, off = start(v)
@@ -674,6 +694,8 @@ def check_invariants(v: Vigil, flow: Flow, before: Snapshot, at_crash: list[Snap
     assert not [h.name for h in rows(v, Host) if h.raised], "a parent limit is still marked raised"
 
     assert_serving(v, BYSTANDER)
+    if flow.listen:
+        assert_listening(v, TARGET)
     if flow.end == "awake" and flow.kind is HostKind.worker:
         assert_running(v, TARGET, flow)
     elif flow.end == "awake":
@@ -737,6 +759,22 @@ def assert_running(v: Vigil, host: str, flow: Flow) -> None:
         assert g.build_id == h.build_id, f"g{g.id} runs build #{g.build_id}, live #{h.build_id}"
     elif flow.on_build == "first":
         assert g.build_id == generations(v, host)[0].build_id, f"g{g.id} left its build"
+
+
+def assert_listening(v: Vigil, host: str) -> None:
+    """The host's listener is held, and it is the very socket its current generation has
+    and the fd holder keeps (the inode the store recorded); one socket on the path."""
+    st = v.status(host)
+    (lst,) = st["listeners"]
+    assert lst["state"] == "held", st
+    inode = lst["inode"]
+    assert inode in holder_inodes(v).values(), (inode, holder_inodes(v))
+    assert app_has(st["pid"], inode), f"{host}: pid {st['pid']} lacks socket:[{inode}]"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(str(listener_path(v)))
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        assert s.recv(64).startswith(b"HTTP/1.0 200")
 
 
 def assert_serving(v: Vigil, host: str) -> None:

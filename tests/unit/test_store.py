@@ -30,6 +30,7 @@ from models.states import (
     Desired,
     GenState,
     HostKind,
+    ListenerState,
     MemberRole,
     Mode,
     StopState,
@@ -45,7 +46,18 @@ from models.store import (
     sqlite_url,
     utcnow,
 )
-from models.tables import Attempt, Build, Event, Generation, Host, Lease, Member, Stop, Wake
+from models.tables import (
+    Attempt,
+    Build,
+    Event,
+    Generation,
+    Host,
+    Lease,
+    Listener,
+    Member,
+    Stop,
+    Wake,
+)
 from models.transition import Fence, Unfenced, move, move_many
 from tests.conftest import drop_db, new_db, wait_for
 
@@ -332,7 +344,8 @@ STATE_MODELS = {GenState: (Generation, "state", Generation.id),
                 StopState: (Stop, "state", Stop.id),
                 AttemptStep: (Attempt, "step", Attempt.id),
                 MemberRole: (Member, "role", Member.generation_id),
-                Desired: (Host, "desired", Host.name)}
+                Desired: (Host, "desired", Host.name),
+                ListenerState: (Listener, "state", Listener.position)}
 
 
 def one_of_each(s: Session, gid: int) -> dict[type, Any]:
@@ -346,9 +359,12 @@ def one_of_each(s: Session, gid: int) -> dict[type, Any]:
                 next_attempt_at=now, created_at=now)
     m = Member(generation_id=gid, host="web", role=MemberRole.spawning, fence=FENCE, since=now,
                next_attempt_at=now)
-    s.add_all([w, st, a, m])
+    lst = Listener(host="web", position=0, name="http", address="tcp:127.0.0.1:1",
+                   state=ListenerState.new)
+    s.add_all([w, st, a, m, lst])
     s.flush()
-    return {Generation: (gid, GenState.spawning, GenState.running),
+    return {Listener: ({"host": "web", "position": 0}, ListenerState.new, ListenerState.opening),
+            Generation: (gid, GenState.spawning, GenState.running),
             Wake: (w.id, WakeState.queued, WakeState.leased),
             Stop: (st.id, StopState.queued, StopState.signalled),
             Attempt: (a.id, AttemptStep.queued, AttemptStep.admitted),
@@ -370,14 +386,18 @@ def test_a_stale_fence_is_refused_for_every_kind_of_row(store: Store, gen_id: in
     for model, (keyval, frm, to) in rows.items():
         col, key = kinds[model]
 
-        def state(model: Any = model, col: str = col, key: Any = key, keyval: Any = keyval) -> Any:
-            return store.read(lambda s: s.execute(
-                select(getattr(model, col)).where(key == keyval)).scalar_one())
+        # A composite key (listeners) is given as a dict of its columns.
+        conds = ([getattr(model, k) == v for k, v in keyval.items()]
+                 if isinstance(keyval, dict) else [key == keyval])
 
-        def step(s: Session, f: Fence, model: Any = model, col: str = col, key: Any = key,
+        def state(model: Any = model, col: str = col, conds: Any = conds) -> Any:
+            return store.read(lambda s: s.execute(
+                select(getattr(model, col)).where(*conds)).scalar_one())
+
+        def step(s: Session, f: Fence, model: Any = model, col: str = col, conds: Any = conds,
                  keyval: Any = keyval, frm: Any = frm, to: Any = to) -> None:
-            move(s, model, keyval if by_key else [key == keyval], {col: to}, f"{model.__name__} {keyval}",
-                 fence=f, col=col, frm=frm)
+            move(s, model, keyval if by_key else list(conds), {col: to},
+                 f"{model.__name__} {keyval}", fence=f, col=col, frm=frm)
 
         with pytest.raises(LostRace):
             store.write(lambda s, step=step: step(s, Fence("web", holder, fence)))

@@ -1,0 +1,204 @@
+"""A generation's own readiness signal (the ReadinessPort), for hosts on a shared listener.
+
+- notify: each generation gets its own `$NOTIFY_SOCKET` (`<state>/run/<host>/n<n>.sock`,
+  a unix datagram socket bound before its spawn). `READY=1` from one of its processes
+  (the sender's pid, from SCM_CREDENTIALS, carries the generation's VIGIL_GENERATION
+  marker) means ready; `STOPPING=1` and `STATUS=...` become events (`app_stopping`,
+  `app_status`, a changed status at most once a second). One thread reads every such
+  socket (select), so an idle generation costs nothing. The socket is closed when the
+  generation is proven gone, and bound again when a restarted agent adopts it.
+- exec:CMD: `/bin/sh -c CMD` in the host's working dir with the generation's environment,
+  tried again every POLL seconds until it exits 0, each try bounded by what is left of
+  the health timeout (then its process group is killed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from models.store import Store, emit
+
+log = logging.getLogger("vigil.readiness")
+
+POLL = 0.1  # seconds between two runs of a probe command
+STATUS_EVERY = 1.0  # at most one app_status event per generation per second
+_UCRED = struct.Struct("iII")  # pid, uid, gid
+MARKER = "VIGIL_GENERATION"
+
+
+def sender_is(generation_uuid: str, pid: int) -> bool | None:
+    """Whether `pid` carries the generation's marker; None when it cannot be read (the
+    sender has exited: a helper such as systemd-notify may, right after it sent)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:
+        return None
+    if not env:
+        return None  # a zombie's environment reads empty
+    return f"{MARKER}={generation_uuid}".encode() in env.split(b"\0")
+
+
+@dataclass
+class _Watched:
+    sock: socket.socket
+    path: str
+    host: str
+    generation_id: int
+    ready: threading.Event = field(default_factory=threading.Event)
+    status: str | None = None
+    status_at: float = 0.0
+
+
+class Readiness:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._watched: dict[str, _Watched] = {}
+        self._lock = threading.Lock()
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._thread: threading.Thread | None = None
+
+    # -- notify ------------------------------------------------------------------------------
+    def open_notify(self, generation_uuid: str, path: str, host: str, generation_id: int) -> None:
+        self.forget(generation_uuid)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC
+                          | socket.SOCK_NONBLOCK)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            s.bind(path)
+        except BaseException:
+            s.close()
+            raise
+        with self._lock:
+            self._watched[generation_uuid] = _Watched(s, path, host, generation_id)
+            self._sel.register(s, selectors.EVENT_READ, generation_uuid)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="notify", daemon=True)
+                self._thread.start()
+        os.write(self._wake_w, b"x")
+
+    def wait_notify(self, generation_uuid: str, timeout: float,
+                    alive: Callable[[], bool]) -> str | None:
+        w = self._watched.get(generation_uuid)
+        if w is None:
+            return "ready: the generation has no NOTIFY_SOCKET"
+        deadline = time.monotonic() + timeout
+        while True:
+            if w.ready.wait(min(0.02, max(0.0, deadline - time.monotonic()))):
+                return None
+            if not alive():
+                return "ready: process exited before it sent READY=1"
+            if time.monotonic() >= deadline:
+                return f"ready: no READY=1 on $NOTIFY_SOCKET within {float(timeout)}s"
+
+    def forget(self, generation_uuid: str) -> None:
+        with self._lock:
+            w = self._watched.pop(generation_uuid, None)
+            if w is None:
+                return
+            try:
+                self._sel.unregister(w.sock)
+            except (KeyError, ValueError):
+                pass
+        self._read(generation_uuid, w)  # what it said last (STOPPING=1) is still queued
+        w.sock.close()
+        try:
+            os.unlink(w.path)
+        except OSError:
+            pass
+
+    def _loop(self) -> None:
+        while True:
+            for key, _ in self._sel.select():
+                if key.fileobj == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 512)
+                    except BlockingIOError:
+                        pass
+                    continue
+                with self._lock:
+                    w = self._watched.get(key.data)
+                if w is not None:
+                    self._read(key.data, w)
+
+    def _read(self, generation_uuid: str, w: _Watched) -> None:
+        while True:
+            try:
+                data, anc, _, _ = w.sock.recvmsg(4096, socket.CMSG_SPACE(_UCRED.size))
+            except (BlockingIOError, OSError):
+                return
+            pid = None
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    pid = _UCRED.unpack(payload[:_UCRED.size])[0]
+            lines = data.decode(errors="replace").splitlines()
+            if pid is not None and sender_is(generation_uuid, pid) is False:
+                log.warning("notify ignored host=%s generation=%d pid=%d (not a process of it)",
+                            w.host, w.generation_id, pid)
+                continue
+            try:
+                self._record(w, lines, pid)
+            except Exception:  # an event row is advisory; readiness must not wait on it
+                log.exception("notify event not written host=%s", w.host)
+
+    def _record(self, w: _Watched, lines: list[str], pid: int | None) -> None:
+        events: list[tuple[str, dict[str, object]]] = []
+        if "READY=1" in lines and not w.ready.is_set():
+            w.ready.set()
+            events.append(("app_ready", {"pid": pid}))
+        if "STOPPING=1" in lines:
+            events.append(("app_stopping", {"pid": pid}))
+        for line in lines:
+            if line.startswith("STATUS="):
+                text = line[len("STATUS="):]
+                now = time.monotonic()
+                if text != w.status and now - w.status_at >= STATUS_EVERY:
+                    w.status, w.status_at = text, now
+                    events.append(("app_status", {"pid": pid, "status": text[:500]}))
+        if events:
+            self.store.write(lambda s: [emit(s, kind, w.host, w.generation_id, **detail)
+                                        for kind, detail in events])
+
+    # -- exec --------------------------------------------------------------------------------
+    def run_probe(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
+                  alive: Callable[[], bool]) -> str | None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"ready: `{command}` did not exit 0 within {float(timeout)}s{last}"
+            p = subprocess.Popen(["/bin/sh", "-c", command], env=env, cwd=cwd,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                out, _ = p.communicate(timeout=left)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                out, _ = p.communicate()
+            if p.returncode == 0:
+                return None
+            tail = out.decode(errors="replace").strip().splitlines()[-1:] if out else []
+            last = f" (last: exit {p.returncode}{': ' + tail[0][:200] if tail else ''})"
+            if not alive():
+                return f"ready: process exited before `{command}` passed{last}"
+            time.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
