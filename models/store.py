@@ -9,12 +9,13 @@ import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, insert, make_url
+from sqlalchemy import Connection, Engine, create_engine, event, insert, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
@@ -45,12 +46,13 @@ def is_transient(exc: BaseException) -> bool:
 
 
 FIRST_RETRY = 0.005  # seconds; the waits double from here up to 0.25 s
-transient_retry = retry(
-    retry=retry_if_exception(is_transient),
-    wait=wait_exponential(multiplier=FIRST_RETRY, max=0.25),
-    stop=stop_after_delay(60),
-    reraise=True,
-)
+LOCK_WAIT = 60.0  # seconds a transaction retries lock contention (the agent's budget)
+
+
+def transient_retry(budget: float) -> Any:
+    return retry(retry=retry_if_exception(is_transient),
+                 wait=wait_exponential(multiplier=FIRST_RETRY, max=0.25),
+                 stop=stop_after_delay(budget), reraise=True)
 
 
 SUPPORTED_URLS = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DATABASE"
@@ -128,8 +130,13 @@ def sqlite_url(state_dir: Path) -> str:
 class Store:
     """One database: SQLite (one box) or PostgreSQL (several boxes)."""
 
-    def __init__(self, url: str, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> None:
+    def __init__(self, url: str, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000,
+                 lock_wait: float = LOCK_WAIT) -> None:
         self.url = normalize_url(url)
+        self.lock_wait = lock_wait
+        # Who holds the write lock when a transaction gave up waiting for it (set by the
+        # runners, which know the box: runners/setup.py); None: not known.
+        self.lock_holder: Callable[[], str | None] = lambda: None
         self.engine: Engine = make_engine(self.url, synchronous, busy_timeout_ms)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         # SQLite has one writer at a time. Threads of this process queue here for it, so the
@@ -137,7 +144,7 @@ class Store:
         # file lock in SQLite's busy handler (sleeps growing to 100 ms; with 8 drive threads
         # the write lock sat idle most of the time). Other processes still meet busy_timeout.
         self._write_lock = threading.RLock() if self.dialect == "sqlite" else None
-        self._retried = transient_retry(self._run)  # wrapped once, not on every call
+        self._retried = transient_retry(lock_wait)(self._run)  # wrapped once, not per call
 
     @property
     def dialect(self) -> str:
@@ -162,7 +169,22 @@ class Store:
             if not is_transient(exc):
                 raise
         time.sleep(FIRST_RETRY)  # as tenacity would before its first retry
-        return self._retried(fn, readonly)
+        try:
+            return self._retried(fn, readonly)
+        except Exception as exc:
+            if self.dialect == "sqlite" and is_transient(exc):  # waited the whole budget
+                from models.trouble import Trouble, explain, one_line
+
+                raise explain(Trouble("locked", one_line(exc.orig)), self.url,  # type: ignore[attr-defined]
+                              holder=self.lock_holder(), waited=self.lock_wait) from exc
+            raise
+
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """A connection for reads only: on SQLite its transactions begin DEFERRED, so it
+        never waits for (or takes) the write lock."""
+        with self.engine.connect() as conn:
+            yield read_only(conn)
 
     def _run(self, fn: Callable[[Session], T], readonly: bool) -> T:
         with self._sessions() as session:
@@ -178,6 +200,11 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def read_only(conn: Connection) -> Connection:
+    """Mark a connection read-only before its first statement (see _begin below)."""
+    return conn.execution_options(vigil_readonly=True)
 
 
 def make_engine(url: str, synchronous: str, busy_timeout_ms: int) -> Engine:

@@ -56,7 +56,7 @@ def run_checks(store: Store, state_dir: Path) -> list[Violation]:
     proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"))
     files = LocalFiles()
 
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         view_count = conn.exec_driver_sql("SELECT count(*) FROM pending_obligations").scalar_one()
 
     def read(s):  # type: ignore[no-untyped-def]

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 from sqlalchemy import func, select
+from sqlalchemy.exc import DBAPIError
 
 from models import schema
 from models.durations import parse_seconds
@@ -73,9 +74,13 @@ class Env:
         self.db = db
         self._store: Store | None = None
 
-    def store(self, *, create: bool = False, at_head: bool = True) -> Store:
+    def store(self, *, create: bool = False, at_head: bool = True,
+              lock_wait: float | None = None) -> Store:
         if self._store is None:
-            self._store = open_store(self.state_dir, self.db, create=create)
+            from runners.setup import CLI_LOCK_WAIT
+
+            self._store = open_store(self.state_dir, self.db, create=create,
+                                     lock_wait=lock_wait or CLI_LOCK_WAIT)
             _opened.append(self._store)
             if at_head:
                 schema.require_head(self._store.engine)
@@ -479,7 +484,7 @@ def obligations(env: Env, as_json: bool) -> None:
     """Every open obligation (the pending_obligations view)."""
     store = env.store()
     cols = ["kind", "host", "generation", "since", "attempts", "next_attempt_at", "last_error"]
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         rows = [dict(zip(cols, r, strict=True)) for r in conn.exec_driver_sql(
             f"SELECT {', '.join(cols)} FROM pending_obligations ORDER BY since")]
     if as_json:
@@ -642,7 +647,9 @@ def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
 
         parse_listen(metrics_listen)  # a bad value is refused before anything starts
     logs.configure(log_level, log_format)
-    store = env.store()
+    from models.store import LOCK_WAIT
+
+    store = env.store(lock_wait=LOCK_WAIT)
     for name in store.read(lambda s: s.execute(select(Host.name).where(
             Host.kind == HostKind.instance)).scalars().all()):
         check_socket_room(env.state_dir, name)  # e.g. a state dir moved to a longer path
@@ -650,6 +657,24 @@ def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
                        sockets=SocketAccess(env.state_dir, group, mode))
     sys.exit(AgentDaemon(ctx, safety_interval=safety_interval, monitor_interval=sweep_interval,
                          converge_budget=converge_budget, metrics_listen=metrics_listen).run())
+
+
+def _store_trouble(exc: BaseException) -> VigilError | None:
+    """A failure of the store itself (full, read-only, damaged, unreachable), as one line."""
+    from models.trouble import diagnose, explain
+
+    trouble = diagnose(exc)
+    if trouble is None:
+        return None
+    if _opened:
+        store = _opened[-1]
+        holder = store.lock_holder() if trouble.kind == "locked" else None
+        return explain(trouble, store.url, holder=holder)
+    env = click.get_current_context(silent=True)
+    url = "sqlite:///vigil.db"
+    if env is not None and isinstance(env.obj, Env):
+        url = env.obj.db or f"sqlite:///{env.obj.state_dir / 'vigil.db'}"
+    return explain(trouble, url)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -663,6 +688,12 @@ def main(argv: list[str] | None = None) -> None:
     except VigilError as exc:
         click.echo(f"vigil: error: {exc.line()}", err=True)
         sys.exit(exc.exit_code)
+    except (DBAPIError, OSError) as exc:
+        trouble = _store_trouble(exc)
+        if trouble is None:
+            raise
+        click.echo(f"vigil: error: {trouble.line()}", err=True)
+        sys.exit(trouble.exit_code)
     finally:
         while _opened:
             _opened.pop().dispose()

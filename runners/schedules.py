@@ -41,10 +41,13 @@ def job_id(host: str) -> str:
     return f"restart:{host}"
 
 
-def jobstore(store: Store) -> SQLAlchemyJobStore:
+def jobstore(store: Store, *, readonly: bool = False) -> SQLAlchemyJobStore:
     # An engine of its own (same URL, same pragmas and IMMEDIATE writes): the job store
-    # disposes its engine when its scheduler shuts down.
-    return SQLAlchemyJobStore(engine=make_engine(store.url, "FULL", 5000))
+    # disposes its engine when its scheduler shuts down. Read-only: its transactions never
+    # wait for (or take) SQLite's write lock.
+    engine = make_engine(store.url, "FULL", 5000)
+    return SQLAlchemyJobStore(engine=engine.execution_options(vigil_readonly=True)
+                              if readonly else engine)
 
 
 def cron(expr: str) -> CronTrigger:
@@ -70,8 +73,8 @@ class StoreOnly(BaseScheduler):
 
 
 @contextmanager
-def opened(store: Store) -> Iterator[BaseScheduler]:
-    scheduler = StoreOnly(jobstores={"default": jobstore(store)}, timezone=UTC)
+def opened(store: Store, *, readonly: bool = False) -> Iterator[BaseScheduler]:
+    scheduler = StoreOnly(jobstores={"default": jobstore(store, readonly=readonly)}, timezone=UTC)
     scheduler.start(paused=True)
     try:
         yield scheduler
@@ -94,7 +97,7 @@ def add(store: Store, host: str, expr: str) -> dict[str, Any]:
 
 
 def listing(store: Store) -> list[dict[str, Any]]:
-    with opened(store) as scheduler:
+    with opened(store, readonly=True) as scheduler:
         return [describe(j) for j in scheduler.get_jobs() if j.id.startswith("restart:")]
 
 

@@ -15,8 +15,11 @@ from runners.process import ProcessBackend
 from runners.sockets import SocketAccess
 from workflows.context import Context
 
+CLI_LOCK_WAIT = 15.0  # seconds a command's write waits for SQLite's write lock (the agent: 60)
 
-def open_store(state_dir: Path, db: str | None, *, create: bool = False) -> Store:
+
+def open_store(state_dir: Path, db: str | None, *, create: bool = False,
+               lock_wait: float = CLI_LOCK_WAIT) -> Store:
     """Open the store. Without `create`, a state directory that does not exist yet is an
     error that names the command creating it (and nothing is created)."""
     state_dir = state_dir.absolute()
@@ -28,7 +31,15 @@ def open_store(state_dir: Path, db: str | None, *, create: bool = False) -> Stor
         raise StoreNotReady(f"no database in {state_dir}", "run `vigil db upgrade` to create it")
     prepare_state_dir(state_dir)
     url = db or sqlite_url(state_dir)
-    return Store(url, synchronous=os.environ.get("VIGIL_SYNCHRONOUS", "FULL"))
+    store = Store(url, synchronous=os.environ.get("VIGIL_SYNCHRONOUS", "FULL"),
+                  lock_wait=lock_wait)
+    if store.dialect == "sqlite" and store.engine.url.database:
+        from runners.doorbell import running_agent_pid
+        from runners.storewatch import write_lock_holder
+
+        path = Path(store.engine.url.database)
+        store.lock_holder = lambda: write_lock_holder(path, running_agent_pid(state_dir))
+    return store
 
 
 def make_context(state_dir: Path, store: Store, agent_id: str, **kw: object) -> Context:

@@ -1,0 +1,176 @@
+"""The store as the box sees it: who holds SQLite's write lock (for the line a command
+prints when it gave up waiting), and the agent's watch over its store -- the file it opened
+is still the file at its path, the schema is still the one it knows -- with what it says
+when the store fails: once, then at a slow cadence, and once when it is back."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from models.errors import StoreTrouble
+from models.trouble import Trouble, diagnose, explain
+
+# SQLite's locks (os_unix.c): in WAL mode the writer holds byte 120 of the -shm file
+# (WAL_WRITE_LOCK); in rollback mode RESERVED is byte 0x40000001 of the database file.
+_WAL_WRITE_BYTE = 120
+_RESERVED_BYTE = 0x40000001
+HALTED = "agent.halted"  # the agent's one line when it stopped acting, for status and check
+
+
+def _lock_pids(path: Path, byte: int) -> list[int]:
+    """Pids holding a POSIX write lock over `byte` of `path` (from /proc/locks)."""
+    try:
+        st = path.stat()
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return []
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    for line in text.splitlines():
+        f = line.split()
+        # "1: POSIX  ADVISORY  WRITE 10108 fe:00:2147683 120 120"
+        if len(f) >= 8 and f[1] == "POSIX" and f[3] == "WRITE" and f[5] == dev:
+            end = f[7]
+            if int(f[6]) <= byte and (end == "EOF" or byte <= int(end)) and f[4].isdigit():
+                pids.append(int(f[4]))
+    return pids
+
+
+def write_lock_holder(db: Path, agent_pid: int | None = None) -> str | None:
+    """Who holds the write lock of the SQLite file `db`, as words for a line ("pid 42
+    (sqlite3 vigil.db)", "the agent (pid 7)"); None when no one can be named."""
+    pids = _lock_pids(Path(f"{db}-shm"), _WAL_WRITE_BYTE) or _lock_pids(db, _RESERVED_BYTE)
+    pids = [p for p in pids if p != os.getpid()]
+    if not pids:
+        return None
+    pid = pids[0]
+    if pid == agent_pid:
+        return f"the agent (pid {pid}; `kill {pid}` ends it, its apps keep running)"
+    try:
+        cmd = " ".join(" ".join(psutil.Process(pid).cmdline()).split())[:60]
+    except psutil.Error:
+        cmd = ""
+    return f"pid {pid}" + (f" ({cmd}; `kill {pid}` ends it)" if cmd else f" (`kill {pid}` ends it)")
+
+
+# -- the agent's watch ------------------------------------------------------------------------
+
+REPEAT = 60.0  # seconds between reminders while the store stays in trouble
+
+
+@dataclass
+class _Spell:
+    kind: str
+    line: str
+    since: float
+    said_at: float
+
+
+class StoreWatch:
+    """What the agent says about its store, and whether it may act.
+
+    - `trouble(exc)`: a whole-store failure (full, unreachable, read-only, locked past the
+      wait, damaged) is logged as one line the first time, then every REPEAT seconds while
+      it lasts, never as a traceback; returns False for any other error (the caller logs
+      it as before). A damaged store also halts the agent.
+    - `fine()`: a round went through: if the store was in trouble, one line says it is back.
+    - `halt(kind, cause, fix)`: the store cannot be trusted any more (the file under the
+      agent was replaced, its schema changed): the agent stops acting; the line is in its
+      log (then every REPEAT seconds) and in <state>/agent.halted for `vigil status` and
+      `vigil check`."""
+
+    def __init__(self, url: str, state_dir: Path, log: logging.Logger,
+                 clock: Callable[[], float] = time.monotonic, repeat: float = REPEAT) -> None:
+        self.url = url
+        self.state_dir = state_dir
+        self.log = log
+        self.clock = clock
+        self.repeat = repeat
+        self.halted: str | None = None
+        self._halted_said = 0.0
+        self._spell: _Spell | None = None
+        self._lock = threading.Lock()
+        self._failures = 0  # consecutive whole-store failures: the agent's backoff
+        try:
+            (state_dir / HALTED).unlink()  # a new agent starts afresh
+        except FileNotFoundError:
+            pass
+
+    @property
+    def acting(self) -> bool:
+        return self.halted is None
+
+    @property
+    def failures(self) -> int:
+        return self._failures
+
+    def trouble(self, exc: BaseException) -> bool:
+        t = diagnose(exc)
+        if t is None or not t.whole_store:
+            return False
+        line = exc.line() if isinstance(exc, StoreTrouble) else explain(t, self.url, agent=True).line()
+        if t.halts:
+            cause, _, fix = line.partition("; ")
+            self.halt(t.kind, cause, fix)
+            return True
+        now = self.clock()
+        with self._lock:
+            self._failures += 1
+            spell = self._spell
+            if spell is None or spell.kind != t.kind:
+                self._spell = _Spell(t.kind, line, now, now)
+                self.log.warning("store trouble kind=%s: %s", t.kind, line)
+            elif now - spell.said_at >= self.repeat:
+                spell.said_at = now
+                self.log.warning("store trouble kind=%s for=%.0fs: %s", t.kind, now - spell.since,
+                                 line)
+        return True
+
+    def fine(self) -> None:
+        with self._lock:
+            self._failures = 0
+            spell, self._spell = self._spell, None
+        if spell is not None:
+            self.log.warning("store back kind=%s after=%.1fs", spell.kind, self.clock() - spell.since)
+
+    def halt(self, kind: str, cause: str, fix: str) -> None:
+        line = f"{cause}; {fix}"
+        with self._lock:
+            first = self.halted is None
+            if first:
+                self.halted = line
+        if first:
+            self.log.error("halted kind=%s: the agent no longer acts on this store: %s", kind, line)
+            self._halted_said = self.clock()
+            try:
+                path = self.state_dir / HALTED
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(line + "\n")
+                os.replace(tmp, path)
+            except OSError as exc:
+                self.log.error("cannot write %s: %s", self.state_dir / HALTED, exc)
+
+    def remind(self) -> None:
+        """While halted: say so again, every REPEAT seconds."""
+        if self.halted is not None and self.clock() - self._halted_said >= self.repeat:
+            self._halted_said = self.clock()
+            self.log.error("halted: the agent still does not act on this store: %s", self.halted)
+
+
+def halted_line(state_dir: Path) -> str | None:
+    """The running agent's halt line, if it stopped acting (<state>/agent.halted)."""
+    try:
+        return (state_dir / HALTED).read_text().strip() or None
+    except OSError:
+        return None
+
+
+__all__ = ["HALTED", "StoreWatch", "Trouble", "halted_line", "write_lock_holder"]
