@@ -95,9 +95,51 @@ def private_dirs(path: Path | str) -> None:
             pass  # made meanwhile by another process
 
 
+def _unreachable_dir(state_dir: Path, exc: OSError) -> StoreNotReady:
+    """A state dir that cannot be looked at or made, said with the path in the way."""
+    blocker = state_dir
+    for parent in [state_dir, *state_dir.parents]:
+        try:
+            st = parent.stat()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            continue  # not even searchable: a parent further up says why
+        blocker = parent
+        break
+    else:
+        st = None
+    uid = os.geteuid()
+    fix = "pass --state-dir (or VIGIL_HOME) naming another directory"
+    if isinstance(exc, NotADirectoryError) or (st is not None and not stat.S_ISDIR(st.st_mode)):
+        return StoreNotReady(f"the state directory {state_dir} cannot be made: {blocker} is a "
+                             "file, not a directory", fix)
+    if st is not None and blocker != state_dir and st.st_uid != uid:
+        who = f"owned by uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}"
+        return StoreNotReady(f"the state directory {state_dir} is out of reach: {blocker} is "
+                             f"{who} and uid {uid} may not {'enter' if not os.access(blocker, os.X_OK) else 'write in'} it",
+                             f"run vigil as uid {st.st_uid}, or {fix}")
+    return StoreNotReady(f"the state directory {state_dir} is out of reach ({exc.strerror}: "
+                         f"{exc.filename or blocker})", f"make {blocker} writable by uid {uid}, or {fix}")
+
+
 def prepare_state_dir(state_dir: Path) -> Path:
     """Create the state directory 0700 (and refuse one owned by someone else)."""
     state_dir = state_dir.absolute()
+    try:
+        return _prepare_state_dir(state_dir)
+    except OSError as exc:
+        raise _unreachable_dir(state_dir, exc) from None
+
+
+def state_dir_exists(state_dir: Path) -> bool:
+    try:
+        return state_dir.exists()
+    except OSError as exc:  # a parent that uid may not search
+        raise _unreachable_dir(state_dir.absolute(), exc) from None
+
+
+def _prepare_state_dir(state_dir: Path) -> Path:
     if state_dir.exists():
         st = state_dir.stat()
         if not stat.S_ISDIR(st.st_mode):

@@ -120,16 +120,14 @@ def explain(t: Trouble, url: str, *, agent: bool = False, holder: str | None = N
                    "(`dmesg`)"),
             "damaged": (f"the database {where} is damaged ({t.detail})",
                         "stop the agent; restore it from your last backup, or salvage what is "
-                        f"readable: `sqlite3 {where} .recover | sqlite3 {where}.recovered`, "
-                        f"move {path.name} and its -wal and -shm files aside, move "
+                        f"readable: `sqlite3 {where} .recover | sqlite3 {where}.recovered`, move "
+                        f"{path.name} and its -wal and -shm files aside, move "
                         f"{path.name}.recovered to {path.name}, then run `vigil check`"),
         }
     else:
         from sqlalchemy import make_url
 
-        u = make_url(url)
-        where = f"the PostgreSQL server at {u.host or 'localhost'}:{u.port or 5432} " \
-                f"(database {u.database})"
+        where = f"the PostgreSQL database {make_url(url).render_as_string()}"  # password masked
         fixes = {
             "unreachable": (f"cannot reach {where}: {t.detail}",
                             f"make sure PostgreSQL is up and reachable from this box; {again}"),

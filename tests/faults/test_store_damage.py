@@ -8,15 +8,19 @@ the schema downgraded under a running agent."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import Vigil
+from tests.conftest import HELLO, ROOT, Vigil
 from tests.integration.test_cli_bad_input import refused
 
 pytestmark = pytest.mark.timeout(180)
@@ -80,3 +84,153 @@ def _reads_work_writes_name(vigil: Vigil, holder: subprocess.Popen[str]) -> None
     print(line)
     assert "database server" not in line
     assert 5 < took < 60, took
+
+
+# -- item 9: damage and an environment vigil cannot use -------------------------------------
+
+NO_DAC = ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+          "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def as_plain_user(v: Vigil, *args: str, env: dict[str, str] | None = None
+                  ) -> subprocess.CompletedProcess[str]:
+    """`vigil ARGS` as a real process whose file access is checked as for any user: root
+    without CAP_DAC_OVERRIDE (these boxes run the tests as root, which reads and writes
+    everything otherwise)."""
+    return subprocess.run([*NO_DAC, sys.executable, "-m", "runners.cli", *args],
+                          capture_output=True, text=True, env={**v.env, **(env or {})},
+                          timeout=120, cwd=ROOT)
+
+
+def checkpoint(v: Vigil) -> None:
+    """Everything in the -wal written into vigil.db, nothing left open."""
+    v.store.dispose()
+    with sqlite3.connect(v.state_dir / "vigil.db") as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+
+
+def damage_table(v: Vigil, table: str) -> None:
+    """Overwrite the root page of `table` in the file with garbage (as a bad disk would)."""
+    checkpoint(v)
+    db = v.state_dir / "vigil.db"
+    conn = sqlite3.connect(db)
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+    conn.close()
+    with open(db, "r+b") as f:
+        f.seek((root - 1) * page_size)
+        f.write(b"\x55" * page_size)
+
+
+@pytest.mark.sqlite_only("a page of the SQLite file overwritten")
+def test_damaged_database_is_one_line_naming_the_recovery(vigil: Vigil) -> None:
+    vigil.add_host("hello")
+    damage_table(vigil, "hosts")
+    for args in (["status"], ["host", "list"], ["wake", "hello"], ["check"]):
+        refused(vigil.run(*args, check=False), "damaged", "malformed", "backup", ".recover")
+    # The agent too: one line on its log, a non-zero exit, no traceback.
+    agent = vigil.start_agent()
+    assert agent.wait(60) != 0
+    log = vigil.agent_log().decode()
+    assert "Traceback" not in log, log
+    (line,) = [ln for ln in log.splitlines() if "damaged" in ln]
+    assert ".recover" in line and "backup" in line, line
+    # The salvage the line gives works where the sqlite3 shell has `.recover` (it needs the
+    # sqlite_dbpage table, which e.g. Debian's 3.40 shell is built without).
+    probe = subprocess.run(["sqlite3", ":memory:", "SELECT count(*) FROM sqlite_dbpage"],
+                           capture_output=True) if shutil.which("sqlite3") else None
+    if probe is not None and probe.returncode == 0:
+        db = vigil.state_dir / "vigil.db"
+        subprocess.run(f"sqlite3 {db} .recover | sqlite3 {db}.recovered", shell=True,
+                       check=True, capture_output=True)
+        for suffix in ("", "-wal", "-shm"):
+            if Path(f"{db}{suffix}").exists():
+                os.replace(f"{db}{suffix}", f"{db}{suffix}.damaged")
+        os.replace(f"{db}.recovered", db)
+        assert vigil.run("db", "current").stdout.startswith("0006")
+        one_line_ok(vigil.run("status", check=False))
+
+
+@pytest.mark.sqlite_only("file modes of the SQLite file")
+def test_read_only_database_reads_work_writes_are_one_line(vigil: Vigil) -> None:
+    vigil.add_host("hello")
+    checkpoint(vigil)
+    os.chmod(vigil.state_dir / "vigil.db", 0o400)
+    one_line_ok(as_plain_user(vigil, "status"))
+    refused(as_plain_user(vigil, "wake", "hello"), "cannot be written", "writable")
+    cp = as_plain_user(vigil, "agent", "--safety-interval", "1")
+    refused(cp, "cannot be written", "writable")
+    os.chmod(vigil.state_dir / "vigil.db", 0o600)
+    assert vigil.obligations() == []
+
+
+@pytest.fixture
+def elsewhere(short_tmp: Path) -> Iterator[Path]:
+    """Directories of another user (uid 1234): one open (0755), one private (0700), and a
+    regular file."""
+    base = short_tmp / "other"
+    base.mkdir()
+    (base / "open").mkdir(mode=0o755)
+    (base / "private").mkdir(mode=0o700)
+    (base / "file").write_text("not a directory\n")
+    for p in (base / "open", base / "private", base / "file"):
+        os.chown(p, 1234, 1234)
+    yield base
+
+
+@pytest.mark.parametrize(("where", "words", "status_words"), [
+    ("open/state", ["owned by uid 1234", "may not write"], ["no vigil state directory"]),
+    ("private/state", ["owned by uid 1234", "may not enter"], None),
+    ("private/deep/state", ["owned by uid 1234", "may not enter"], None),
+    ("file/state", ["is a file, not a directory"], None),
+    ("file", ["not a directory"], None),
+])
+@pytest.mark.parametrize("command", ["db upgrade", "status"])
+def test_state_dir_out_of_reach_is_one_line(vigil: Vigil, elsewhere: Path, where: str,
+                                            words: list[str], status_words: list[str] | None,
+                                            command: str) -> None:
+    home = elsewhere / where
+    cp = as_plain_user(vigil, *command.split(), env={"VIGIL_HOME": str(home), "VIGIL_DB": ""})
+    refused(cp, str(home), *(status_words if command == "status" and status_words else words))
+    assert not (elsewhere / "open" / "state").exists()
+
+
+def test_hosts_file_that_is_not_utf8_is_one_line(vigil: Vigil, short_tmp: Path) -> None:
+    f = short_tmp / "hosts.toml"
+    f.write_bytes(b'[hosts.web]\nbuild = "' + str(HELLO).encode() + b'"\ncwd = "caf\xe9"\n')
+    before = vigil.obligations()
+    refused(vigil.run("apply", str(f), check=False), "hosts.toml:3", "not UTF-8", "UTF-8")
+    refused(vigil.run("apply", "--dry-run", str(f), check=False), "not UTF-8")
+    assert vigil.json("host", "list") == [] and vigil.obligations() == before
+
+
+NAN_ENTRIES = [
+    (["host", "add", "x", "--build", str(HELLO), "--drain-timeout", "nan"], {}),
+    (["host", "add", "x", "--build", str(HELLO), "--health-timeout", "NaN"], {}),
+    (["host", "add", "x", "--build", str(HELLO), "--kind", "worker", "--max-run", "-nan"], {}),
+    (["host", "add", "x", "--build", str(HELLO), "--kind", "worker", "--restart-cap", "nan"], {}),
+    (["wake", "x", "--wait", "--timeout", "nan"], {}),
+    (["agent", "--safety-interval", "nan"], {}),
+    (["agent", "--sweep-interval", "nan"], {}),
+    (["agent"], {"VIGIL_LEASE_TTL": "nan"}),
+    (["agent"], {"VIGIL_SETTLE_SECONDS": "nan"}),
+]
+
+
+@pytest.mark.parametrize(("args", "env"), NAN_ENTRIES, ids=[" ".join(a[-2:]) + "".join(e)
+                                                             for a, e in NAN_ENTRIES])
+def test_nan_duration_is_refused_at_every_entry(vigil: Vigil, args: list[str],
+                                                env: dict[str, str]) -> None:
+    refused(vigil.run(*args, check=False, env=env), "nan")
+    assert vigil.json("host", "list") == [] and vigil.obligations() == []
+
+
+@pytest.mark.parametrize("key", ["drain_timeout = nan", "health_timeout = -nan",
+                                 "restart_floor = nan"])
+def test_nan_duration_in_a_hosts_file_is_refused(vigil: Vigil, short_tmp: Path, key: str) -> None:
+    f = short_tmp / "hosts.toml"
+    kind = 'kind = "worker"\n' if "restart" in key else ""
+    f.write_text(f'[hosts.web]\nbuild = "{HELLO}"\n{kind}{key}\n')
+    refused(vigil.run("apply", str(f), check=False), "nan")
+    assert vigil.json("host", "list") == []
