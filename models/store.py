@@ -179,6 +179,9 @@ class Store:
         # Who holds the write lock when a transaction gave up waiting for it (set by the
         # runners, which know the box: runners/setup.py); None: not known.
         self.lock_holder: Callable[[], str | None] = lambda: None
+        # Told of every transaction that committed (readonly or not): the agent's store
+        # watch hears from it that a store in trouble works again (runners/storewatch.py).
+        self.on_success: Callable[[bool], None] | None = None
         self.engine: Engine = make_engine(self.url, synchronous, busy_timeout_ms)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         # SQLite has one writer at a time. Threads of this process queue here for it, so the
@@ -206,13 +209,20 @@ class Store:
         # The first try runs bare: tenacity's bookkeeping cost a tenth of a short
         # transaction, and only contention needs it.
         try:
-            return self._run(fn, readonly)
+            result = self._run(fn, readonly)
         except Exception as exc:
             if not is_transient(exc):
                 raise
+        else:
+            if self.on_success is not None:
+                self.on_success(readonly)
+            return result
         time.sleep(FIRST_RETRY)  # as tenacity would before its first retry
         try:
-            return self._retried(fn, readonly)
+            result = self._retried(fn, readonly)
+            if self.on_success is not None:
+                self.on_success(readonly)
+            return result
         except Exception as exc:
             if self.dialect == "sqlite" and is_transient(exc):  # waited the whole budget
                 from models.trouble import Trouble, explain, one_line

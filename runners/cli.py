@@ -469,6 +469,11 @@ def gc(env: Env) -> None:
 def status_cmd(env: Env, name: str | None, as_json: bool) -> None:
     """Each host: state, generation, pid, build and how long it has served."""
     rows = env.store().read(lambda s: status(s, name))
+    from runners.storewatch import halted_line
+
+    halted = halted_line(env.state_dir)
+    if halted is not None:  # on stderr: --json keeps its shape
+        click.echo(f"vigil: warning: the agent has stopped acting: {halted}", err=True)
     if as_json:
         _json(rows)
         return

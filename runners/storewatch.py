@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from sqlalchemy.exc import DBAPIError
 
 from models.errors import StoreTrouble
+from models.store import Store
 from models.trouble import Trouble, diagnose, explain
 
 # SQLite's locks (os_unix.c): in WAL mode the writer holds byte 120 of the -shm file
@@ -88,8 +90,11 @@ class StoreWatch:
       `vigil check`."""
 
     def __init__(self, url: str, state_dir: Path, log: logging.Logger,
-                 clock: Callable[[], float] = time.monotonic, repeat: float = REPEAT) -> None:
+                 clock: Callable[[], float] = time.monotonic, repeat: float = REPEAT,
+                 on_halt: Callable[[], None] = lambda: None) -> None:
         self.url = url
+        self.on_halt = on_halt
+        self.recheck: Callable[[], None] | None = None  # checks the schema now (the agent's)
         self.state_dir = state_dir
         self.log = log
         self.clock = clock
@@ -113,8 +118,15 @@ class StoreWatch:
         return self._failures
 
     def trouble(self, exc: BaseException) -> bool:
+        if self.halted is not None:
+            return True  # said already (and again every REPEAT seconds)
         t = diagnose(exc)
         if t is None or not t.whole_store:
+            # A statement the store refused ("no such table", "no such column"): is the
+            # schema still the one this agent knows? If not, that is the line to say.
+            if self.recheck is not None and isinstance(exc, DBAPIError):
+                self.recheck()
+                return self.halted is not None
             return False
         line = exc.line() if isinstance(exc, StoreTrouble) else explain(t, self.url, agent=True).line()
         if t.halts:
@@ -134,10 +146,17 @@ class StoreWatch:
                                  line)
         return True
 
-    def fine(self) -> None:
+    def ok(self, readonly: bool) -> None:
+        """A transaction committed (Store.on_success). A store that refused writes (full,
+        read-only, locked) is back once a write commits; an unreachable one at any."""
+        if self._spell is None and not self._failures:
+            return  # the usual case: one attribute read
         with self._lock:
+            spell = self._spell
+            if readonly and spell is not None and spell.kind != "unreachable":
+                return
             self._failures = 0
-            spell, self._spell = self._spell, None
+            self._spell = None
         if spell is not None:
             self.log.warning("store back kind=%s after=%.1fs", spell.kind, self.clock() - spell.since)
 
@@ -157,6 +176,7 @@ class StoreWatch:
                 os.replace(tmp, path)
             except OSError as exc:
                 self.log.error("cannot write %s: %s", self.state_dir / HALTED, exc)
+            self.on_halt()
 
     def remind(self) -> None:
         """While halted: say so again, every REPEAT seconds."""
@@ -165,12 +185,72 @@ class StoreWatch:
             self.log.error("halted: the agent still does not act on this store: %s", self.halted)
 
 
-def halted_line(state_dir: Path) -> str | None:
-    """The running agent's halt line, if it stopped acting (<state>/agent.halted)."""
-    try:
-        return (state_dir / HALTED).read_text().strip() or None
-    except OSError:
+@dataclass
+class FileGuard:
+    """The SQLite files the agent opened (the database and its -wal) are still the ones at
+    their paths: a -wal deleted under a running agent leaves it writing to a file no one
+    else sees (and every other connection gets `disk I/O error`)."""
+
+    db: Path
+    ids: dict[str, tuple[int, int]]
+
+    @classmethod
+    def of(cls, store: Store) -> FileGuard | None:
+        if store.dialect != "sqlite" or not store.engine.url.database:
+            return None
+        db = Path(store.engine.url.database).absolute()
+        ids = {}
+        for which, path in (("db", db), ("wal", Path(f"{db}-wal"))):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # no -wal (not in WAL mode): nothing to watch there
+            ids[which] = (st.st_dev, st.st_ino)
+        return cls(db, ids)
+
+    def changed(self) -> str | None:
+        """"db" or "wal" when that file is gone from its path or another file is there."""
+        for which, was in self.ids.items():
+            path = self.db if which == "db" else Path(f"{self.db}-wal")
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                return which
+            if (st.st_dev, st.st_ino) != was:
+                return which
         return None
 
 
-__all__ = ["HALTED", "StoreWatch", "Trouble", "halted_line", "write_lock_holder"]
+def write_back(store: Store) -> bool:
+    """After the -wal was deleted under this process: checkpoint its commits from the file
+    it still holds open into the database file, and start the log afresh (TRUNCATE), so
+    other connections see them and can open the database again. True if it did."""
+    try:
+        # On the driver's connection: a checkpoint cannot run inside the transaction that
+        # SQLAlchemy's connections begin first.
+        conn = store.engine.raw_connection()
+        try:
+            cur = conn.cursor()
+            busy, _, _ = cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            cur.close()
+        finally:
+            conn.close()
+        return busy == 0
+    except Exception:
+        return False
+
+
+def halted_line(state_dir: Path) -> str | None:
+    """The running agent's halt line, if it stopped acting (<state>/agent.halted; a file
+    left by an agent that is gone does not count)."""
+    from runners.doorbell import running_agent_pid
+
+    try:
+        line = (state_dir / HALTED).read_text().strip()
+    except OSError:
+        return None
+    return line if line and running_agent_pid(state_dir) is not None else None
+
+
+__all__ = ["HALTED", "FileGuard", "StoreWatch", "Trouble", "halted_line", "write_back",
+           "write_lock_holder"]

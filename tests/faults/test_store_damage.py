@@ -18,9 +18,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 
-from tests.conftest import HELLO, ROOT, Vigil
+from models.schema import downgrade
+from models.schema import upgrade as schema_upgrade
+from tests.conftest import HELLO, ROOT, Vigil, wait_for
 from tests.integration.test_cli_bad_input import refused
 
 pytestmark = pytest.mark.timeout(180)
@@ -234,3 +237,85 @@ def test_nan_duration_in_a_hosts_file_is_refused(vigil: Vigil, short_tmp: Path, 
     f.write_text(f'[hosts.web]\nbuild = "{HELLO}"\n{kind}{key}\n')
     refused(vigil.run("apply", str(f), check=False), "nan")
     assert vigil.json("host", "list") == []
+
+
+# -- item 8: the -wal deleted under a running agent -------------------------------------------
+
+
+def agent_lines(v: Vigil, word: str) -> list[str]:
+    return [ln for ln in v.agent_log().decode().splitlines() if word in ln]
+
+
+@pytest.mark.sqlite_only("SQLite's -wal file, unlinked under the agent")
+def test_wal_deleted_under_the_agent_halts_it_and_loses_nothing(vigil: Vigil) -> None:
+    vigil.add_host("hello")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "hello", "--wait", "--timeout", "60")
+    pid = vigil.status("hello")["pid"]
+    vigil.store.dispose()  # the test's own connections closed: only the agent has it open
+    os.unlink(vigil.state_dir / "vigil.db-wal")
+
+    # The agent notices at its next round or sweep (a second at most), stops acting, and
+    # says so in one line: what happened and what to do.
+    wait_for(lambda: agent_lines(vigil, "halted kind=replaced"), 20, what="the agent to halt")
+    (line,) = agent_lines(vigil, "halted kind=replaced")
+    assert "vigil.db-wal was deleted" in line and "restart the agent" in line, line
+    assert (vigil.state_dir / "agent.halted").exists()
+    # Commands work again (its commits were written back), and say it has stopped acting.
+    cp = vigil.run("status", check=False)
+    one_line_ok(cp)
+    assert "the agent has stopped acting" in cp.stderr and "vigil.db-wal" in cp.stderr
+    cp = vigil.run("check", "--json", check=False)
+    assert cp.returncode == 1 and "agent_halted" in cp.stdout, cp.stdout + cp.stderr
+    events = [e["kind"] for e in vigil.json("events", "hello")]
+    assert "woke" in events, events  # written before the -wal went: not lost
+    # It acts on nothing: a stop stays queued, the app keeps running.
+    vigil.run("stop", "hello")
+    time.sleep(3)
+    assert psutil.pid_exists(pid) and vigil.status("hello")["state"] == "stopping"
+    assert [o["kind"] for o in vigil.obligations()] == ["stop"]
+    log = vigil.agent_log().decode()
+    assert "Traceback" not in log, log
+    assert len(agent_lines(vigil, "halted")) == 1  # said once (again only every minute)
+
+    # A restarted agent finishes the work, and nothing is left over.
+    assert vigil.stop_agent(agent) == 1
+    before = vigil.ready_count()
+    agent = vigil.start_agent()
+    vigil.wait_ready_after(agent, before)
+    vigil.quiesce()
+    assert vigil.status("hello")["state"] == "asleep"
+    assert not (vigil.state_dir / "agent.halted").exists()
+    vigil.check()
+
+
+# -- item 11: the schema downgraded under a running agent -------------------------------------
+
+
+def test_schema_downgraded_under_the_agent_halts_it_with_one_line(vigil: Vigil) -> None:
+    vigil.add_host("hello")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "hello", "--wait", "--timeout", "60")
+    pid = vigil.status("hello")["pid"]
+    downgrade(vigil.store.engine, "0003")  # what a `vigil db` of an older vigil would do
+    wait_for(lambda: agent_lines(vigil, "halted kind=schema"), 20, what="the agent to halt")
+    (line,) = agent_lines(vigil, "halted kind=schema")
+    assert "revision 0003" in line and "vigil db upgrade" in line, line
+    # Slow cadence: nothing more for a while (a reminder a minute), no traceback, and the
+    # app it runs is left alone.
+    time.sleep(4)
+    log = vigil.agent_log().decode()
+    assert "Traceback" not in log and "apscheduler" not in log, log
+    assert len(agent_lines(vigil, "halted")) == 1, agent_lines(vigil, "halted")
+    assert psutil.pid_exists(pid)
+    # Once upgraded and restarted, the agent goes on as before (the app adopted).
+    schema_upgrade(vigil.store.engine)
+    assert vigil.stop_agent(agent) == 1
+    before = vigil.ready_count()
+    agent = vigil.start_agent()
+    vigil.wait_ready_after(agent, before)
+    assert vigil.status("hello")["pid"] == pid
+    vigil.run("stop", "hello", "--wait", "--timeout", "60")
+    vigil.check()
