@@ -287,6 +287,11 @@ def make_engine(url: str, synchronous: str, busy_timeout_ms: int) -> Engine:
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
                 raise  # a new file still in rollback mode, locked by another writer: retried
+            from models.trouble import diagnose, explain
+
+            trouble = diagnose(exc)
+            if trouble is not None and trouble.kind != "damaged":  # full, read-only, I/O ...
+                raise explain(trouble, url) from None
             raise _not_a_database(url, exc) from None
         except sqlite3.DatabaseError as exc:
             raise _not_a_database(url, exc) from None

@@ -35,6 +35,7 @@ _OS_ERRNOS = {errno.ENOSPC: "full", errno.EDQUOT: "full", errno.EROFS: "readonly
 class Trouble:
     kind: str  # locked, full, readonly, cantopen, io, damaged, unreachable
     detail: str  # the driver's or the kernel's own words, on one line
+    path: str | None = None  # the file a filesystem error (OSError) was about, if not the store
 
     @property
     def whole_store(self) -> bool:
@@ -64,9 +65,10 @@ def diagnose(exc: BaseException) -> Trouble | None:
             if words in text:
                 return Trouble(kind, one_line(orig))
         return None
-    if isinstance(orig, OSError) and not isinstance(exc, sqlite3.Error):
+    if isinstance(orig, OSError):
         kind = _OS_ERRNOS.get(orig.errno or 0)
-        return Trouble(kind, one_line(orig)) if kind else None
+        path = orig.filename2 or orig.filename
+        return Trouble(kind, one_line(orig), str(path) if path else None) if kind else None
     return _postgresql(orig)
 
 
@@ -91,11 +93,37 @@ def _postgresql(orig: BaseException) -> Trouble | None:
     return None
 
 
+NEARLY_FULL = 1 << 20  # bytes: below this, a disk I/O error on SQLite is taken for a full disk
+
+
+def refine(t: Trouble, url: str) -> Trouble:
+    """SQLite reports some writes on a full filesystem as `disk I/O error` (opening the
+    -wal, say): where the filesystem of the store is (nearly) full, that is what it is."""
+    if t.kind != "io" or not url.startswith("sqlite"):
+        return t
+    try:
+        fs = os.statvfs(Path(url.split("///", 1)[-1]).parent)
+    except OSError:
+        return t
+    return Trouble("full", t.detail) if fs.f_bavail * fs.f_frsize < NEARLY_FULL else t
+
+
 def explain(t: Trouble, url: str, *, agent: bool = False, holder: str | None = None,
             waited: float | None = None) -> StoreTrouble:
     """The line for a store at `url`: the cause, then the fix. `agent`: said by the agent,
     which retries by itself (a command says to run it again)."""
+    t = refine(t, url)
     again = "the agent retries by itself" if agent else "then run the command again"
+    if t.path is not None:  # a file of the state dir (a build being staged), not the store
+        mount = Path(t.path).parent
+        while not mount.exists() or not os.path.ismount(mount):
+            mount = mount.parent
+        if t.kind == "full":
+            return StoreTrouble(t.kind, t.detail, f"the filesystem holding {mount} is full "
+                                f"({t.detail})", f"free space on it (see `df -h {mount}`); "
+                                f"nothing was lost, {again}")
+        return StoreTrouble(t.kind, t.detail, f"{mount} is mounted read-only ({t.detail})",
+                            f"remount it read-write or choose another --state-dir; {again}")
     if url.startswith("sqlite"):
         path = Path(url.split("///", 1)[-1])
         where, d = str(path), str(path.parent)

@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 
 from models.errors import StoreTrouble
 from models.store import Store
-from models.trouble import Trouble, diagnose, explain
+from models.trouble import Trouble, diagnose, explain, refine
 
 # SQLite's locks (os_unix.c): in WAL mode the writer holds byte 120 of the -shm file
 # (WAL_WRITE_LOCK); in rollback mode RESERVED is byte 0x40000001 of the database file.
@@ -66,6 +66,10 @@ def write_lock_holder(db: Path, agent_pid: int | None = None) -> str | None:
 # -- the agent's watch ------------------------------------------------------------------------
 
 REPEAT = 60.0  # seconds between reminders while the store stays in trouble
+# A store in trouble is back once a transaction commits this long after its last failure:
+# a full disk still takes the small writes that fit the -wal's space, so single commits
+# between failures do not count.
+BACK_AFTER = 5.0
 
 
 @dataclass
@@ -74,6 +78,7 @@ class _Spell:
     line: str
     since: float
     said_at: float
+    failed_at: float
 
 
 class StoreWatch:
@@ -91,7 +96,8 @@ class StoreWatch:
 
     def __init__(self, url: str, state_dir: Path, log: logging.Logger,
                  clock: Callable[[], float] = time.monotonic, repeat: float = REPEAT,
-                 on_halt: Callable[[], None] = lambda: None) -> None:
+                 on_halt: Callable[[], None] = lambda: None, back_after: float = BACK_AFTER) -> None:
+        self.back_after = back_after
         self.url = url
         self.on_halt = on_halt
         self.recheck: Callable[[], None] | None = None  # checks the schema now (the agent's)
@@ -121,6 +127,8 @@ class StoreWatch:
         if self.halted is not None:
             return True  # said already (and again every REPEAT seconds)
         t = diagnose(exc)
+        if t is not None:
+            t = refine(t, self.url)
         if t is None or not t.whole_store:
             # A statement the store refused ("no such table", "no such column"): is the
             # schema still the one this agent knows? If not, that is the line to say.
@@ -138,9 +146,11 @@ class StoreWatch:
             self._failures += 1
             spell = self._spell
             if spell is None or spell.kind != t.kind:
-                self._spell = _Spell(t.kind, line, now, now)
+                self._spell = _Spell(t.kind, line, now, now, now)
                 self.log.warning("store trouble kind=%s: %s", t.kind, line)
-            elif now - spell.said_at >= self.repeat:
+                return True
+            spell.failed_at = now
+            if now - spell.said_at >= self.repeat:
                 spell.said_at = now
                 self.log.warning("store trouble kind=%s for=%.0fs: %s", t.kind, now - spell.since,
                                  line)
@@ -153,8 +163,11 @@ class StoreWatch:
             return  # the usual case: one attribute read
         with self._lock:
             spell = self._spell
-            if readonly and spell is not None and spell.kind != "unreachable":
-                return
+            if spell is not None:
+                if readonly and spell.kind != "unreachable":
+                    return
+                if self.clock() - spell.failed_at < self.back_after:
+                    return
             self._failures = 0
             self._spell = None
         if spell is not None:

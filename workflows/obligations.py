@@ -16,7 +16,7 @@ from tenacity import RetryCallState, wait_exponential
 from models.states import OPEN_STOP, OPEN_WAKE
 from models.store import utcnow
 from models.tables import Attempt, Host, Lease, Member, Release, Restore, Stop, Wake
-from models.trouble import diagnose
+from models.trouble import diagnose, refine
 from workflows.context import Context, Poke, Result
 from workflows.deploy import drive_attempt
 from workflows.lease import drive_release, give_back
@@ -183,7 +183,7 @@ def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
         result, error = Result.poked, str(exc)
     except Exception as exc:  # a step lost a race or the store failed: retry later
         trouble = diagnose(exc)
-        if trouble is not None and trouble.whole_store:
+        if trouble is not None and refine(trouble, ctx.store.url).whole_store:
             # Not this row's trouble: the store is full, gone, locked or damaged, so no
             # pacing could be written either. The agent backs off as a whole.
             raise
