@@ -174,6 +174,16 @@ def seed_0006(conn: Connection) -> None:
                                "restart_streak": 0, "drift_since": None})
 
 
+def seed_0008(conn: Connection) -> None:
+    """A host's history, open and closed rows side by side (0008 indexes them only)."""
+    raw_insert(conn, "wakes", {"id": 80, "host": "web", "state": "done", "cause": "wake",
+                               "fence": 3, "generation_id": 1, "reason": None,
+                               "created_at": T0, "ended_at": T0, **retry_cols(0)})
+    raw_insert(conn, "stops", {"id": 80, "host": "web", "state": "done", "fence": 3,
+                               "generation_id": 2, "signalled_at": T0, "reason": "operator",
+                               "created_at": T0, "ended_at": T0, **retry_cols(0)})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -183,6 +193,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0004": seed_0004,
     "0005": seed_0005,
     "0006": seed_0006,
+    "0008": seed_0008,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
