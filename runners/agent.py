@@ -34,6 +34,7 @@ from runners.storewatch import FileGuard, StoreWatch, write_back
 from runners.watch import ExitWatcher, pidfds_supported
 from workflows.claim import claim
 from workflows.context import Context, Result
+from workflows.history import Keep, prune
 from workflows.lease import renew_in
 from workflows.members import current_leaders, retire_dead_currents
 from workflows.obligations import Due, backoff, drain_batches, due, next_due, run_one
@@ -46,6 +47,8 @@ log = logging.getLogger("vigil.agent")
 
 BACKSTOP = 30.0  # seconds between full liveness checks when exits arrive by pidfd
 SCHEMA_EVERY = 2.0  # seconds between checks that the schema is still the one it knows
+PRUNE_FIRST, PRUNE_EVERY = 5.0, 600.0  # seconds: the history prune after start, then between
+PRUNE_BATCHES = 20  # batches per table per prune run (workflows/history.py BATCH rows each)
 
 
 
@@ -258,8 +261,9 @@ class Reconciler:
 class AgentDaemon:
     def __init__(self, ctx: Context, *, safety_interval: float = 30.0,
                  monitor_interval: float = 1.0, max_hosts: int = 8, converge_budget: int = 1,
-                 metrics_listen: str | None = None) -> None:
+                 metrics_listen: str | None = None, keep: Keep | None = None) -> None:
         self.ctx = ctx
+        self.keep = keep or Keep()  # what history the store keeps (workflows/history.py)
         self.metrics_listen = metrics_listen
         self.converge_budget = converge_budget  # worker converges per sweep, box-wide
         self.sweeps = 0
@@ -469,6 +473,21 @@ class AgentDaemon:
         if self.watcher is not None:
             self.watcher.refresh()
 
+    def prune_history(self) -> None:
+        """A scheduled job: delete history nothing needs, a batch at a time (at most
+        PRUNE_BATCHES per table per run: a backlog goes over several runs)."""
+        if not self.may_act() or self.keep.older_than is None:
+            return
+        try:
+            done = prune(self.ctx.store, self.keep, max_batches=PRUNE_BATCHES,
+                         go_on=lambda: not self.ctx.shutting_down.is_set() and self.may_act())
+        except Exception as exc:
+            if self.watch is None or not self.watch.trouble(exc):
+                log.exception("pruning history failed; the next run retries")
+            return
+        if any(done.values()):
+            log.info("history pruned %s", " ".join(f"{k}={v}" for k, v in done.items() if v))
+
     def _wait_for_stop(self) -> None:
         """Sleep until SIGTERM/SIGINT (or stop is set), without waking every 200 ms."""
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -544,6 +563,8 @@ class AgentDaemon:
         if self.watcher is not None:
             scheduler.add_job(self.backstop, "interval", id="backstop", args=[reconciler],
                               seconds=max(BACKSTOP, self.safety_interval))
+        scheduler.add_job(self.prune_history, "interval", id="history", seconds=PRUNE_EVERY,
+                          next_run_time=datetime.now(UTC) + timedelta(seconds=PRUNE_FIRST))
         sweeper = threading.Thread(target=self._sweep_loop, args=[reconciler], name="sweep",
                                    daemon=True)
         schedules.attach(scheduler, self.ctx, reconciler.kick, self.watch.trouble, self.may_act)

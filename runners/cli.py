@@ -23,10 +23,11 @@ from models.store import Store
 from models.tables import Attempt, Event, Generation, Host, Release, Stop, Wake
 from runners.doorbell import agent_id, ring, running_agent_pid
 from runners.files import stage_build
+from runners.retention import keep_of, keep_options, summary
 from runners.setup import make_context, open_store
 from runners.wakeup import notify
 from workflows import crash
-from workflows.builds import collect
+from workflows.builds import collect, unreferenced
 from workflows.deploy import last_failed, request_deploy
 from workflows.hosts import (
     add_host,
@@ -444,9 +445,21 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -
 
 
 @cli.command()
+@keep_options
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; change nothing.")
 @click.pass_obj
-def gc(env: Env) -> None:
-    """Delete staged builds that no host, live generation or open attempt references."""
+def gc(env: Env, keep_history: Any, keep_last: int, dry_run: bool) -> None:
+    """Delete staged builds that no host, live generation or open attempt references, and
+    history nothing needs (see --keep-history)."""
+    from workflows import history
+
+    keep = keep_of(keep_history, keep_last)
+    if dry_run:
+        builds = env.store().read(lambda s: len(unreferenced(s)))
+        rows = env.store().read(lambda s: history.count(s, keep))
+        click.echo(f"dry run: {builds} build(s) and {summary(rows)} row(s) of history would "
+                   "be deleted; nothing changed")
+        return
     doomed = env.store().write(collect)
     for b in doomed:
         # Only this build's file: builds with the same bytes under another name share the
@@ -459,7 +472,8 @@ def gc(env: Env) -> None:
             os.rmdir(Path(b.path).parent)  # the digest dir, once nothing else is in it
         except OSError:
             pass
-    click.echo(f"{len(doomed)} build(s) deleted")
+    pruned = history.prune(env.store(), keep)
+    click.echo(f"{len(doomed)} build(s) deleted; history pruned: {summary(pruned)}")
 
 
 @cli.command("status")
@@ -627,10 +641,12 @@ def crashpoints() -> None:
               help="Group that may connect to every host's socket (env VIGIL_SOCKET_GROUP).")
 @click.option("--socket-mode", envvar="VIGIL_SOCKET_MODE", default=None,
               help="Mode of those sockets, octal (default 0660; env VIGIL_SOCKET_MODE).")
+@keep_options
 @click.pass_obj
 def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
           lease_ttl: float, converge_budget: int, sweep_interval: float, log_format: str,
-          metrics_listen: str | None, socket_group: str | None, socket_mode: str | None) -> None:
+          metrics_listen: str | None, socket_group: str | None, socket_mode: str | None,
+          keep_history: Any, keep_last: int) -> None:
     """Run the agent: recover, then keep every obligation moving until it is proven done."""
     from runners import logs
     from runners.sockets import SocketAccess
@@ -661,7 +677,8 @@ def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
     ctx = make_context(env.state_dir, store, agent_id(env.state_dir, box), lease_ttl=lease_ttl,
                        sockets=SocketAccess(env.state_dir, group, mode))
     sys.exit(AgentDaemon(ctx, safety_interval=safety_interval, monitor_interval=sweep_interval,
-                         converge_budget=converge_budget, metrics_listen=metrics_listen).run())
+                         converge_budget=converge_budget, metrics_listen=metrics_listen,
+                         keep=keep_of(keep_history, keep_last)).run())
 
 
 def _store_trouble(exc: BaseException) -> VigilError | None:

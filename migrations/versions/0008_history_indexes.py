@@ -7,7 +7,10 @@ may prune (workflows/history.py):
 - live generations by state (state, host), read by the exit watcher, the backstop and the
   sanity check of every round;
 - a host's rows newest first (host, id) for generations, wakes, stops and attempts, in place
-  of the index on host alone (which it serves as well): retention keeps each host's newest N.
+  of the index on host alone (which it serves as well): retention keeps each host's newest N;
+- every column that names a generation or an attempt (wakes, stops: generation_id;
+  attempts: successor_id, retiring_id; members: attempt_id): deleting one (retention) checks
+  them, as the foreign keys do, which without an index is a scan per row deleted.
 
 Indexes only: no table is rebuilt, every row stays.
 
@@ -23,6 +26,8 @@ depends_on = None
 
 OPEN_BY_DUE = {"wakes": "state", "stops": "state", "attempts": "outcome"}
 NEWEST_FIRST = ("generations", "wakes", "stops", "attempts")
+REFERENCES = {"wakes": "generation_id", "stops": "generation_id", "attempts": "successor_id",
+              "members": "attempt_id"}
 
 
 def upgrade() -> None:
@@ -32,9 +37,13 @@ def upgrade() -> None:
     for table in NEWEST_FIRST:
         op.create_index(f"ix_{table}_host_id", table, ["host", "id"])
         op.drop_index(f"ix_{table}_host", table)
+    for table, column in [*REFERENCES.items(), ("attempts", "retiring_id")]:
+        op.create_index(f"ix_{table}_{column}", table, [column])
 
 
 def downgrade() -> None:
+    for table, column in [*REFERENCES.items(), ("attempts", "retiring_id")]:
+        op.drop_index(f"ix_{table}_{column}", table)
     for table in NEWEST_FIRST:
         op.create_index(f"ix_{table}_host", table, ["host"])
         op.drop_index(f"ix_{table}_host_id", table)
