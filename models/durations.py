@@ -6,6 +6,7 @@ with everything. The store holds the same bound as a constraint (migration 0006)
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 from models.errors import BadInput
 
@@ -44,3 +45,27 @@ def sql_check(column: str, nullable: bool = False) -> str:
     PostgreSQL, so refused either way)."""
     bound = f"{column} > 0 AND {column} <= {MAX_SECONDS:.0f}"
     return f"({column} IS NULL OR ({bound}))" if nullable else f"({bound})"
+
+
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+MIN_AGE, MAX_AGE = 3600.0, 36500 * 86400.0  # an hour; a hundred years
+
+
+def parse_age(text: str, what: str) -> timedelta | None:
+    """How long history is kept (`--keep-history`): a number and a unit, s, m, h, d or w
+    (`30d`, `12h`), from an hour to a hundred years; `forever` keeps all of it (None)."""
+    t = text.strip().lower()
+    if t == "forever":
+        return None
+    fix = f"give e.g. {what} 30d (units s, m, h, d, w), or {what} forever"
+    unit = t[-1:] if t[-1:] in AGE_UNITS else ""
+    try:
+        seconds = float(t[: len(t) - len(unit)]) * AGE_UNITS[unit or "s"]
+    except ValueError:
+        raise BadInput(f"{what} {text!r} is not an age", fix) from None
+    if not unit:
+        raise BadInput(f"{what} {text!r} has no unit", fix)
+    if not math.isfinite(seconds) or not MIN_AGE <= seconds <= MAX_AGE:
+        raise BadInput(f"{what} {text} is out of range: keep history from an hour to a "
+                       "hundred years", fix)
+    return timedelta(seconds=seconds)

@@ -37,6 +37,16 @@ class StoreNotReady(VigilError):
     exit_code = 5
 
 
+class StoreTrouble(StoreNotReady):
+    """The store itself failed (models/trouble.py): locked past the wait, full, read-only,
+    damaged, unreachable. `kind` names which, `detail` is the driver's own words."""
+
+    def __init__(self, kind: str, detail: str, cause: str, fix: str | None = None) -> None:
+        self.kind = kind
+        self.detail = detail
+        super().__init__(cause, fix)
+
+
 class BrokenInvariant(Exception):
     """Something a step relies on is not there (a row it just read, a value a step before
     it wrote): a bug, or a store edited by hand. Raised, not asserted, so `python -O`

@@ -40,9 +40,12 @@ def head_revision() -> str:
 
 
 def current_revision(engine: Engine) -> str | None:
+    from models.store import read_only
+
     try:
+        # A read: it must neither wait for nor take SQLite's write lock.
         with engine.connect() as conn:
-            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+            return read_only(conn).execute(text("SELECT version_num FROM alembic_version")).scalar()
     except StoreNotReady:
         raise
     except (OperationalError, ProgrammingError) as exc:
@@ -54,10 +57,17 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def _unreadable(engine: Engine, exc: DatabaseError) -> StoreNotReady:
-    reason = " ".join(str(exc.orig).split())  # one line (a driver's message may span several)
+    from models.trouble import diagnose, explain, one_line
+
+    url = engine.url.render_as_string(hide_password=False)
+    trouble = diagnose(exc)
+    if trouble is not None:  # locked, full, damaged, unreachable ...: its own cause and fix
+        return explain(trouble, url)
+    fix = ("make sure the database server is up and point --db at a vigil database"
+           if engine.dialect.name == "postgresql" else
+           "point --state-dir or --db at a vigil database")
     return StoreNotReady(f"cannot read the schema version of {engine.url.render_as_string()}: "
-                         f"{reason}", "make sure the database server is up and point "
-                         "--state-dir or --db at a vigil database")
+                         f"{one_line(exc.orig)}", fix)
 
 
 def require_head(engine: Engine) -> None:

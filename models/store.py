@@ -9,12 +9,13 @@ import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, insert, make_url
+from sqlalchemy import Connection, Engine, create_engine, event, insert, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
@@ -45,12 +46,13 @@ def is_transient(exc: BaseException) -> bool:
 
 
 FIRST_RETRY = 0.005  # seconds; the waits double from here up to 0.25 s
-transient_retry = retry(
-    retry=retry_if_exception(is_transient),
-    wait=wait_exponential(multiplier=FIRST_RETRY, max=0.25),
-    stop=stop_after_delay(60),
-    reraise=True,
-)
+LOCK_WAIT = 60.0  # seconds a transaction retries lock contention (the agent's budget)
+
+
+def transient_retry(budget: float) -> Any:
+    return retry(retry=retry_if_exception(is_transient),
+                 wait=wait_exponential(multiplier=FIRST_RETRY, max=0.25),
+                 stop=stop_after_delay(budget), reraise=True)
 
 
 SUPPORTED_URLS = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DATABASE"
@@ -93,9 +95,51 @@ def private_dirs(path: Path | str) -> None:
             pass  # made meanwhile by another process
 
 
+def _unreachable_dir(state_dir: Path, exc: OSError) -> StoreNotReady:
+    """A state dir that cannot be looked at or made, said with the path in the way."""
+    blocker = state_dir
+    for parent in [state_dir, *state_dir.parents]:
+        try:
+            st = parent.stat()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            continue  # not even searchable: a parent further up says why
+        blocker = parent
+        break
+    else:
+        st = None
+    uid = os.geteuid()
+    fix = "pass --state-dir (or VIGIL_HOME) naming another directory"
+    if isinstance(exc, NotADirectoryError) or (st is not None and not stat.S_ISDIR(st.st_mode)):
+        return StoreNotReady(f"the state directory {state_dir} cannot be made: {blocker} is a "
+                             "file, not a directory", fix)
+    if st is not None and blocker != state_dir and st.st_uid != uid:
+        who = f"owned by uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}"
+        return StoreNotReady(f"the state directory {state_dir} is out of reach: {blocker} is "
+                             f"{who} and uid {uid} may not {'enter' if not os.access(blocker, os.X_OK) else 'write in'} it",
+                             f"run vigil as uid {st.st_uid}, or {fix}")
+    return StoreNotReady(f"the state directory {state_dir} is out of reach ({exc.strerror}: "
+                         f"{exc.filename or blocker})", f"make {blocker} writable by uid {uid}, or {fix}")
+
+
 def prepare_state_dir(state_dir: Path) -> Path:
     """Create the state directory 0700 (and refuse one owned by someone else)."""
     state_dir = state_dir.absolute()
+    try:
+        return _prepare_state_dir(state_dir)
+    except OSError as exc:
+        raise _unreachable_dir(state_dir, exc) from None
+
+
+def state_dir_exists(state_dir: Path) -> bool:
+    try:
+        return state_dir.exists()
+    except OSError as exc:  # a parent that uid may not search
+        raise _unreachable_dir(state_dir.absolute(), exc) from None
+
+
+def _prepare_state_dir(state_dir: Path) -> Path:
     if state_dir.exists():
         st = state_dir.stat()
         if not stat.S_ISDIR(st.st_mode):
@@ -128,8 +172,16 @@ def sqlite_url(state_dir: Path) -> str:
 class Store:
     """One database: SQLite (one box) or PostgreSQL (several boxes)."""
 
-    def __init__(self, url: str, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> None:
+    def __init__(self, url: str, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000,
+                 lock_wait: float = LOCK_WAIT) -> None:
         self.url = normalize_url(url)
+        self.lock_wait = lock_wait
+        # Who holds the write lock when a transaction gave up waiting for it (set by the
+        # runners, which know the box: runners/setup.py); None: not known.
+        self.lock_holder: Callable[[], str | None] = lambda: None
+        # Told of every transaction that committed (readonly or not): the agent's store
+        # watch hears from it that a store in trouble works again (runners/storewatch.py).
+        self.on_success: Callable[[bool], None] | None = None
         self.engine: Engine = make_engine(self.url, synchronous, busy_timeout_ms)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         # SQLite has one writer at a time. Threads of this process queue here for it, so the
@@ -137,7 +189,7 @@ class Store:
         # file lock in SQLite's busy handler (sleeps growing to 100 ms; with 8 drive threads
         # the write lock sat idle most of the time). Other processes still meet busy_timeout.
         self._write_lock = threading.RLock() if self.dialect == "sqlite" else None
-        self._retried = transient_retry(self._run)  # wrapped once, not on every call
+        self._retried = transient_retry(lock_wait)(self._run)  # wrapped once, not per call
 
     @property
     def dialect(self) -> str:
@@ -157,12 +209,34 @@ class Store:
         # The first try runs bare: tenacity's bookkeeping cost a tenth of a short
         # transaction, and only contention needs it.
         try:
-            return self._run(fn, readonly)
+            result = self._run(fn, readonly)
         except Exception as exc:
             if not is_transient(exc):
                 raise
+        else:
+            if self.on_success is not None:
+                self.on_success(readonly)
+            return result
         time.sleep(FIRST_RETRY)  # as tenacity would before its first retry
-        return self._retried(fn, readonly)
+        try:
+            result = self._retried(fn, readonly)
+            if self.on_success is not None:
+                self.on_success(readonly)
+            return result
+        except Exception as exc:
+            if self.dialect == "sqlite" and is_transient(exc):  # waited the whole budget
+                from models.trouble import Trouble, explain, one_line
+
+                raise explain(Trouble("locked", one_line(exc.orig)), self.url,  # type: ignore[attr-defined]
+                              holder=self.lock_holder(), waited=self.lock_wait) from exc
+            raise
+
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """A connection for reads only: on SQLite its transactions begin DEFERRED, so it
+        never waits for (or takes) the write lock."""
+        with self.engine.connect() as conn:
+            yield read_only(conn)
 
     def _run(self, fn: Callable[[Session], T], readonly: bool) -> T:
         with self._sessions() as session:
@@ -178,6 +252,11 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def read_only(conn: Connection) -> Connection:
+    """Mark a connection read-only before its first statement (see _begin below)."""
+    return conn.execution_options(vigil_readonly=True)
 
 
 def make_engine(url: str, synchronous: str, busy_timeout_ms: int) -> Engine:
@@ -208,6 +287,11 @@ def make_engine(url: str, synchronous: str, busy_timeout_ms: int) -> Engine:
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
                 raise  # a new file still in rollback mode, locked by another writer: retried
+            from models.trouble import diagnose, explain
+
+            trouble = diagnose(exc)
+            if trouble is not None and trouble.kind != "damaged":  # full, read-only, I/O ...
+                raise explain(trouble, url) from None
             raise _not_a_database(url, exc) from None
         except sqlite3.DatabaseError as exc:
             raise _not_a_database(url, exc) from None

@@ -161,7 +161,7 @@ class Generation(Base):
     __tablename__ = "generations"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)  # n
     uuid: Mapped[str] = mapped_column(String(36), unique=True)  # VIGIL_GENERATION marker
-    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), index=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"))
     build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"))
     state: Mapped[GenState] = mapped_column(state_enum(GenState, "gen_state"))
     fence: Mapped[int] = mapped_column(Integer)
@@ -183,6 +183,11 @@ class Generation(Base):
             sqlite_where=text("state = 'current'"),
             postgresql_where=text("state = 'current'"),
         ),
+        # A host's generations newest first (its history, kept or pruned: workflows/history.py);
+        # the live ones by state (the exit watcher, the backstop, the sanity check), so
+        # neither read grows with the history (migration 0008).
+        Index("ix_generations_host_id", "host", "id"),
+        Index("ix_generations_state_host", "state", "host"),
         {"sqlite_autoincrement": True},  # n never goes back, even after deletes
     )
 
@@ -198,12 +203,17 @@ class Lease(Base):
 
 class Wake(RetryColumns, Base):
     __tablename__ = "wakes"
+    # Its open rows by due time, so a round's read does not grow with the history; a host's
+    # rows newest first (migration 0008).
+    __table_args__ = (Index("ix_wakes_state_next_attempt_at", "state", "next_attempt_at"),
+                      Index("ix_wakes_host_id", "host", "id"))
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), index=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"))
     state: Mapped[WakeState] = mapped_column(state_enum(WakeState, "wake_state"))
     cause: Mapped[str] = mapped_column(String(16), default="wake")
     fence: Mapped[int | None] = mapped_column(Integer)
-    generation_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"))
+    # Indexed, as every column that names a generation: deleting one (retention) looks them up.
+    generation_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"), index=True)
     reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime)
@@ -214,11 +224,15 @@ class Wake(RetryColumns, Base):
 
 class Stop(RetryColumns, Base):
     __tablename__ = "stops"
+    # Its open rows by due time, so a round's read does not grow with the history; a host's
+    # rows newest first (migration 0008).
+    __table_args__ = (Index("ix_stops_state_next_attempt_at", "state", "next_attempt_at"),
+                      Index("ix_stops_host_id", "host", "id"))
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), index=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"))
     state: Mapped[StopState] = mapped_column(state_enum(StopState, "stop_state"))
     fence: Mapped[int | None] = mapped_column(Integer)
-    generation_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"))
+    generation_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"), index=True)
     signalled_at: Mapped[datetime | None] = mapped_column(DateTime)  # last SIGTERM sent
     reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime)
@@ -248,8 +262,12 @@ class Attempt(RetryColumns, Base):
     """One try at moving a host to a build; each step is written before it is taken."""
 
     __tablename__ = "attempts"
+    # Its open rows by due time, so a round's read does not grow with the history; a host's
+    # rows newest first (migration 0008).
+    __table_args__ = (Index("ix_attempts_outcome_next_attempt_at", "outcome", "next_attempt_at"),
+                      Index("ix_attempts_host_id", "host", "id"))
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), index=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"))
     build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"))
     digest: Mapped[str] = mapped_column(String(64))
     cause: Mapped[Cause] = mapped_column(state_enum(Cause, "cause"))
@@ -259,8 +277,8 @@ class Attempt(RetryColumns, Base):
     canary: Mapped[bool] = mapped_column(Boolean, default=False)
     step: Mapped[AttemptStep] = mapped_column(state_enum(AttemptStep, "attempt_step"))
     fence: Mapped[int | None] = mapped_column(Integer)
-    successor_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"))
-    retiring_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"))
+    successor_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"), index=True)
+    retiring_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"), index=True)
     outcome: Mapped[Outcome | None] = mapped_column(state_enum(Outcome, "outcome"))
     reason: Mapped[str | None] = mapped_column(Text)
     executed: Mapped[bool | None] = mapped_column(Boolean)
@@ -277,7 +295,7 @@ class Member(RetryColumns, Base):
     generation_id: Mapped[int] = mapped_column(ForeignKey("generations.id"), primary_key=True)
     host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), index=True)
     role: Mapped[MemberRole] = mapped_column(state_enum(MemberRole, "member_role"))
-    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"))
+    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"), index=True)
     fence: Mapped[int] = mapped_column(Integer)
     unproven: Mapped[bool] = mapped_column(Boolean, default=False)
     retried_at: Mapped[datetime | None] = mapped_column(DateTime)

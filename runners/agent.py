@@ -14,13 +14,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import psutil
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import update
 
-from models.errors import Refused
+from models.errors import Refused, StoreNotReady, StoreTrouble
 from models.schema import require_head
 from models.store import emit, utcnow
 from models.tables import Agent as AgentRow
@@ -30,13 +30,15 @@ from runners.doorbell import ring as ring_doorbell
 from runners.fencing import FencedProcess, FenceGuard, Timing
 from runners.notify import notify
 from runners.sockets import settle_state_dir
+from runners.storewatch import FileGuard, StoreWatch, write_back
 from runners.watch import ExitWatcher, pidfds_supported
 from workflows.claim import claim
 from workflows.context import Context, Result
+from workflows.history import Keep, prune
 from workflows.lease import renew_in
 from workflows.listeners import collect as collect_listeners
 from workflows.members import current_leaders, retire_dead_currents
-from workflows.obligations import Due, drain_batches, due, next_due, run_one
+from workflows.obligations import Due, backoff, drain_batches, due, next_due, run_one
 from workflows.recovery import recover
 from workflows.takeover import take_over
 from workflows.workers import any_to_sweep
@@ -45,6 +47,9 @@ from workflows.workers import sweep as sweep_workers
 log = logging.getLogger("vigil.agent")
 
 BACKSTOP = 30.0  # seconds between full liveness checks when exits arrive by pidfd
+SCHEMA_EVERY = 2.0  # seconds between checks that the schema is still the one it knows
+PRUNE_FIRST, PRUNE_EVERY = 5.0, 600.0  # seconds: the history prune after start, then between
+PRUNE_BATCHES = 20  # batches per table per prune run (workflows/history.py BATCH rows each)
 
 
 
@@ -76,6 +81,12 @@ class Reconciler:
         self.on_round: Callable[[float], None] = lambda _seconds: None  # metrics, when served
         self._thread: threading.Thread | None = None
         self._kicked = threading.Event()
+        # The store as a whole (runners/storewatch.py): while it fails, rounds pause with
+        # the rows' own backoff (0.1 s doubling to 5 s), since no row's pacing can be
+        # written; a halted watch (store replaced, schema changed, damaged) ends them.
+        self.watch: StoreWatch | None = None
+        self.may_act: Callable[[], bool] = lambda: True
+        self._paused_until = 0.0
 
     def start(self) -> None:
         """Rounds on a thread of their own, woken by kick(): a drive that ends, a new intent
@@ -92,8 +103,25 @@ class Reconciler:
             self._kicked.clear()
             try:
                 self.round(fresh=False)  # kick() has set _fresh if the round must read afresh
-            except Exception:
-                log.exception("a round failed; the next kick or the scan retries")
+            except Exception as exc:
+                if not self._store_failed(exc):
+                    log.exception("a round failed; the next kick or the scan retries")
+
+    def _store_failed(self, exc: BaseException) -> bool:
+        """The store itself failed (said once by the watch, not as a traceback): pause the
+        rounds for the ordinary backoff, then try again."""
+        if self.watch is None or not self.watch.trouble(exc):
+            return False
+        wait = backoff(self.watch.failures)
+        self._paused_until = time.monotonic() + wait
+        if not self.ctx.shutting_down.is_set() and self.watch.acting:
+            at = datetime.now(UTC) + timedelta(seconds=wait)
+            try:
+                self.scheduler.add_job(self.kick, "date", run_date=at, id="store-retry",
+                                       replace_existing=True, misfire_grace_time=None)
+            except Exception:  # the scheduler has shut down: the agent is stopping
+                pass
+        return True
 
     def kick(self, fresh: bool = True) -> None:
         if self.ctx.shutting_down.is_set():
@@ -128,8 +156,10 @@ class Reconciler:
             raise
 
     def _dispatch(self) -> None:
-        if self.ctx.shutting_down.is_set():
+        if self.ctx.shutting_down.is_set() or not self.may_act():
             return
+        if time.monotonic() < self._paused_until:
+            return  # the store failed: the store-retry job kicks once the pause is over
         self.rounds += 1
         with self._lock:
             busy = set(self.inflight)
@@ -191,8 +221,9 @@ class Reconciler:
         """Store-only rows go in groups, one transaction per batch (workflows/obligations)."""
         try:
             n, more = drain_batches(self.ctx)
-        except Exception:
-            log.exception("a batch of store-only obligations failed; the next round retries it")
+        except Exception as exc:
+            if not self._store_failed(exc):
+                log.exception("a batch of store-only obligations failed; the next round retries it")
             return
         if n:
             log.info("batch rows=%d", n)
@@ -204,8 +235,9 @@ class Reconciler:
         agent claimed first free their slot for the next due host. None: the claim failed."""
         try:
             return claim(self.ctx, admitted)
-        except Exception:
-            log.exception("claiming %d row(s) failed; the next round tries again", len(admitted))
+        except Exception as exc:
+            if not self._store_failed(exc):
+                log.exception("claiming %d row(s) failed; the next round tries again", len(admitted))
             return None
 
     def _drive(self, d: Due) -> None:
@@ -216,8 +248,9 @@ class Reconciler:
             level = logging.INFO if result is not Result.poked else logging.WARNING
             log.log(level, "drive kind=%s id=%s host=%s result=%s%s", d.kind, d.id, d.host,
                     result.value, f" error={error!r}" if error else "")
-        except Exception:
-            log.exception("drive kind=%s id=%s host=%s crashed", d.kind, d.id, d.host)
+        except Exception as exc:
+            if not self._store_failed(exc):
+                log.exception("drive kind=%s id=%s host=%s crashed", d.kind, d.id, d.host)
         finally:
             with self._lock:
                 self.inflight.discard(d.host)
@@ -233,8 +266,9 @@ class Reconciler:
 class AgentDaemon:
     def __init__(self, ctx: Context, *, safety_interval: float = 30.0,
                  monitor_interval: float = 1.0, max_hosts: int = 8, converge_budget: int = 1,
-                 metrics_listen: str | None = None) -> None:
+                 metrics_listen: str | None = None, keep: Keep | None = None) -> None:
         self.ctx = ctx
+        self.keep = keep or Keep()  # what history the store keeps (workflows/history.py)
         self.metrics_listen = metrics_listen
         self.converge_budget = converge_budget  # worker converges per sweep, box-wide
         self.sweeps = 0
@@ -249,6 +283,10 @@ class AgentDaemon:
         self._last_beat = 0.0
         self._rounds_seen = -1
         self._workers_to_sweep = True
+        self.watch: StoreWatch | None = None
+        self.files: FileGuard | None = None
+        self._schema_checked = 0.0
+        self._scheduler: BackgroundScheduler | None = None
 
     def _take_lock(self) -> None:
         path = self.ctx.state_dir / LOCK
@@ -307,9 +345,74 @@ class AgentDaemon:
         t.start()
         return t
 
+    def may_act(self) -> bool:
+        """False once the store cannot be trusted: the files this agent opened are no longer
+        the ones at their paths (checked at every round: two stat calls), or the watch
+        halted (schema changed, store damaged)."""
+        if self.watch is None:
+            return True
+        if self.watch.acting and self.files is not None:
+            changed = self.files.changed()
+            if changed is not None:
+                self._files_replaced(changed)
+        return self.watch.acting
+
+    def _files_replaced(self, which: str) -> None:
+        assert self.watch is not None and self.files is not None
+        db, pid = self.files.db, os.getpid()
+        restart = f"restart the agent (`kill {pid}`, then start it again)"
+        if which == "wal":
+            saved = write_back(self.ctx.store)
+            cause = (f"{db.name}-wal was deleted or replaced while the agent ran (its last "
+                     "commits were only in the file it still held open)")
+            fix = (f"they are written back to {db} now; {restart}" if saved else
+                   f"stop the agent with SIGTERM (`kill {pid}`, never kill -9): as it closes "
+                   f"the database it writes them back to {db}; then start it again")
+        else:
+            cause = f"{db} was deleted or replaced while the agent ran (it still has the old file open)"
+            fix = f"{restart}: it then uses the file at that path"
+        self.watch.halt("replaced", cause, fix)
+
+    def _check_schema(self, now: bool = False) -> None:
+        """The schema is still the one this agent knows (a downgrade or an upgrade by a newer
+        vigil under it halts it). At most every SCHEMA_EVERY seconds (a small read), and at
+        once (`now`) when a statement was refused."""
+        if self.watch is None or not self.watch.acting:
+            return
+        if not now and time.monotonic() - self._schema_checked < SCHEMA_EVERY:
+            return
+        self._schema_checked = time.monotonic()
+        try:
+            require_head(self.ctx.store.engine)
+        except StoreTrouble as exc:
+            self.watch.trouble(exc)
+        except StoreNotReady as exc:
+            self.watch.halt("schema", f"the schema changed under the running agent: {exc.cause}",
+                            "run `vigil db upgrade`, then restart the agent "
+                            f"(`kill {os.getpid()}`, then start it again)")
+
+    def _halted(self) -> None:
+        """The agent stops acting: its timers stop (scan, backstop, schedules), the sweep
+        only says so again now and then."""
+        if self._scheduler is not None:
+            try:
+                self._scheduler.pause()
+            except Exception:  # not started yet, or shut down
+                pass
+
     def safety(self, reconciler: Reconciler) -> None:
         """The short sweep: worker drift and max-run, lease renewal, takeover, heartbeat.
         Dead currents too, unless exits arrive as events (then the scan is their backstop)."""
+        self._check_schema()
+        if not self.may_act():
+            assert self.watch is not None
+            self.watch.remind()
+            if self.ctx.store.dialect == "postgresql":
+                try:  # other boxes must not take over apps that still run here
+                    self._beat()
+                except Exception:
+                    pass  # the halt line says why; the lease fence does the rest
+            return
         if self.watcher is None:
             self.liveness(reconciler)
         self.sweeps += 1
@@ -326,7 +429,9 @@ class AgentDaemon:
             return
         if take_over(self.ctx):  # hosts placed here whose owner's lease expired
             reconciler.kick()
+        self._beat()
 
+    def _beat(self) -> None:
         def beat(s):  # type: ignore[no-untyped-def]
             renew_in(s, self.ctx)
             s.execute(update(AgentRow).where(AgentRow.id == self.ctx.agent_id)
@@ -341,8 +446,9 @@ class AgentDaemon:
         while not self.stop.wait(self.monitor_interval):
             try:
                 self.safety(reconciler)
-            except Exception:
-                log.exception("sweep failed; the next one retries")
+            except Exception as exc:
+                if self.watch is None or not self.watch.trouble(exc):
+                    log.exception("sweep failed; the next one retries")
 
     def liveness(self, reconciler: Reconciler, only: set[int] | None = None,
                  skip: set[int] | None = None) -> None:
@@ -351,6 +457,8 @@ class AgentDaemon:
         reap = getattr(self.ctx.proc, "reap", None)
         if reap is not None:
             reap()
+        if not self.may_act():
+            return
         if retire_dead_currents(self.ctx, only, skip or ()):
             reconciler.kick()
             if self.watcher is not None:
@@ -361,9 +469,29 @@ class AgentDaemon:
         reported (a leader this agent could not watch). A leader whose pidfd is open is not
         checked again: its exit is an event (1,000 pid reads every 30 s were most of an idle
         agent's cost)."""
-        self.liveness(reconciler, skip=self.watcher.watched() if self.watcher else None)
+        try:
+            self.liveness(reconciler, skip=self.watcher.watched() if self.watcher else None)
+        except Exception as exc:  # a scheduler job: said here, not as APScheduler's traceback
+            if self.watch is None or not self.watch.trouble(exc):
+                log.exception("the liveness backstop failed; the next one retries")
+            return
         if self.watcher is not None:
             self.watcher.refresh()
+
+    def prune_history(self) -> None:
+        """A scheduled job: delete history nothing needs, a batch at a time (at most
+        PRUNE_BATCHES per table per run: a backlog goes over several runs)."""
+        if not self.may_act() or self.keep.older_than is None:
+            return
+        try:
+            done = prune(self.ctx.store, self.keep, max_batches=PRUNE_BATCHES,
+                         go_on=lambda: not self.ctx.shutting_down.is_set() and self.may_act())
+        except Exception as exc:
+            if self.watch is None or not self.watch.trouble(exc):
+                log.exception("pruning history failed; the next run retries")
+            return
+        if any(done.values()):
+            log.info("history pruned %s", " ".join(f"{k}={v}" for k, v in done.items() if v))
 
     def _wait_for_stop(self) -> None:
         """Sleep until SIGTERM/SIGINT (or stop is set), without waking every 200 ms."""
@@ -391,6 +519,9 @@ class AgentDaemon:
 
     def run(self) -> int:
         self._take_lock()
+        self.watch = StoreWatch(self.ctx.store.url, self.ctx.state_dir, log,
+                                on_halt=self._halted)
+        self.watch.recheck = lambda: self._check_schema(now=True)
         require_head(self.ctx.store.engine)
         settle_state_dir(self.ctx)
         observe_round = None
@@ -410,15 +541,23 @@ class AgentDaemon:
         counts = recover(self.ctx)
         log.info("recovered agent=%s adopted=%d retired=%d", self.ctx.agent_id,
                  counts["adopted"], counts["retired"])
+        self.ctx.store.on_success = self.watch.ok
+        if guard is not None:
+            guard.on_store_error = self.watch.trouble
+        self.files = FileGuard.of(self.ctx.store)  # the files it has open now, at their paths
         scheduler = BackgroundScheduler(timezone=UTC,
                                         job_defaults={"coalesce": True, "max_instances": 1,
                                                       "misfire_grace_time": None})
+        self._scheduler = scheduler
         reconciler = Reconciler(self.ctx, scheduler, self.max_hosts)
         if observe_round is not None:
             reconciler.on_round = observe_round
+        reconciler.watch = self.watch
+        reconciler.may_act = self.may_act
         if pidfds_supported():
             self.watcher = ExitWatcher(lambda: current_leaders(self.ctx),
-                                       lambda ids: self.liveness(reconciler, ids))
+                                       lambda ids: self.liveness(reconciler, ids),
+                                       on_error=self.watch.trouble)
             reconciler.on_progress = self.watcher.refresh
             self.watcher.start()
         else:
@@ -429,11 +568,13 @@ class AgentDaemon:
         if self.watcher is not None:
             scheduler.add_job(self.backstop, "interval", id="backstop", args=[reconciler],
                               seconds=max(BACKSTOP, self.safety_interval))
+        scheduler.add_job(self.prune_history, "interval", id="history", seconds=PRUNE_EVERY,
+                          next_run_time=datetime.now(UTC) + timedelta(seconds=PRUNE_FIRST))
         sweeper = threading.Thread(target=self._sweep_loop, args=[reconciler], name="sweep",
                                    daemon=True)
-        schedules.attach(scheduler, self.ctx, reconciler.kick)
+        schedules.attach(scheduler, self.ctx, reconciler.kick, self.watch.trouble, self.may_act)
         self._doorbell(reconciler)
-        wakeup.start(self.ctx.store, reconciler.kick, self.stop)
+        wakeup.start(self.ctx.store, reconciler.kick, self.stop, self.watch.trouble)
         scheduler.start()
         sweeper.start()
         reconciler.round()  # finish what was in flight before the first interval
@@ -453,6 +594,12 @@ class AgentDaemon:
         if self.watcher is not None:
             self.watcher.close()
         reconciler.shutdown()
-        self.ctx.store.write(lambda s: s.execute(update(AgentRow).where(
-            AgentRow.id == self.ctx.agent_id).values(stopped_at=utcnow())))
+        if not self.may_act():
+            return 1  # nothing more is written to a store it no longer trusts
+        try:
+            self.ctx.store.write(lambda s: s.execute(update(AgentRow).where(
+                AgentRow.id == self.ctx.agent_id).values(stopped_at=utcnow())))
+        except Exception as exc:
+            if not self.watch.trouble(exc):
+                raise
         return 0

@@ -53,11 +53,16 @@ def marked_processes(state_dir: Path) -> dict[int, str]:
 
 
 def run_checks(store: Store, state_dir: Path) -> list[Violation]:
+    from runners.storewatch import halted_line
+
     bad: list[Violation] = []
+    halted = halted_line(state_dir)
+    if halted is not None:  # the agent runs but no longer acts on this store
+        bad.append(Violation("agent_halted", f"the agent has stopped acting: {halted}"))
     proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"))
     files = LocalFiles()
 
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         view_count = conn.exec_driver_sql("SELECT count(*) FROM pending_obligations").scalar_one()
 
     def read(s):  # type: ignore[no-untyped-def]

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 from sqlalchemy import func, select
+from sqlalchemy.exc import DBAPIError
 
 from models import schema
 from models.durations import parse_seconds
@@ -22,10 +23,11 @@ from models.store import Store
 from models.tables import Attempt, Event, Generation, Host, Release, Stop, Wake
 from runners.doorbell import agent_id, ring, running_agent_pid
 from runners.files import stage_build
+from runners.retention import keep_of, keep_options, summary
 from runners.setup import make_context, open_store
 from runners.wakeup import notify
 from workflows import crash
-from workflows.builds import collect
+from workflows.builds import collect, unreferenced
 from workflows.deploy import last_failed, request_deploy
 from workflows.hosts import (
     add_host,
@@ -73,9 +75,13 @@ class Env:
         self.db = db
         self._store: Store | None = None
 
-    def store(self, *, create: bool = False, at_head: bool = True) -> Store:
+    def store(self, *, create: bool = False, at_head: bool = True,
+              lock_wait: float | None = None) -> Store:
         if self._store is None:
-            self._store = open_store(self.state_dir, self.db, create=create)
+            from runners.setup import CLI_LOCK_WAIT
+
+            self._store = open_store(self.state_dir, self.db, create=create,
+                                     lock_wait=lock_wait or CLI_LOCK_WAIT)
             _opened.append(self._store)
             if at_head:
                 schema.require_head(self._store.engine)
@@ -454,9 +460,21 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -
 
 
 @cli.command()
+@keep_options
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; change nothing.")
 @click.pass_obj
-def gc(env: Env) -> None:
-    """Delete staged builds that no host, live generation or open attempt references."""
+def gc(env: Env, keep_history: Any, keep_last: int, dry_run: bool) -> None:
+    """Delete staged builds that no host, live generation or open attempt references, and
+    history nothing needs (see --keep-history)."""
+    from workflows import history
+
+    keep = keep_of(keep_history, keep_last)
+    if dry_run:
+        builds = env.store().read(lambda s: len(unreferenced(s)))
+        rows = env.store().read(lambda s: history.count(s, keep))
+        click.echo(f"dry run: {builds} build(s) and {summary(rows)} row(s) of history would "
+                   "be deleted; nothing changed")
+        return
     doomed = env.store().write(collect)
     for b in doomed:
         # Only this build's file: builds with the same bytes under another name share the
@@ -469,7 +487,8 @@ def gc(env: Env) -> None:
             os.rmdir(Path(b.path).parent)  # the digest dir, once nothing else is in it
         except OSError:
             pass
-    click.echo(f"{len(doomed)} build(s) deleted")
+    pruned = history.prune(env.store(), keep)
+    click.echo(f"{len(doomed)} build(s) deleted; history pruned: {summary(pruned)}")
 
 
 @cli.command("status")
@@ -479,6 +498,11 @@ def gc(env: Env) -> None:
 def status_cmd(env: Env, name: str | None, as_json: bool) -> None:
     """Each host: state, generation, pid, build and how long it has served."""
     rows = env.store().read(lambda s: status(s, name))
+    from runners.storewatch import halted_line
+
+    halted = halted_line(env.state_dir)
+    if halted is not None:  # on stderr: --json keeps its shape
+        click.echo(f"vigil: warning: the agent has stopped acting: {halted}", err=True)
     if as_json:
         _json(rows)
         return
@@ -494,7 +518,7 @@ def obligations(env: Env, as_json: bool) -> None:
     """Every open obligation (the pending_obligations view)."""
     store = env.store()
     cols = ["kind", "host", "generation", "since", "attempts", "next_attempt_at", "last_error"]
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         rows = [dict(zip(cols, r, strict=True)) for r in conn.exec_driver_sql(
             f"SELECT {', '.join(cols)} FROM pending_obligations ORDER BY since")]
     if as_json:
@@ -632,10 +656,12 @@ def crashpoints() -> None:
               help="Group that may connect to every host's socket (env VIGIL_SOCKET_GROUP).")
 @click.option("--socket-mode", envvar="VIGIL_SOCKET_MODE", default=None,
               help="Mode of those sockets, octal (default 0660; env VIGIL_SOCKET_MODE).")
+@keep_options
 @click.pass_obj
 def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
           lease_ttl: float, converge_budget: int, sweep_interval: float, log_format: str,
-          metrics_listen: str | None, socket_group: str | None, socket_mode: str | None) -> None:
+          metrics_listen: str | None, socket_group: str | None, socket_mode: str | None,
+          keep_history: Any, keep_last: int) -> None:
     """Run the agent: recover, then keep every obligation moving until it is proven done."""
     from runners import logs
     from runners.sockets import SocketAccess
@@ -657,14 +683,35 @@ def agent(env: Env, safety_interval: float, log_level: str, box: str | None,
 
         parse_listen(metrics_listen)  # a bad value is refused before anything starts
     logs.configure(log_level, log_format)
-    store = env.store()
+    from models.store import LOCK_WAIT
+
+    store = env.store(lock_wait=LOCK_WAIT)
     for name in store.read(lambda s: s.execute(select(Host.name).where(
             Host.kind == HostKind.instance)).scalars().all()):
         check_socket_room(env.state_dir, name)  # e.g. a state dir moved to a longer path
     ctx = make_context(env.state_dir, store, agent_id(env.state_dir, box), lease_ttl=lease_ttl,
                        sockets=SocketAccess(env.state_dir, group, mode))
     sys.exit(AgentDaemon(ctx, safety_interval=safety_interval, monitor_interval=sweep_interval,
-                         converge_budget=converge_budget, metrics_listen=metrics_listen).run())
+                         converge_budget=converge_budget, metrics_listen=metrics_listen,
+                         keep=keep_of(keep_history, keep_last)).run())
+
+
+def _store_trouble(exc: BaseException) -> VigilError | None:
+    """A failure of the store itself (full, read-only, damaged, unreachable), as one line."""
+    from models.trouble import diagnose, explain
+
+    trouble = diagnose(exc)
+    if trouble is None:
+        return None
+    if _opened:
+        store = _opened[-1]
+        holder = store.lock_holder() if trouble.kind == "locked" else None
+        return explain(trouble, store.url, holder=holder)
+    env = click.get_current_context(silent=True)
+    url = "sqlite:///vigil.db"
+    if env is not None and isinstance(env.obj, Env):
+        url = env.obj.db or f"sqlite:///{env.obj.state_dir / 'vigil.db'}"
+    return explain(trouble, url)
 
 
 from runners.listen_cli import attach as _attach_listen  # noqa: E402
@@ -683,6 +730,12 @@ def main(argv: list[str] | None = None) -> None:
     except VigilError as exc:
         click.echo(f"vigil: error: {exc.line()}", err=True)
         sys.exit(exc.exit_code)
+    except (DBAPIError, OSError) as exc:
+        trouble = _store_trouble(exc)
+        if trouble is None:
+            raise
+        click.echo(f"vigil: error: {trouble.line()}", err=True)
+        sys.exit(trouble.exit_code)
     finally:
         while _opened:
             _opened.pop().dispose()

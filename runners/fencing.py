@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,8 @@ class FenceGuard:
         self._keeper: subprocess.Popen[bytes] | None = None
         me = psutil.Process()
         self._me = {"agent_pid": me.pid, "agent_ctime": me.create_time()}
+        # True when the store itself failed and the agent has said so (runners/storewatch.py)
+        self.on_store_error: Callable[[BaseException], bool] = lambda exc: False
 
     # -- the keeper ------------------------------------------------------------------------
     def ensure_keeper(self) -> None:
@@ -111,16 +114,18 @@ class FenceGuard:
             try:
                 self.renew_now()
                 self._keeper_if_needed()
-            except Exception:
-                log.exception("lease renewal round failed")
+            except Exception as exc:
+                if not self.on_store_error(exc):
+                    log.exception("lease renewal round failed")
 
     def renew_now(self) -> None:
         t0 = time.monotonic()
         try:
             held = self._renew()
         except Exception as exc:  # the deadline stays where it was: the keeper will fence
-            log.warning("lease renewal failed (self-fence in %.1fs): %s",
-                        self.deadline - time.monotonic(), exc)
+            if not self.on_store_error(exc) or self.deadline - time.monotonic() < self.timing.ttl / 3:
+                log.warning("lease renewal failed (self-fence in %.1fs): %s",
+                            self.deadline - time.monotonic(), exc)
             return
         gone = {g["host"] for g in self.guarded} - held
         guarded, taken = self.ctx.store.read(lambda s: (self._contestable(s), self._taken(s, gone)))

@@ -66,9 +66,19 @@ def stage_build(src: str, state_dir: Path) -> tuple[str, str]:
     dest_dir = staging_root(state_dir) / digest
     dest = dest_dir / path.name
     if not dest.exists():
+        made = not dest_dir.exists()
         private_dirs(dest_dir)
         tmp = dest_dir / f".{path.name}.tmp{os.getpid()}"
-        shutil.copyfile(path, tmp)
-        os.chmod(tmp, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
-        os.replace(tmp, dest)
+        try:
+            shutil.copyfile(path, tmp)
+            os.chmod(tmp, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+            os.replace(tmp, dest)
+        except OSError:  # a full disk, say: leave nothing half-staged behind
+            tmp.unlink(missing_ok=True)
+            if made:
+                try:
+                    dest_dir.rmdir()
+                except OSError:
+                    pass
+            raise
     return str(dest), digest

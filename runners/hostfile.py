@@ -195,9 +195,16 @@ def load(path: str) -> list[HostSpec]:
     """Read and check the whole file; raises BadInput (file:line: key: reason; fix)."""
     file = Path(path)
     try:
-        text = file.read_text()
+        raw = file.read_bytes()
     except OSError as exc:
         raise BadInput(f"cannot read {path}: {exc.strerror}", "pass the path of a TOML hosts file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise BadInput(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+                       f"{exc.start})", "save the file as UTF-8: TOML files are UTF-8 "
+                       "(e.g. `iconv -f latin1 -t utf-8`)") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from apscheduler.jobstores.base import ConflictingIdError, JobLookupError
@@ -41,10 +41,13 @@ def job_id(host: str) -> str:
     return f"restart:{host}"
 
 
-def jobstore(store: Store) -> SQLAlchemyJobStore:
+def jobstore(store: Store, *, readonly: bool = False) -> SQLAlchemyJobStore:
     # An engine of its own (same URL, same pragmas and IMMEDIATE writes): the job store
-    # disposes its engine when its scheduler shuts down.
-    return SQLAlchemyJobStore(engine=make_engine(store.url, "FULL", 5000))
+    # disposes its engine when its scheduler shuts down. Read-only: its transactions never
+    # wait for (or take) SQLite's write lock.
+    engine = make_engine(store.url, "FULL", 5000)
+    return SQLAlchemyJobStore(engine=engine.execution_options(vigil_readonly=True)
+                              if readonly else engine)
 
 
 def cron(expr: str) -> CronTrigger:
@@ -70,8 +73,8 @@ class StoreOnly(BaseScheduler):
 
 
 @contextmanager
-def opened(store: Store) -> Iterator[BaseScheduler]:
-    scheduler = StoreOnly(jobstores={"default": jobstore(store)}, timezone=UTC)
+def opened(store: Store, *, readonly: bool = False) -> Iterator[BaseScheduler]:
+    scheduler = StoreOnly(jobstores={"default": jobstore(store, readonly=readonly)}, timezone=UTC)
     scheduler.start(paused=True)
     try:
         yield scheduler
@@ -94,7 +97,7 @@ def add(store: Store, host: str, expr: str) -> dict[str, Any]:
 
 
 def listing(store: Store) -> list[dict[str, Any]]:
-    with opened(store) as scheduler:
+    with opened(store, readonly=True) as scheduler:
         return [describe(j) for j in scheduler.get_jobs() if j.id.startswith("restart:")]
 
 
@@ -125,10 +128,52 @@ def describe(job: Any) -> dict[str, Any]:
 
 # -- in the agent ---------------------------------------------------------------------------
 
-def attach(scheduler: BackgroundScheduler, ctx: Context, kick: Callable[[], None]) -> None:
-    """Give the agent's scheduler the job store (before it starts: misfired runs go first)."""
-    _agent.update(ctx=ctx, kick=kick)
-    scheduler.add_jobstore(jobstore(ctx.store), alias=ALIAS)
+STORE_RETRY = 10.0  # seconds before the agent's scheduler reads a failed job store again
+
+
+class AgentJobStore(SQLAlchemyJobStore):
+    """The agent's job store: when the store itself fails (full, unreachable), the agent's
+    watch says so once (`on_error` returns True) instead of APScheduler's warning at every
+    wake-up of its loop, or the traceback that ends that loop when the failure comes while
+    it asks for the next run time."""
+
+    def __init__(self, on_error: Callable[[BaseException], bool], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.on_error = on_error
+
+    def get_due_jobs(self, now: datetime) -> list[Any]:
+        try:
+            return super().get_due_jobs(now)  # type: ignore[no-any-return]
+        except Exception as exc:
+            if not self.on_error(exc):
+                raise
+            return []
+
+    def get_next_run_time(self) -> datetime | None:
+        try:
+            return super().get_next_run_time()  # type: ignore[no-any-return]
+        except Exception as exc:
+            if not self.on_error(exc):
+                raise
+            return datetime.now(UTC) + timedelta(seconds=STORE_RETRY)
+
+    def update_job(self, job: Any) -> None:
+        try:
+            super().update_job(job)
+        except Exception as exc:  # the run happened; a run again is coalesced (55 s guard)
+            if not self.on_error(exc):
+                raise
+
+
+def attach(scheduler: BackgroundScheduler, ctx: Context, kick: Callable[[], None],
+           on_error: Callable[[BaseException], bool] = lambda exc: False,
+           may_act: Callable[[], bool] = lambda: True) -> None:
+    """Give the agent's scheduler the job store (before it starts: misfired runs go first).
+    `on_error(exc)`: True when the store failed and the agent has said so; `may_act()`:
+    False once the agent stopped acting on its store."""
+    _agent.update(ctx=ctx, kick=kick, on_error=on_error, may_act=may_act)
+    scheduler.add_jobstore(AgentJobStore(on_error, engine=make_engine(ctx.store.url, "FULL", 5000)),
+                           alias=ALIAS)
 
 
 def detach(scheduler: BackgroundScheduler) -> None:
@@ -140,9 +185,14 @@ def detach(scheduler: BackgroundScheduler) -> None:
 def fire(host: str) -> None:
     """One firing (run by the agent's scheduler): write the restart attempt, ring."""
     ctx: Context = _agent["ctx"]
-    if ctx.shutting_down.is_set():
+    if ctx.shutting_down.is_set() or not _agent["may_act"]():
         return
-    attempt = ctx.store.write(lambda s: request_restart(s, host))
+    try:
+        attempt = ctx.store.write(lambda s: request_restart(s, host))
+    except Exception as exc:  # said by the agent's store watch, not as APScheduler's traceback
+        if not _agent["on_error"](exc):
+            raise
+        return
     log.info("scheduled restart host=%s attempt=%s", host,
              attempt.id if attempt is not None else "skipped")
     _agent["kick"]()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from models.durations import parse_seconds
 from models.errors import StoreNotReady
-from models.store import Store, normalize_url, prepare_state_dir, sqlite_url
+from models.store import Store, normalize_url, prepare_state_dir, sqlite_url, state_dir_exists
 from runners.files import LocalFiles
 from runners.health import HttpHealth
 from runners.limits import CgroupMemoryLimit
@@ -17,20 +17,35 @@ from runners.readiness import Readiness
 from runners.sockets import SocketAccess
 from workflows.context import Context
 
+CLI_LOCK_WAIT = 15.0  # seconds a command's write waits for SQLite's write lock (the agent: 60)
 
-def open_store(state_dir: Path, db: str | None, *, create: bool = False) -> Store:
+
+def open_store(state_dir: Path, db: str | None, *, create: bool = False,
+               lock_wait: float = CLI_LOCK_WAIT) -> Store:
     """Open the store. Without `create`, a state directory that does not exist yet is an
     error that names the command creating it (and nothing is created)."""
     state_dir = state_dir.absolute()
     db = normalize_url(db) if db else None  # a bad URL is refused before anything is created
-    if not create and not state_dir.exists():
+    if not create and not state_dir_exists(state_dir):
+        if any(p.exists() and not p.is_dir() for p in state_dir.parents):
+            prepare_state_dir(state_dir)  # says which path is a file, not a directory
         raise StoreNotReady(f"no vigil state directory at {state_dir}",
                             "run `vigil db upgrade` to create it, or pass --state-dir / VIGIL_HOME")
+    if not create and not state_dir.is_dir():
+        prepare_state_dir(state_dir)  # says it is not a directory
     if not create and db is None and not (state_dir / "vigil.db").exists():
         raise StoreNotReady(f"no database in {state_dir}", "run `vigil db upgrade` to create it")
     prepare_state_dir(state_dir)
     url = db or sqlite_url(state_dir)
-    return Store(url, synchronous=os.environ.get("VIGIL_SYNCHRONOUS", "FULL"))
+    store = Store(url, synchronous=os.environ.get("VIGIL_SYNCHRONOUS", "FULL"),
+                  lock_wait=lock_wait)
+    if store.dialect == "sqlite" and store.engine.url.database:
+        from runners.doorbell import running_agent_pid
+        from runners.storewatch import write_lock_holder
+
+        path = Path(store.engine.url.database)
+        store.lock_holder = lambda: write_lock_holder(path, running_agent_pid(state_dir))
+    return store
 
 
 def make_context(state_dir: Path, store: Store, agent_id: str, **kw: object) -> Context:

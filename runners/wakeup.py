@@ -30,19 +30,24 @@ def notify(store: Store) -> None:
         store.write(lambda s: s.execute(text(f"NOTIFY {CHANNEL}")))
 
 
-def start(store: Store, kick: Callable[[], None], stop: threading.Event) -> threading.Thread | None:
+def start(store: Store, kick: Callable[[], None], stop: threading.Event,
+          on_error: Callable[[BaseException], bool] = lambda exc: False) -> threading.Thread | None:
+    """`on_error(exc)`: True when the store itself failed and the agent has said so (the
+    LISTEN loop then retries without a line of its own)."""
     if store.dialect == "postgresql":
         target = _listen
     elif store.dialect == "sqlite" and store.engine.url.database:
         target = _data_version
     else:
         return None
-    t = threading.Thread(target=target, args=(store, kick, stop), name="wakeup", daemon=True)
+    t = threading.Thread(target=target, args=(store, kick, stop, on_error), name="wakeup",
+                         daemon=True)
     t.start()
     return t
 
 
-def _listen(store: Store, kick: Callable[[], None], stop: threading.Event) -> None:
+def _listen(store: Store, kick: Callable[[], None], stop: threading.Event,
+            on_error: Callable[[BaseException], bool]) -> None:
     import psycopg
 
     conninfo = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -55,11 +60,13 @@ def _listen(store: Store, kick: Callable[[], None], stop: threading.Event) -> No
                     for _ in conn.notifies(timeout=0.5, stop_after=1):
                         kick()
         except Exception as exc:  # the safety scan still runs; listen again shortly
-            log.warning("LISTEN %s failed, retrying: %s", CHANNEL, exc)
+            if not on_error(exc):
+                log.warning("LISTEN %s failed, retrying: %s", CHANNEL, exc)
             stop.wait(1.0)
 
 
-def _data_version(store: Store, kick: Callable[[], None], stop: threading.Event) -> None:
+def _data_version(store: Store, kick: Callable[[], None], stop: threading.Event,
+                  on_error: Callable[[BaseException], bool]) -> None:
     path = store.engine.url.database
     if path is None:
         raise BrokenInvariant("path is missing")

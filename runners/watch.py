@@ -53,9 +53,11 @@ class ExitWatcher:
 
     def __init__(self, leaders: Callable[[], dict[int, tuple[int, float]]],
                  on_exit: Callable[[set[int]], None], settle: float = 0.25,
-                 per_leader: float = 0.001, settle_max: float = 2.0) -> None:
+                 per_leader: float = 0.001, settle_max: float = 2.0,
+                 on_error: Callable[[BaseException], bool] = lambda exc: False) -> None:
         self.leaders = leaders
         self.on_exit = on_exit
+        self.on_error = on_error  # True: the store failed and the agent has said so
         self.settle = settle
         self.per_leader = per_leader
         self.settle_max = settle_max
@@ -118,15 +120,17 @@ class ExitWatcher:
                     last_sync = time.monotonic()
                     try:
                         exited |= self._sync(self.leaders())
-                    except Exception:  # the store is busy or down: try again shortly
-                        log.exception("reading the leaders to watch failed; retrying")
+                    except Exception as exc:  # the store is busy or down: try again shortly
+                        if not self.on_error(exc):
+                            log.exception("reading the leaders to watch failed; retrying")
                         self._dirty = True
                 if exited:
                     try:
                         self.on_exit(exited)
-                    except Exception:
-                        log.exception("handling the exit of %s failed; the scan retries it",
-                                      sorted(exited))
+                    except Exception as exc:
+                        if not self.on_error(exc):
+                            log.exception("handling the exit of %s failed; the scan retries it",
+                                          sorted(exited))
         finally:
             for fd in list(self._gen_of):
                 self._forget_fd(fd)

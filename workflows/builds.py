@@ -36,14 +36,19 @@ def referenced_ids(s: Session) -> set[int]:
     return ids
 
 
-def collect(s: Session) -> list[Build]:
-    """Mark every unreferenced staged build deleted (in this transaction) and return them;
-    the caller removes their files. A referenced build is never returned."""
+def unreferenced(s: Session) -> list[Build]:
+    """Staged builds (not yet deleted) that nothing references."""
     keep = referenced_ids(s)
     q = select(Build).where(Build.deleted_at.is_(None))
     if keep:
         q = q.where(or_(Build.id.not_in(keep)))
-    doomed = list(s.execute(q).scalars())
+    return list(s.execute(q).scalars())
+
+
+def collect(s: Session) -> list[Build]:
+    """Mark every unreferenced staged build deleted (in this transaction) and return them;
+    the caller removes their files. A referenced build is never returned."""
+    doomed = unreferenced(s)
     now = utcnow()
     for b in doomed:
         s.execute(Build.__table__.update().where(Build.id == b.id, Build.deleted_at.is_(None))

@@ -16,6 +16,7 @@ from tenacity import RetryCallState, wait_exponential
 from models.states import OPEN_STOP, OPEN_WAKE
 from models.store import utcnow
 from models.tables import Attempt, Host, Lease, Member, Release, Restore, Stop, Wake
+from models.trouble import diagnose, refine
 from workflows.context import Context, Poke, Result
 from workflows.deploy import drive_attempt
 from workflows.lease import drive_release, give_back
@@ -73,9 +74,15 @@ class Due:
     sane: bool = False  # its host passed the sanity check when the round read it
 
 
-def _open_rows(ctx: Context, *, per_host: bool = False) -> Any:
+def _open_rows(ctx: Context, *, per_host: bool = False, due_by: datetime | None = None) -> Any:
     """Open rows of every kind on hosts this agent may act on (its own or unleased).
-    per_host: only the rows a per-host drive takes (not those a batch drains)."""
+    per_host: only the rows a per-host drive takes (not those a batch drains); due_by: only
+    the rows due by then.
+
+    A CTE the database materializes: each branch reads its table's open rows alone (by its
+    (state, next_attempt_at) index, migration 0008) before anything ranks them by host, so
+    the read follows the open rows, never the history (ranking the union directly had the
+    planner walk every past row of a table in host order)."""
     selects = []
     for k in KINDS.values():
         q = select(literal(k.name, String).label("kind"), k.key.label("id"),
@@ -83,10 +90,12 @@ def _open_rows(ctx: Context, *, per_host: bool = False) -> Any:
                    k.model.attempts.label("attempts"), k.model.last_error.label("last_error"))
         if k.open is not None:
             q = q.where(k.open)
+        if due_by is not None:
+            q = q.where(k.model.next_attempt_at <= due_by)
         if per_host and k.batch is not None and k.batched is not None:
             q = q.where(~k.batched(ctx))
         selects.append(q)
-    return union_all(*selects).subquery()
+    return union_all(*selects).cte("open_rows").prefix_with("MATERIALIZED")
 
 
 def not_ours(ctx: Context) -> Any:
@@ -107,10 +116,10 @@ def due(ctx: Context, now: datetime, *, skip: Collection[str] = (), after: str |
     so a round costs the same with 10 or 10,000 open rows."""
     if limit == 0:
         return []
-    rows = _open_rows(ctx, per_host=True)
+    rows = _open_rows(ctx, per_host=True, due_by=now)
 
     def q(s: Session) -> list[Due]:
-        where = [rows.c.at <= now, rows.c.host.not_in(not_ours(ctx))]
+        where = [rows.c.host.not_in(not_ours(ctx))]
         if skip:
             where.append(rows.c.host.not_in(list(skip)))
         rank = func.row_number().over(partition_by=rows.c.host, order_by=(rows.c.at, rows.c.id))
@@ -181,6 +190,11 @@ def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
     except Poke as exc:
         result, error = Result.poked, str(exc)
     except Exception as exc:  # a step lost a race or the store failed: retry later
+        trouble = diagnose(exc)
+        if trouble is not None and refine(trouble, ctx.store.url).whole_store:
+            # Not this row's trouble: the store is full, gone, locked or damaged, so no
+            # pacing could be written either. The agent backs off as a whole.
+            raise
         result, error = Result.poked, f"{type(exc).__name__}: {exc}"
     now = utcnow()
     if result is Result.poked:

@@ -118,8 +118,8 @@ def test_state_dir_never_upgraded(short_tmp: Path) -> None:
     ("postgresql+psycopg2://u@h/db", ("does not run on postgresql+psycopg2", "sqlite:///")),
     ("::nonsense", ("cannot parse the database URL", "postgresql+psycopg://")),
     # Nothing listens on port 1: the driver's two-line message comes out as one line.
-    ("postgresql://u:secret@127.0.0.1:1/db", ("cannot read the schema version", "u:***@",
-                                                "Connection refused", "server is up")),
+    ("postgresql://u:secret@127.0.0.1:1/db", ("cannot reach the PostgreSQL database", "u:***@",
+                                                "Connection refused", "PostgreSQL is up")),
 ])
 def test_database_url_refused(short_tmp: Path, url: str, words: tuple[str, ...]) -> None:
     state = short_tmp / "state"

@@ -174,6 +174,16 @@ def seed_0006(conn: Connection) -> None:
                                "restart_streak": 0, "drift_since": None})
 
 
+def seed_0008(conn: Connection) -> None:
+    """A host's history, open and closed rows side by side (0008 indexes them only)."""
+    raw_insert(conn, "wakes", {"id": 80, "host": "web", "state": "done", "cause": "wake",
+                               "fence": 3, "generation_id": 1, "reason": None,
+                               "created_at": T0, "ended_at": T0, **retry_cols(0)})
+    raw_insert(conn, "stops", {"id": 80, "host": "web", "state": "done", "fence": 3,
+                               "generation_id": 2, "signalled_at": T0, "reason": "operator",
+                               "created_at": T0, "ended_at": T0, **retry_cols(0)})
+
+
 def seed_0011(conn: Connection) -> None:
     """A host with a listening socket held on this box and its readiness (0011: listeners,
     hosts.ready)."""
@@ -197,6 +207,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0004": seed_0004,
     "0005": seed_0005,
     "0006": seed_0006,
+    "0008": seed_0008,
     "0011": seed_0011,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
