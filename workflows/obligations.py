@@ -9,17 +9,18 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, func, literal, select, union_all, update
+from sqlalchemy import String, cast, func, literal, select, union_all, update
 from sqlalchemy.orm import Session
 from tenacity import RetryCallState, wait_exponential
 
-from models.states import OPEN_STOP, OPEN_WAKE
+from models.states import OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE
 from models.store import utcnow
-from models.tables import Attempt, Host, Lease, Member, Release, Restore, Stop, Wake
-from workflows.context import Context, Poke, Result
+from models.tables import Attempt, Host, Lease, Member, Release, Restore, Rollout, Stop, Wake
+from workflows.context import Context, Poke, Result, Until
 from workflows.deploy import drive_attempt
 from workflows.lease import drive_release, give_back
 from workflows.members import drive_member, drive_restore
+from workflows.rollout import drive_rollout
 from workflows.sanity import impossible_hosts, refuse_if_impossible
 from workflows.stop import drive_stop
 from workflows.wake import drive_wake
@@ -46,6 +47,13 @@ class Kind:
     # per-host drives leave those rows to it.
     batch: Callable[[Context, int], int] | None = None
     batched: Callable[[Context], Any] | None = None
+    # The name the round paces the row under (one row per name per round, at most 8 names
+    # in flight), when it is not the row's host: a rollout belongs to no host.
+    label: Any = None
+
+    @property
+    def host(self) -> Any:
+        return self.label if self.label is not None else self.model.host
 
 
 KINDS: dict[str, Kind] = {
@@ -58,6 +66,9 @@ KINDS: dict[str, Kind] = {
         Kind("restore", Restore, Restore.id, None, drive_restore),
         Kind("release", Release, Release.id, None, drive_release, give_back,
              lambda ctx: Release.holder == ctx.agent_id),
+        # Advanced by whichever agent claims it; its attempts by each host's lease holder.
+        Kind("rollout", Rollout, Rollout.id, Rollout.state.in_(OPEN_ROLLOUT), drive_rollout,
+             label=literal("rollout #", String) + cast(Rollout.id, String)),
     )
 }
 
@@ -79,7 +90,7 @@ def _open_rows(ctx: Context, *, per_host: bool = False) -> Any:
     selects = []
     for k in KINDS.values():
         q = select(literal(k.name, String).label("kind"), k.key.label("id"),
-                   k.model.host.label("host"), k.model.next_attempt_at.label("at"),
+                   k.host.label("host"), k.model.next_attempt_at.label("at"),
                    k.model.attempts.label("attempts"), k.model.last_error.label("last_error"))
         if k.open is not None:
             q = q.where(k.open)
@@ -178,6 +189,9 @@ def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
         if not item.sane:
             refuse_if_impossible(ctx, kind.model, kind.key, item.id, item.host)
         result, error = kind.drive(ctx, item.id), None
+    except Until as exc:  # due again at a time of the row's own, not after a backoff
+        values = {"attempts": 0, "last_error": str(exc), "next_attempt_at": exc.at}
+        return Result.poked, _pace(ctx, kind, item.id, values, str(exc))
     except Poke as exc:
         result, error = Result.poked, str(exc)
     except Exception as exc:  # a step lost a race or the store failed: retry later
@@ -195,11 +209,15 @@ def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
         values = {"attempts": 0, "last_error": None, "next_attempt_at": now}
     else:
         return result, error
+    return result, _pace(ctx, kind, item.id, values, error)
+
+
+def _pace(ctx: Context, kind: Kind, key: int, values: dict[str, Any], error: str | None) -> str | None:
     try:
-        ctx.store.write(lambda s: s.execute(update(kind.model).where(kind.key == item.id).values(**values)))
+        ctx.store.write(lambda s: s.execute(update(kind.model).where(kind.key == key).values(**values)))
     except Exception as exc:  # pacing is advisory; the row stays open and due
         error = f"{error}; pacing not written: {exc}"
-    return result, error
+    return error
 
 
 def _attempts(ctx: Context, kind: Kind, key: int) -> int:
