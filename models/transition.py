@@ -138,16 +138,19 @@ def move(session: Session, model: Any, where: list[Any] | dict[str, Any] | int |
 def _synchronize(session: Session, model: Any, where: dict[str, Any], values: dict[str, Any]) -> None:
     """As the ORM form does: a copy of the row this session already holds takes the new
     values, so a later read in the same step does not see the old state."""
-    key = where.get(_pk(model).name)
-    obj = session.identity_map.get(identity_key(model, key)) if key is not None else None
+    key = tuple(where.get(c.name) for c in model.__table__.primary_key.columns)
+    obj = (session.identity_map.get(identity_key(model, key if len(key) > 1 else key[0]))
+           if all(k is not None for k in key) else None)
     if obj is not None:
         for k, v in values.items():
             set_committed_value(obj, k, v)
 
 
 def _pk(model: Any) -> Any:
-    (pk,) = model.__table__.primary_key.columns
-    return pk
+    pk = list(model.__table__.primary_key.columns)
+    if len(pk) != 1:  # a row of a composite key is named by a dict of its columns
+        raise TypeError(f"{model.__name__} has a composite primary key: name the row by a dict")
+    return pk[0]
 
 
 def _equalities(model: Any, where: dict[str, Any], values: dict[str, Any], what: str,

@@ -185,19 +185,21 @@ def open_count(ctx: Context) -> int:
 def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
     """Drive one row and persist its pacing. Never raises for the row's own trouble."""
     kind = KINDS[item.kind]
+    until = None
     try:
         if not item.sane:
             refuse_if_impossible(ctx, kind.model, kind.key, item.id, item.host)
         result, error = kind.drive(ctx, item.id), None
     except Until as exc:  # due again at a time of the row's own, not after a backoff
-        values = {"attempts": 0, "last_error": str(exc), "next_attempt_at": exc.at}
-        return Result.poked, _pace(ctx, kind, item.id, values, str(exc))
+        result, error, until = Result.poked, str(exc), exc.at
     except Poke as exc:
         result, error = Result.poked, str(exc)
     except Exception as exc:  # a step lost a race or the store failed: retry later
         result, error = Result.poked, f"{type(exc).__name__}: {exc}"
     now = utcnow()
-    if result is Result.poked:
+    if until is not None:
+        values = {"attempts": 0, "last_error": error, "next_attempt_at": until}
+    elif result is Result.poked:
         tried = item.attempts if item.attempts is not None else _attempts(ctx, kind, item.id)
         values = {"attempts": kind.model.attempts + 1, "last_error": error,
                   "next_attempt_at": now + timedelta(seconds=backoff(tried + 1))}
@@ -209,15 +211,11 @@ def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
         values = {"attempts": 0, "last_error": None, "next_attempt_at": now}
     else:
         return result, error
-    return result, _pace(ctx, kind, item.id, values, error)
-
-
-def _pace(ctx: Context, kind: Kind, key: int, values: dict[str, Any], error: str | None) -> str | None:
     try:
-        ctx.store.write(lambda s: s.execute(update(kind.model).where(kind.key == key).values(**values)))
+        ctx.store.write(lambda s: s.execute(update(kind.model).where(kind.key == item.id).values(**values)))
     except Exception as exc:  # pacing is advisory; the row stays open and due
         error = f"{error}; pacing not written: {exc}"
-    return error
+    return result, error
 
 
 def _attempts(ctx: Context, kind: Kind, key: int) -> int:

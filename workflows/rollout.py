@@ -450,10 +450,7 @@ def _move_target(s: Session, r: Rollout, t: RolloutTarget, values: dict[str, Any
                  what: str) -> None:
     """A target, only while it is where this step read it (state and its attempt)."""
     col = "revert_attempt_id" if t.state is TargetState.reverting else "attempt_id"
-    attempt = getattr(RolloutTarget, col)
-    now = getattr(t, col)
-    move(s, RolloutTarget, [RolloutTarget.rollout_id == r.id, RolloutTarget.host == t.host,
-                            attempt.is_(None) if now is None else attempt == now], values,
+    move(s, RolloutTarget, {"rollout_id": r.id, "host": t.host, col: getattr(t, col)}, values,
          f"target {t.host} of rollout #{r.id} {what}", fence=BY_ROLLOUT, col="state",
          frm=t.state)
 

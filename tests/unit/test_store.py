@@ -32,7 +32,9 @@ from models.states import (
     HostKind,
     MemberRole,
     Mode,
+    RolloutState,
     StopState,
+    TargetState,
     WakeState,
 )
 from models.store import (
@@ -45,7 +47,19 @@ from models.store import (
     sqlite_url,
     utcnow,
 )
-from models.tables import Attempt, Build, Event, Generation, Host, Lease, Member, Stop, Wake
+from models.tables import (
+    Attempt,
+    Build,
+    Event,
+    Generation,
+    Host,
+    Lease,
+    Member,
+    Rollout,
+    RolloutTarget,
+    Stop,
+    Wake,
+)
 from models.transition import Fence, Unfenced, move, move_many
 from tests.conftest import drop_db, new_db, wait_for
 
@@ -332,7 +346,9 @@ STATE_MODELS = {GenState: (Generation, "state", Generation.id),
                 StopState: (Stop, "state", Stop.id),
                 AttemptStep: (Attempt, "step", Attempt.id),
                 MemberRole: (Member, "role", Member.generation_id),
-                Desired: (Host, "desired", Host.name)}
+                Desired: (Host, "desired", Host.name),
+                RolloutState: (Rollout, "state", Rollout.id),
+                TargetState: (RolloutTarget, "state", RolloutTarget.rollout_id)}
 
 
 def one_of_each(s: Session, gid: int) -> dict[type, Any]:
@@ -346,14 +362,24 @@ def one_of_each(s: Session, gid: int) -> dict[type, Any]:
                 next_attempt_at=now, created_at=now)
     m = Member(generation_id=gid, host="web", role=MemberRole.spawning, fence=FENCE, since=now,
                next_attempt_at=now)
-    s.add_all([w, st, a, m])
+    r = Rollout(build_id=1, digest="0" * 64, mode=Mode.overlap, canary=False, waves="100%",
+                wave_count=1, wave=0, settled=0, max_failures=0, auto_revert=False,
+                after_attempt=0, after_stop=0, state=RolloutState.running, since=now,
+                next_attempt_at=now, created_at=now)
+    s.add_all([w, st, a, m, r])
+    s.flush()
+    s.add(RolloutTarget(rollout_id=r.id, host="web", position=0, wave=1,
+                        state=TargetState.pending, tries=0, spent=0))
     s.flush()
     return {Generation: (gid, GenState.spawning, GenState.running),
             Wake: (w.id, WakeState.queued, WakeState.leased),
             Stop: (st.id, StopState.queued, StopState.signalled),
             Attempt: (a.id, AttemptStep.queued, AttemptStep.admitted),
             Member: (gid, MemberRole.spawning, MemberRole.successor),
-            Host: ("web", Desired.down, Desired.up)}
+            Host: ("web", Desired.down, Desired.up),
+            Rollout: (r.id, RolloutState.running, RolloutState.paused),
+            RolloutTarget: ({"rollout_id": r.id, "host": "web"}, TargetState.pending,
+                            TargetState.deploying)}
 
 
 @pytest.mark.parametrize("by_key", [False, True], ids=["conditions", "primary-key"])
@@ -370,13 +396,17 @@ def test_a_stale_fence_is_refused_for_every_kind_of_row(store: Store, gen_id: in
     for model, (keyval, frm, to) in rows.items():
         col, key = kinds[model]
 
-        def state(model: Any = model, col: str = col, key: Any = key, keyval: Any = keyval) -> Any:
-            return store.read(lambda s: s.execute(
-                select(getattr(model, col)).where(key == keyval)).scalar_one())
+        # A composite key (a rollout's target) names its row by a dict of its columns.
+        conds = ([getattr(model, k) == v for k, v in keyval.items()] if isinstance(keyval, dict)
+                 else [key == keyval])
 
-        def step(s: Session, f: Fence, model: Any = model, col: str = col, key: Any = key,
+        def state(model: Any = model, col: str = col, conds: Any = conds) -> Any:
+            return store.read(lambda s: s.execute(
+                select(getattr(model, col)).where(*conds)).scalar_one())
+
+        def step(s: Session, f: Fence, model: Any = model, col: str = col, conds: Any = conds,
                  keyval: Any = keyval, frm: Any = frm, to: Any = to) -> None:
-            move(s, model, keyval if by_key else [key == keyval], {col: to}, f"{model.__name__} {keyval}",
+            move(s, model, keyval if by_key else list(conds), {col: to}, f"{model.__name__} {keyval}",
                  fence=f, col=col, frm=frm)
 
         with pytest.raises(LostRace):
