@@ -101,7 +101,7 @@ def parse_waves(spec: str) -> list[tuple[float, bool]]:
     parts = [p.strip() for p in spec.split(",")]
     if not spec.strip() or any(not p for p in parts):
         raise BadInput(f"--waves {spec!r} has an empty wave", WAVES_FIX)
-    out = []
+    out: list[tuple[float, bool]] = []
     for p in parts:
         pct = p.endswith("%")
         text = p[:-1].strip() if pct else p
@@ -115,20 +115,22 @@ def parse_waves(spec: str) -> list[tuple[float, bool]]:
                            WAVES_FIX)
         if not pct and value < 1:
             raise BadInput(f"--waves {spec!r}: {p!r} is not a host count of at least 1", WAVES_FIX)
+        same = [v for v, was_pct in out if was_pct == pct]
+        if same and value < same[-1]:
+            raise BadInput(f"--waves {spec!r}: {p!r} is smaller than the wave before it: waves "
+                           "are cumulative", WAVES_FIX)
         out.append((float(value), pct))
     return out
 
 
 def wave_ends(spec: str, hosts: int) -> list[int]:
     """How many hosts have been reached once each wave is admitted: ascending, ending at
-    `hosts` (the hosts past the last wave given form one more wave)."""
+    `hosts` (the hosts past the last wave given form one more wave). A count and a
+    percentage that come out smaller than the wave before (say 3,25% of 4 hosts) merge."""
     ends: list[int] = []
     for value, pct in parse_waves(spec):
         n = math.ceil(value * hosts / 100 - 1e-9) if pct else int(value)
         n = max(1, min(hosts, n))
-        if ends and n < ends[-1]:
-            raise BadInput(f"--waves {spec!r}: with {hosts} host(s) a wave of {n} follows one of "
-                           f"{ends[-1]}: waves are cumulative", WAVES_FIX)
         if not ends or n > ends[-1]:
             ends.append(n)
     if ends[-1] < hosts:

@@ -152,7 +152,7 @@ def events(store: Store, kind: str) -> list[Event]:
 @pytest.mark.parametrize("spec,hosts,ends", [
     ("1,25%,100%", 6, [1, 2, 6]), ("1,50%,100%", 6, [1, 3, 6]), ("100%", 3, [3]),
     ("1", 4, [1, 4]), ("2,2,3", 5, [2, 3, 5]), ("50%", 1, [1]), ("1,25%,100%", 1, [1]),
-    ("10", 3, [3]), ("12.5%,100%", 8, [1, 8]),
+    ("10", 3, [3]), ("12.5%,100%", 8, [1, 8]), ("3,25%", 4, [3, 4]),
 ])
 def test_wave_sizes_are_cumulative_and_reach_every_host(spec: str, hosts: int, ends: list[int]) -> None:
     assert wave_ends(spec, hosts) == ends
