@@ -312,7 +312,8 @@ def advance(s: Session, rollout_id: int) -> str | Wait | None:
     attempts = _attempts(s, [_attempt_of(t) for t in flying])
     ended = [(t, attempts.get(_attempt_of(t))) for t in flying
              if _attempt_of(t) not in attempts or attempts[_attempt_of(t)].outcome is not None]
-    waiting = [t for t in flying if t not in {e for e, _ in ended}]
+    settled = {t.host for t, _ in ended}
+    waiting = [t for t in flying if t.host not in settled]
     verdicts = {t.host: _verdict(s, r, t, a) for t, a in ended}
 
     if r.state in (RolloutState.running, RolloutState.paused):
