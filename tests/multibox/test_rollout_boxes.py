@@ -84,6 +84,10 @@ def test_rollout_completes_after_a_box_dies_mid_wave(boxes) -> None:  # type: ig
     # b's interrupted attempts were abandoned, never failed, and nothing is held down.
     outcomes = a.store.read(lambda s: s.execute(select(Attempt.host, Attempt.outcome).where(
         Attempt.cause == Cause.rollout)).all())
+    for row in a.store.read(lambda s: s.execute(select(
+            Attempt.id, Attempt.host, Attempt.outcome, Attempt.executed, Attempt.reason).where(
+            Attempt.cause == Cause.rollout).order_by(Attempt.id)).all()):
+        print(*row)
     assert not [h for h, o in outcomes if o in (Outcome.failed, Outcome.down)], outcomes
     assert not b.app_procs()
     a.quiesce(60)
