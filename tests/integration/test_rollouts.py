@@ -356,3 +356,39 @@ def test_gc_keeps_an_open_rollouts_builds(vigil: Vigil, short_tmp: Path) -> None
     assert Path(path).exists()
     assert "rollout" in {o["kind"] for o in vigil.obligations()}
     assert f"rollout #{rid}" in {o["host"] for o in vigil.obligations()}
+
+
+def test_a_held_down_build_is_not_converged_onto_until_retry(vigil: Vigil, short_tmp: Path) -> None:
+    """The failure book and workers: a build that failed on a worker is not put back by a
+    converge (its drift is noted, nothing is replaced) until `vigil retry` lifts it."""
+    from tests.conftest import FIXTURES
+
+    flag = short_tmp / "fail-now"
+    flag.touch()
+    bad = short_tmp / "worker-b.py"
+    first, rest = (FIXTURES / "worker.py").read_text().split("\n", 1)
+    bad.write_text(f"{first}\nimport os, sys, time\nif os.path.exists({str(flag)!r}):\n"
+                   f"    time.sleep(0.3)\n    sys.exit(3)\n{rest}")
+    bad.chmod(0o755)
+    vigil.env["VIGIL_SETTLE_SECONDS"] = "2"  # the canary below exits inside its settle
+    vigil.add_host("w", FIXTURES / "worker.py", "--kind", "worker", "--converge-grace", "1")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "w", "--wait")
+    cp = vigil.run("deploy", "w", str(bad), "--canary", "--wait", check=False, timeout=120)
+    assert cp.returncode != 0 and "down" in cp.stderr, cp.stdout + cp.stderr
+    held = vigil.store.read(lambda s: s.execute(select(HeldBuild)).scalars().all())
+    assert [(h.host, h.digest) for h in held] == [("w", digest(bad))]
+    vigil.run("wake", "w", "--wait")  # back up on its build before
+    flag.unlink()  # it would run now: only the book keeps it off
+    old_gen = vigil.status("w")["generation"]
+    vigil.run("deploy", "w", str(bad), "--converge")
+    wait_for(lambda: events(vigil, "drift"), 30, what="the drift noted")
+    time.sleep(4)  # four grace periods, a sweep a second
+    assert not events(vigil, "converging")
+    assert vigil.status("w")["generation"] == old_gen
+    vigil.run("retry", "w", "--wait", timeout=120)
+    st = vigil.status("w")
+    assert st["build_digest"] == digest(bad) and st["generation"] != old_gen
+    vigil.quiesce(30)
+    vigil.check()
