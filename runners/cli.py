@@ -105,7 +105,8 @@ def cli(ctx: click.Context, state_dir: str, db: str | None) -> None:
     ctx.obj = Env(state_dir, db)
 
 
-cli.add_command(rollout)
+cli.add_command(rollout)  # vigil rollout ... (runners/cli_rollout.py)
+
 
 @cli.group()
 def db() -> None:
