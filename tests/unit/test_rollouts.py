@@ -425,3 +425,20 @@ def test_gc_keeps_the_builds_an_open_rollout_may_deploy(store: Store, builds: tu
     store.write(lambda s: rollout.abort_rollout(s, rid))
     assert step(store, rid) == ENDED
     assert new not in store.read(referenced_ids)
+
+
+def test_check_names_a_target_left_in_flight_by_an_ended_rollout(store: Store,
+                                                                 builds: tuple[int, int],
+                                                                 tmp_path: Path) -> None:
+    from runners.check import run_checks
+
+    _, new = builds
+    rid = start(store, new)
+    assert step(store, rid) == WAVE_ADMITTED
+    assert not [v for v in run_checks(store, tmp_path) if v.name == "rollout_target"]
+    store.write(lambda s: move(s, Rollout, rid, {"state": RolloutState.ended},
+                               "by hand", fence=BY_HAND, col="state", frm=RolloutState.running))
+    found = {v.message for v in run_checks(store, tmp_path) if v.name == "rollout_target"}
+    assert found == {f"target web1 of rollout #{rid} is deploying while the rollout is ended",
+                     *{f"target {h} of rollout #{rid} is pending while the rollout is ended"
+                       for h in HOSTS[1:]}}
