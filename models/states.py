@@ -114,17 +114,22 @@ class TargetState(str, enum.Enum):
 
 TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
     GenState: {
-        GenState.spawning: frozenset({GenState.running, GenState.retiring}),
+        # spawning -> current: a worker's pid and its being current in one commit
+        GenState.spawning: frozenset({GenState.running, GenState.current, GenState.retiring}),
         GenState.running: frozenset({GenState.current, GenState.retiring}),
         GenState.current: frozenset({GenState.retiring}),
         GenState.retiring: frozenset({GenState.proven}),
         GenState.proven: frozenset(),
     },
     WakeState: {
-        WakeState.queued: frozenset({WakeState.leased, WakeState.done, WakeState.failed, WakeState.cancelled}),
+        # queued -> spawning: leased and its generation's intent written in one commit
+        WakeState.queued: frozenset({WakeState.leased, WakeState.spawning, WakeState.done,
+                                     WakeState.failed, WakeState.cancelled}),
         WakeState.leased: frozenset({WakeState.spawning, WakeState.cancelled, WakeState.failed}),
+        # spawning -> done: a worker (no health check) current in the commit of its pid
         WakeState.spawning: frozenset(
-            {WakeState.checking, WakeState.unproven, WakeState.failed, WakeState.reaping}
+            {WakeState.checking, WakeState.done, WakeState.unproven, WakeState.failed,
+             WakeState.reaping}
         ),
         WakeState.checking: frozenset(
             {WakeState.done, WakeState.unproven, WakeState.failed, WakeState.reaping}

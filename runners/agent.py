@@ -24,7 +24,7 @@ from models.errors import Refused
 from models.schema import require_head
 from models.store import emit, utcnow
 from models.tables import Agent as AgentRow
-from runners import metrics, schedules, wakeup
+from runners import schedules, wakeup
 from runners.doorbell import DOORBELL, LOCK
 from runners.doorbell import ring as ring_doorbell
 from runners.fencing import FencedProcess, FenceGuard, Timing
@@ -72,6 +72,7 @@ class Reconciler:
         self._fresh = False
         self.rounds = 0
         self.on_progress: Callable[[], None] = lambda: None  # a drive moved a row
+        self.on_round: Callable[[float], None] = lambda _seconds: None  # metrics, when served
         self._thread: threading.Thread | None = None
         self._kicked = threading.Event()
 
@@ -115,7 +116,7 @@ class Reconciler:
                 self._dirty = False
                 started = time.monotonic()
                 self._dispatch()
-                metrics.ROUND.observe(time.monotonic() - started)
+                self.on_round(time.monotonic() - started)
                 with self._lock:
                     if not self._dirty:
                         self._running = False
@@ -338,20 +339,24 @@ class AgentDaemon:
             except Exception:
                 log.exception("sweep failed; the next one retries")
 
-    def liveness(self, reconciler: Reconciler, only: set[int] | None = None) -> None:
-        """Reap our children and retire every dead current (or those of `only`)."""
+    def liveness(self, reconciler: Reconciler, only: set[int] | None = None,
+                 skip: set[int] | None = None) -> None:
+        """Reap our children and retire every dead current (or those of `only`; none of
+        `skip`)."""
         reap = getattr(self.ctx.proc, "reap", None)
         if reap is not None:
             reap()
-        if retire_dead_currents(self.ctx, only):
+        if retire_dead_currents(self.ctx, only, skip or ()):
             reconciler.kick()
             if self.watcher is not None:
                 self.watcher.refresh()
 
     def backstop(self, reconciler: Reconciler) -> None:
         """With exits as events: a full liveness check now and then, for what no pidfd
-        reported (a leader this agent could not watch)."""
-        self.liveness(reconciler)
+        reported (a leader this agent could not watch). A leader whose pidfd is open is not
+        checked again: its exit is an event (1,000 pid reads every 30 s were most of an idle
+        agent's cost)."""
+        self.liveness(reconciler, skip=self.watcher.watched() if self.watcher else None)
         if self.watcher is not None:
             self.watcher.refresh()
 
@@ -383,8 +388,12 @@ class AgentDaemon:
         self._take_lock()
         require_head(self.ctx.store.engine)
         settle_state_dir(self.ctx)
-        if self.metrics_listen:
+        observe_round = None
+        if self.metrics_listen:  # prometheus_client is imported only then (start-up time)
+            from runners import metrics
+
             metrics.serve(self.ctx, self.metrics_listen)
+            observe_round = metrics.ROUND.observe
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         self._register()
@@ -400,6 +409,8 @@ class AgentDaemon:
                                         job_defaults={"coalesce": True, "max_instances": 1,
                                                       "misfire_grace_time": None})
         reconciler = Reconciler(self.ctx, scheduler, self.max_hosts)
+        if observe_round is not None:
+            reconciler.on_round = observe_round
         if pidfds_supported():
             self.watcher = ExitWatcher(lambda: current_leaders(self.ctx),
                                        lambda ids: self.liveness(reconciler, ids))

@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,9 @@ REKILL = 0.5  # how often a fired deadline re-kills what is still alive
 
 def write_fence(state_dir: Path, data: dict[str, Any]) -> None:
     path = state_dir / FENCE_FILE
-    tmp = path.with_suffix(".tmp")
+    # A temporary of its own per writer: the renewal thread and every drive's spawn guard
+    # write at once, and a shared name let one rename the other's file away (ENOENT).
+    tmp = path.with_name(f".{FENCE_FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f)

@@ -84,7 +84,8 @@ class FenceGuard:
             self._keeper.poll()  # reap it if it ended
         if keeper_pid(self.ctx.state_dir) is not None:
             return
-        self._write()  # it reads our pid from the file first thing
+        with self._lock:
+            self._write()  # it reads our pid from the file first thing
         out = open(self.ctx.state_dir / "fencekeeper.log", "ab")
         self._keeper = subprocess.Popen([sys.executable, "-m", "runners.fencekeeper",
                                          str(self.ctx.state_dir)], cwd=ROOT, stdin=subprocess.DEVNULL,
@@ -129,6 +130,11 @@ class FenceGuard:
             self.held = held
             self.guarded = guarded
             self._write()
+        took = time.monotonic() - t0
+        if took > self.timing.renew_every:  # what eats into the margin, said before it is gone
+            log.warning("lease renewal took %.1fs (renewal every %.1fs, self-fence %.1fs after "
+                        "the last one): the agent is short of CPU or the store is slow",
+                        took, self.timing.renew_every, self.timing.ttl - self.timing.margin)
         if lost:
             self.fence_lost(lost)
 

@@ -14,9 +14,12 @@ _PUBLISH = update(_B).where(_B.c.id == bindparam("build"), _B.c.published_at.is_
                            ).values(published_at=bindparam("now"))
 
 
-def mark_published(s: Session, build_id: int) -> None:
+def mark_published(s: Session, build_id: int, seen: Build | None = None) -> None:
     """In the caller's transaction, before anything of the build is exec'd: it is written
-    as referenced (gc keeps it). Once: a build published earlier keeps its time."""
+    as referenced (gc keeps it). Once: a build published earlier keeps its time, and one
+    `seen` published in this transaction needs no write (nothing unpublishes a build)."""
+    if seen is not None and seen.published_at is not None:
+        return
     s.execute(_PUBLISH, {"build": build_id, "now": utcnow()})
 
 

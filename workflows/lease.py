@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -43,12 +44,25 @@ _COUNTER_OF = select(_H.fence_seq, _H.box).where(_H.name == bindparam("host"))
 _NEW_LEASE = insert(Lease.__table__)
 
 
-def acquire(s: Session, ctx: Context, host: str) -> int:
+@dataclass(frozen=True)
+class Holding:
+    """What acquire() reads first, when the caller has read it already in its transaction:
+    the host's lease (None: unleased), its fence counter and its placement."""
+
+    lease: Any
+    fence_seq: int
+    box: str | None
+
+
+def acquire(s: Session, ctx: Context, host: str, known: Holding | None = None) -> int:
     """Take (or re-take) the host's lease with a new fence, inside the caller's transaction.
     Any owed release naming an older fence becomes stale: the fence moved on."""
     now = utcnow()
-    lease = lease_of(s, host)
-    seq, placed = s.execute(_COUNTER_OF, {"host": host}).one()
+    if known is None:
+        lease = lease_of(s, host)
+        seq, placed = s.execute(_COUNTER_OF, {"host": host}).one()
+    else:
+        lease, seq, placed = known.lease, known.fence_seq, known.box
     if not placement.may_hold(placed, ctx.agent_id):
         raise Poke(f"host {host} is placed on {placed}, not on this box ({ctx.agent_id})")
     taking = lease is not None and lease.holder != ctx.agent_id
@@ -193,15 +207,20 @@ def drive_release(ctx: Context, release_id: int) -> Result:
         if row is None:
             return Result.gone
         lease = s.get(Lease, row.host)
+        # Plain deletes, each by its own guard: the batch (give_back) may take the same row
+        # between this step's reads and its writes (PostgreSQL reads are not locked).
+        drop = delete(_RELEASES).where(_RELEASES.c.id == release_id)
         if lease is None or lease.holder != row.holder or lease.fence != row.fence:
-            s.delete(row)  # an older incarnation: the lease moved on, nothing to give back
+            s.execute(drop)  # an older incarnation: the lease moved on, nothing to give back
             return Result.gone
         why = still_needed(s, row.host)
         if why is not None:
             raise Poke(f"lease of {row.host} still needed: {why}")
-        s.execute(delete(Lease).where(Lease.host == row.host, Lease.holder == row.holder,
-                                      Lease.fence == row.fence))
-        s.delete(row)
+        gone = s.execute(delete(Lease).where(Lease.host == row.host, Lease.holder == row.holder,
+                                             Lease.fence == row.fence)).rowcount
+        s.execute(drop)
+        if not gone:  # given back meanwhile, with its own event
+            return Result.gone
         emit(s, "released", row.host, fence=row.fence)
         return Result.progress
 

@@ -66,9 +66,11 @@ def current_leaders(ctx: Context) -> dict[int, tuple[int, float]]:
     return {r.id: (r.pid, r.create_time) for r in rows}
 
 
-def retire_dead_currents(ctx: Context, only: Collection[int] | None = None) -> int:
+def retire_dead_currents(ctx: Context, only: Collection[int] | None = None,
+                         skip: Collection[int] = ()) -> int:
     """The liveness check: every current generation this agent owns (or those of `only`,
-    the ones whose exit was just reported) whose leader is gone."""
+    the ones whose exit was just reported) whose leader is gone. Those of `skip` are not
+    checked (their exit is reported as it happens: the exit watcher holds their pidfds)."""
     G = Generation.__table__.c
 
     def read(s: Session) -> tuple[list[Any], set[str]]:
@@ -83,7 +85,7 @@ def retire_dead_currents(ctx: Context, only: Collection[int] | None = None) -> i
 
     rows, refused = ctx.store.read(read)
     # A host in an impossible state is not acted on (its obligations say why).
-    dead = [r.id for r in rows if r.host not in refused and not ctx.proc.leader_alive(
+    dead = [r.id for r in rows if r.host not in refused and r.id not in skip and not ctx.proc.leader_alive(
         ProcRef(generation_uuid=r.uuid, pid=r.pid, create_time=r.create_time, cgroup=r.cgroup))]
     retired = 0
     for gen_id in dead:

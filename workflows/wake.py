@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import Integer, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from models.errors import BrokenInvariant, NotFound, Refused
-from models.states import LIVE_GEN, OPEN_WAKE, Desired, GenState, WakeState
+from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, WakeState
 from models.store import emit, utcnow
-from models.tables import Build, Generation, Host, Wake
+from models.tables import Build, Generation, Host, Lease, Stop, Wake
 from models.transition import Fence, Unfenced, move, move_many
 from workflows.access import grant_socket
 from workflows.builds import mark_published
@@ -24,7 +24,7 @@ from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.generations import intend, launch, record
-from workflows.lease import acquire, owe_release, release_owed
+from workflows.lease import Holding, acquire, owe_release, release_owed
 from workflows.lookups import open_stop
 from workflows.ports import SpawnError
 from workflows.queue import enqueue_wake
@@ -66,9 +66,30 @@ _UNPROVEN = select(Wake).where(Wake.host == bindparam("host"),
 # (Table columns, not the mapped ones: no ORM bookkeeping for a plain row.)
 _G = Generation.__table__.c
 _CURRENT = select(_G.id).where(_G.host == bindparam("host"), _G.state == GenState.current)
-_LIVE = select(_G.id, _G.state).where(_G.host == bindparam("host"), _G.state.in_(LIVE_GEN))
-_HOST = select(Host).where(Host.name == bindparam("name"))
-_BUILD = select(Build).where(Build.id == bindparam("id"))
+# A start's host and the build it execs: a worker's restart, recycle or converge names its
+# build (`pinned`); anything else starts the host's.
+_HOST_BUILD = select(Host, Build).join(
+    Build, Build.id == func.coalesce(bindparam("pinned", type_=Integer), Host.build_id)
+).where(Host.name == bindparam("name"))
+_H, _L, _S, _W = Host.__table__.c, Lease.__table__.c, Stop.__table__.c, Wake.__table__.c
+
+
+def _first(col: object, *where: object) -> object:
+    return select(col).where(*where).order_by(col).limit(1).scalar_subquery()  # type: ignore[arg-type]
+
+
+# Everything a start checks before it leases, in one read (a query each cost more than the
+# checks): the host's lease, fence counter and placement; an open stop, an unproven wake,
+# a current generation, any generation not proven gone.
+_BEFORE_START = select(
+    _H.fence_seq, _H.box, _L.holder, _L.fence, _L.expires_at,
+    _first(_S.id, _S.host == _H.name, _S.state.in_(OPEN_STOP)).label("stop"),  # type: ignore[attr-defined]
+    _first(_W.id, _W.host == _H.name, _W.state == WakeState.unproven).label("unproven"),  # type: ignore[attr-defined]
+    _first(_G.id, _G.host == _H.name, _G.state == GenState.current).label("current"),  # type: ignore[attr-defined]
+    _first(_G.id, _G.host == _H.name, _G.state.in_(LIVE_GEN)).label("live"),  # type: ignore[attr-defined]
+).select_from(Host.__table__.outerjoin(Lease.__table__, _L.host == _H.name)).where(
+    _H.name == bindparam("host"))
+_GEN_STATE = select(_G.state).where(_G.id == bindparam("id"))
 
 
 def _wake(s: Session, wake_id: int) -> Wake | None:
@@ -116,6 +137,9 @@ def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
 
 def drive_wake(ctx: Context, wake_id: int) -> Result:
     """Advance one wake as far as it can go now."""
+    started = _start(ctx, wake_id)  # the usual case, queued or leased: read in the start's commit
+    if started is not None:
+        return started
     w = ctx.store.read(lambda s: _wake(s, wake_id))
     if w is None or w.state not in OPEN_WAKE:
         return Result.gone
@@ -130,57 +154,14 @@ def drive_wake(ctx: Context, wake_id: int) -> Result:
         _reap(ctx, w)
         w = ctx.store.read(lambda s: _wake(s, wake_id))
     if w.state in (WakeState.queued, WakeState.leased):
-        return _start(ctx, w)
+        return _start(ctx, wake_id) or Result.progress
     return Result.progress
-
-
-def _lease_in(s: Session, ctx: Context, w: Wake, coalesced: list[int]) -> Wake | None:
-    """In the caller's transaction: queued -> leased; the wake as it is now. None when it
-    ended here (already awake, or refused, or yielded to an attempt: id in `coalesced`)."""
-    stop = open_stop(s, w.host)
-    if stop is not None:
-        raise Poke(f"waiting for stop #{stop} of {w.host} to finish")
-    if coalesce(s, w) is not None:  # a worker's own start yields to a queued release
-        coalesced.append(w.id)
-        return None
-    if unproven_wake(s, w.host) is not None:
-        move(s, Wake, w.id, {"state": WakeState.failed, "ended_at": utcnow(),
-                             "reason": "refused: an earlier failed wake is unproven"},
-             f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
-        return None
-    current = s.execute(_CURRENT, {"host": w.host}).first()
-    if current is not None:
-        move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow(),
-                             "generation_id": current.id, "reason": "already awake"},
-             f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
-        return None
-    fence = acquire(s, ctx, w.host)
-    move(s, Wake, w.id, {"state": WakeState.leased, "fence": fence, "attempts": 0},
-         f"wake #{w.id} queued -> leased", fence=Fence(w.host, ctx.agent_id, fence),
-         col="state", frm=WakeState.queued)
-    return _wake(s, w.id)
-
-
-def _leftovers(s: Session, w: Wake) -> tuple[Host, Build]:
-    """Prove the host holds no leftover process before spawning anything new (Poke if it
-    does); the host and the build to start."""
-    live = s.execute(_LIVE, {"host": w.host}).first()
-    if live is not None:
-        raise Poke(f"generation g{live.id} of {w.host} is {live.state.value}, not proven gone")
-    h = s.execute(_HOST, {"name": w.host}).scalar_one_or_none()
-    if h is None:
-        raise BrokenInvariant("h is missing")
-    # A worker's restart, recycle or converge names its build; anything else: the host's.
-    b = s.execute(_BUILD, {"id": w.build_id if w.build_id is not None else h.build_id}
-                  ).scalar_one_or_none()
-    if b is None:
-        raise BrokenInvariant("b is missing")
-    return h, b
 
 
 @dataclass
 class _Intent:
-    wake: Wake  # as leased
+    wake: Wake  # as written (leased, or spawning with its generation)
+    fresh: bool  # it was queued: this commit leased it
     host: Host | None = None
     build: Build | None = None
     gen: Generation | None = None  # None: nothing written past the lease
@@ -188,46 +169,88 @@ class _Intent:
     refusal: str | None = None  # the staged build cannot run
 
 
-def _start(ctx: Context, w: Wake) -> Result:
-    """(queued ->) leased -> spawning -> checking -> done, or -> unproven on the build's
-    failure. A queued wake is leased in the same commit that writes its generation's
-    intent (one fsync, not two, before the exec); the lease alone commits when the start
-    cannot go on (a leftover to wait for, a build that cannot run)."""
-    if ctx.shutting_down.is_set():
-        raise Poke("agent shutting down")
-    fresh = w.state is WakeState.queued
-    coalesced: list[int] = []
+def _lease(s: Session, ctx: Context, w: Wake, fence: int) -> None:
+    move(s, Wake, w.id, {"state": WakeState.leased, "fence": fence, "attempts": 0},
+         f"wake #{w.id} queued -> leased", fence=Fence(w.host, ctx.agent_id, fence),
+         col="state", frm=WakeState.queued)
 
-    def intent(s: Session) -> _Intent | None:
-        leased = _lease_in(s, ctx, w, coalesced) if fresh else w
-        if leased is None:
-            return None
-        if leased.fence is None:
+
+def _start(ctx: Context, wake_id: int) -> Result | None:
+    """(queued ->) leased -> spawning -> checking -> done, or -> unproven on the build's
+    failure. The wake is read, checked, leased (if queued) and its generation's intent
+    written in one commit (one fsync before the exec); the lease alone commits when the
+    start cannot go on (a leftover to wait for, a build that cannot run). None: the wake
+    is in a state no start begins from (the caller looks at it)."""
+    coalesced: list[int] = []
+    elsewhere: list[bool] = []
+
+    def intent(s: Session) -> _Intent | Result:
+        w = _wake(s, wake_id)
+        if w is None or w.state not in OPEN_WAKE:
+            return Result.gone
+        if w.state not in (WakeState.queued, WakeState.leased):
+            elsewhere.append(True)
+            return Result.progress
+        if ctx.shutting_down.is_set():
+            raise Poke("agent shutting down")
+        fresh = w.state is WakeState.queued
+        seen = s.execute(_BEFORE_START, {"host": w.host}).first()
+        if seen is None:
+            raise BrokenInvariant(f"host {w.host} of wake #{w.id} is missing")
+        if fresh:
+            if seen.stop is not None:
+                raise Poke(f"waiting for stop #{seen.stop} of {w.host} to finish")
+            if coalesce(s, w) is not None:  # a worker's own start yields to a queued release
+                coalesced.append(w.id)
+                return Result.progress
+            if seen.unproven is not None:
+                move(s, Wake, w.id, {"state": WakeState.failed, "ended_at": utcnow(),
+                                     "reason": "refused: an earlier failed wake is unproven"},
+                     f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
+                return Result.progress
+            if seen.current is not None:
+                move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow(),
+                                     "generation_id": seen.current, "reason": "already awake"},
+                     f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
+                return Result.progress
+            lease = None if seen.holder is None else seen
+            fence = acquire(s, ctx, w.host, Holding(lease, seen.fence_seq, seen.box))
+        elif w.fence is None:
             raise BrokenInvariant("w.fence is missing")
-        try:
-            host, build = _leftovers(s, leased)
-        except Poke as exc:
+        else:
+            fence = w.fence
+        # No leftover process before anything new is spawned.
+        if seen.live is not None:
+            state = s.execute(_GEN_STATE, {"id": seen.live}).scalar()
+            why = f"generation g{seen.live} of {w.host} is {getattr(state, 'value', state)}, not proven gone"
             if not fresh:
-                raise
-            return _Intent(leased, why_not=str(exc))
+                raise Poke(why)
+            _lease(s, ctx, w, fence)
+            return _Intent(w, fresh, why_not=why)
+        host, build = s.execute(_HOST_BUILD, {"pinned": w.build_id, "name": w.host}).one()
         refusal = staged_problem(ctx, build, host.kind)
         if refusal is not None:
-            return _Intent(leased, host, build, refusal=refusal)
-        g = intend(s, ctx, host, build.id, leased.fence)
+            if fresh:
+                _lease(s, ctx, w, fence)
+            return _Intent(w, fresh, host, build, refusal=refusal)
+        g = intend(s, ctx, host, build.id, fence)
         # Publish before exec: the build is referenced in the store before any of it runs.
-        mark_published(s, build.id)
-        move(s, Wake, leased.id, {"state": WakeState.spawning, "generation_id": g.id},
-             f"wake #{leased.id} leased -> spawning",
-             fence=Fence(leased.host, ctx.agent_id, leased.fence), col="state",
-             frm=WakeState.leased)
-        return _Intent(leased, host, build, g)
+        mark_published(s, build.id, seen=build)
+        values = {"state": WakeState.spawning, "generation_id": g.id}
+        if fresh:  # leased in this same commit
+            values.update(fence=fence, attempts=0)
+        move(s, Wake, w.id, values, f"wake #{w.id} {w.state.value} -> spawning",
+             fence=Fence(w.host, ctx.agent_id, fence), col="state", frm=w.state)
+        return _Intent(w, fresh, host, build, g)
 
     it = ctx.store.write(intent)
     if coalesced:
         crashpoint(COALESCED)
-    if it is None:
-        return Result.progress
-    if fresh:
+    if elsewhere:
+        return None
+    if not isinstance(it, _Intent):
+        return it
+    if it.fresh:
         crashpoint(LEASED)
     if it.why_not is not None:
         raise Poke(it.why_not)
@@ -261,11 +284,22 @@ def _start(ctx: Context, w: Wake) -> Result:
              frm=WakeState.checking)
         emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
 
+    def recorded_current(s: Session) -> None:
+        # A worker has no health check: its pid and its being current go in one commit,
+        # one move each for the generation and the wake.
+        move(s, Generation, gen.id,
+             {"state": GenState.current, "pid": spawned.pid, "create_time": spawned.create_time,
+              "current_at": utcnow()},
+             f"generation g{gen.id} spawning -> current", fence=ours, col="state",
+             frm=GenState.spawning)
+        move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow()},
+             f"wake #{w.id} spawning -> done", fence=ours, col="state", frm=WakeState.spawning)
+        emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
+
     gen.pid, gen.create_time = spawned.pid, spawned.create_time
     ref = ref_of(gen)
     if always_on(host, gen) and ctx.proc.leader_alive(ref):
-        # A worker has no health check: its pid and its being current go in one commit.
-        ctx.store.write(lambda s: (recorded(s), current(s)))
+        ctx.store.write(recorded_current)
         crashpoint(RECORDED)
         crashpoint(CURRENT)
         return Result.progress

@@ -33,7 +33,7 @@ from sqlalchemy import select, update
 from models import schema
 from models.states import GenState, HostKind
 from models.store import Store, prepare_state_dir, utcnow
-from models.tables import OBLIGATION_TABLES, Generation
+from models.tables import OBLIGATION_TABLES, Event, Generation
 from runners.files import stage_build
 from runners.process import ProcessBackend
 from runners.setup import make_context
@@ -264,6 +264,13 @@ class Box:
             assert g.host not in out, f"host {g.host} has two current generations"
             out[g.host] = g
         return out
+
+    def history(self, host: str, last: int = 15) -> list[str]:
+        """The host's last events, oldest first: what a failed invariant is explained by."""
+        rows = self.store.read(lambda s: s.execute(
+            select(Event.kind, Event.generation_id, Event.detail).where(Event.host == host)
+            .order_by(Event.id.desc()).limit(last)).all())
+        return [f"{kind} g{gen} {detail}" for kind, gen, detail in reversed(rows)]
 
     def app_pids(self) -> set[int]:
         return set(marked_pids(self.state_dir))

@@ -138,9 +138,36 @@ def boxes(request: pytest.FixtureRequest, short_tmp: Path,
                 keeper = b.state_dir / "fencekeeper.log"
                 if keeper.exists():
                     print(f"--- box {b.name} fence keeper ---\n{keeper.read_text()[-1500:]}")
+            if made:
+                print(store_dump(made[0].store))
     finally:
         for b in made:
             b.cleanup()
+
+
+def store_dump(store: Store) -> str:
+    """What the shared store holds when a test failed: open obligations, leases, live
+    generations, the last events (a stall shows here, not in the agents' logs)."""
+    queries = {
+        "pending_obligations": "SELECT * FROM pending_obligations ORDER BY host",
+        "leases": "SELECT host, holder, fence, expires_at FROM leases ORDER BY host",
+        "live generations": "SELECT id, host, state, agent_id, pid FROM generations "
+                            "WHERE state <> 'proven' ORDER BY host",
+        "events of hosts with no current generation":
+            "SELECT at, kind, host, detail FROM events WHERE host IN (SELECT name FROM hosts "
+            "WHERE name NOT IN (SELECT host FROM generations WHERE state = 'current')) "
+            "ORDER BY host, id LIMIT 200",
+        "last events": "SELECT at, kind, host, detail FROM events ORDER BY id DESC LIMIT 40",
+    }
+    out = []
+    for title, sql in queries.items():
+        try:
+            rows = store.read(lambda s, sql=sql: s.execute(sa.text(sql)).all())
+        except Exception as exc:  # a dump must never hide the test's own failure
+            rows = [f"({type(exc).__name__}: {exc})"]
+        out.append(f"--- {title} ---\n" + "\n".join(str(tuple(r)) if not isinstance(r, str)
+                                                     else r for r in rows))
+    return "\n".join(out)
 
 
 class Sampler:

@@ -534,3 +534,31 @@ def test_next_wakeup_ignores_rows_of_hosts_leased_elsewhere(
     rec.round()  # the kick after a's drive: nothing due, a's retry is 3.2 s away
     assert sched.dated(), "no wake-up scheduled for a's retry"
     assert sched.dated()[-1] == row.next_attempt_at.replace(tzinfo=UTC)
+
+
+@pytest.mark.postgresql_only("READ COMMITTED: another writer commits between the drive's reads and its delete")
+def test_a_release_given_back_meanwhile_is_gone_not_released_twice(
+        monkeypatch: pytest.MonkeyPatch, store: Store, ctx: Context) -> None:
+    """The per-host release and the batch race for one row: the batch gives the lease back
+    after the drive has read it. The drive's delete then matches nothing: the row is gone,
+    with no second `released` event (and no ORM warning of a delete that matched 0 rows)."""
+    import workflows.lease as lease_mod
+
+    (rid,) = owe(store, "raced")
+    real = lease_mod.still_needed
+    other = Store(store.url)
+
+    def batch_first(s: Session, host: str) -> str | None:
+        why = real(s, host)
+        assert give_back(make_ctx(other, ctx.state_dir)) == 1  # commits on its own connection
+        return why
+
+    monkeypatch.setattr(lease_mod, "still_needed", batch_first)
+    try:
+        assert drive_release(ctx, rid) is Result.gone
+    finally:
+        other.dispose()
+    assert release_row(store, rid) is None and store.read(lambda s: s.get(Lease, "raced")) is None
+    released = store.read(lambda s: s.execute(select(Event.id).where(
+        Event.kind == "released", Event.host == "raced")).all())
+    assert len(released) == 1

@@ -497,8 +497,9 @@ def test_no_state_column_is_written_outside_the_primitive() -> None:
 
 def test_illegal_transition_leaves_the_row(store: Store, gen_id: int) -> None:
     def step(s: Session) -> None:
-        move(s, Generation, [Generation.id == gen_id], {"state": GenState.current},
-             "skip running", fence=Unfenced("test"), col="state", frm=GenState.spawning)
+        move(s, Generation, [Generation.id == gen_id], {"state": GenState.spawning},
+             "back to spawning", fence=Unfenced("test"), col="state",
+             frm=(GenState.spawning, GenState.current))
 
     with pytest.raises(IllegalTransition, match="illegal transition"):
         store.write(step)
