@@ -43,7 +43,7 @@ def build_variant(path: Path, flags: Path | None = None, tag: str = "next") -> P
 
 def fleet(v: Vigil, names: list[str] = HOSTS, *agent_args: str) -> Any:
     for h in names:
-        v.run("host", "add", h, "--build", str(HELLO), "--health-timeout", "3",
+        v.run("host", "add", h, "--build", str(HELLO), "--health-timeout", "5",
               "--drain-timeout", "5")
     agent = v.start_agent(None, *agent_args)
     v.wait_ready(agent)

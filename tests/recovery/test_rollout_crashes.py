@@ -59,13 +59,16 @@ def run(v: Vigil, short_tmp: Path, point: str, failing: bool, double: bool) -> R
     if failing:
         (flags / "fail-web2").touch()
     for h in HOSTS:
-        v.run("host", "add", h, "--build", str(HELLO), "--health-timeout", "2",
+        v.run("host", "add", h, "--build", str(HELLO), "--health-timeout", "5",
               "--drain-timeout", "2")
     setup, off = start(v)
     ready(v, setup, off)
     for h in HOSTS:
         v.run("wake", h)
-    wait_for(lambda: all(v.status(h)["state"] == "awake" for h in HOSTS), 60, what="awake")
+    try:
+        wait_for(lambda: all(v.status(h)["state"] == "awake" for h in HOSTS), 60, what="awake")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {[v.status(h) for h in HOSTS]}\n{tail(v, off)}") from None
     assert v.stop_agent(setup) == 0
     new = build_variant(short_tmp / "hello-next.py", flags)
 
@@ -132,7 +135,7 @@ def test_the_agent_stopping_mid_wave_abandons_nothing_twice(vigil: Vigil, short_
     attempt the stop cut short (abandoned, 'shutting down') is written again, once."""
     vigil.env["VIGIL_SETTLE_SECONDS"] = "3"  # the canary's settle: the stop lands inside it
     for h in HOSTS:
-        vigil.run("host", "add", h, "--build", str(HELLO), "--health-timeout", "2")
+        vigil.run("host", "add", h, "--build", str(HELLO), "--health-timeout", "5")
     agent, off = start(vigil)
     ready(vigil, agent, off)
     for h in HOSTS:
