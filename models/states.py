@@ -88,6 +88,35 @@ class Cause(str, enum.Enum):
     retry = "retry"
     restart = "restart"
     config = "config"
+    rollout = "rollout"  # one wave of a rollout (workflows/rollout.py), or its revert
+
+
+class RolloutState(str, enum.Enum):
+    running = "running"  # waves are admitted one after another as each settles
+    paused = "paused"  # by the operator: the wave in flight settles, no new one starts
+    halted = "halted"  # more hosts failed than allowed: no new wave; the one in flight settles
+    reverting = "reverting"  # halted with --auto-revert: moved hosts go back to their builds
+    aborting = "aborting"  # by the operator: what is in flight settles, then it ends
+    ended = "ended"  # outcome written
+
+
+class RolloutOutcome(str, enum.Enum):
+    done = "done"  # every wave settled within --max-failures
+    halted = "halted"  # stopped by failures, nothing reverted
+    reverted = "reverted"  # stopped by failures, moved hosts deployed back
+    aborted = "aborted"  # stopped by the operator
+
+
+class TargetState(str, enum.Enum):
+    pending = "pending"  # its wave has not started
+    deploying = "deploying"  # its wave's attempt is written (attempt_id)
+    done = "done"  # moved to the rollout's build
+    failed = "failed"  # the build failed there: held down on that host
+    abandoned = "abandoned"  # superseded there (a stop, a newer deploy or rollout), or given up
+    skipped = "skipped"  # never deployed: held down, already on the build, or the rollout ended first
+    reverting = "reverting"  # its revert attempt is written (revert_attempt_id)
+    reverted = "reverted"  # back on the build it ran before the rollout
+    revert_failed = "revert_failed"  # the revert attempt did not end done
 
 
 TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
@@ -150,6 +179,32 @@ TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
         ListenerState.held: frozenset({ListenerState.opening, ListenerState.lost}),
         ListenerState.lost: frozenset({ListenerState.new}),  # the operator's reopen
     },
+    RolloutState: {
+        RolloutState.running: frozenset({RolloutState.paused, RolloutState.halted,
+                                         RolloutState.aborting, RolloutState.ended}),
+        RolloutState.paused: frozenset({RolloutState.running, RolloutState.halted,
+                                        RolloutState.aborting, RolloutState.ended}),
+        RolloutState.halted: frozenset({RolloutState.reverting, RolloutState.aborting,
+                                        RolloutState.ended}),
+        RolloutState.reverting: frozenset({RolloutState.aborting, RolloutState.ended}),
+        RolloutState.aborting: frozenset({RolloutState.ended}),
+        RolloutState.ended: frozenset(),
+    },
+    TargetState: {
+        TargetState.pending: frozenset({TargetState.deploying, TargetState.skipped,
+                                        TargetState.abandoned}),
+        TargetState.deploying: frozenset({TargetState.done, TargetState.failed,
+                                          TargetState.abandoned, TargetState.skipped}),
+        # A moved host is reverted, or left alone when something newer superseded it.
+        TargetState.done: frozenset({TargetState.reverting, TargetState.abandoned}),
+        TargetState.failed: frozenset({TargetState.reverting}),  # a hold that left it down
+        TargetState.abandoned: frozenset(),
+        TargetState.skipped: frozenset(),
+        TargetState.reverting: frozenset({TargetState.reverted, TargetState.revert_failed,
+                                          TargetState.abandoned}),
+        TargetState.reverted: frozenset(),
+        TargetState.revert_failed: frozenset(),
+    },
     StopState: {
         StopState.queued: frozenset({StopState.signalled, StopState.done, StopState.cancelled}),
         StopState.signalled: frozenset({StopState.done}),
@@ -162,6 +217,8 @@ OPEN_WAKE = (WakeState.queued, WakeState.leased, WakeState.spawning, WakeState.c
              WakeState.reaping, WakeState.unproven)
 OPEN_STOP = (StopState.queued, StopState.signalled)
 LIVE_GEN = (GenState.spawning, GenState.running, GenState.current, GenState.retiring)
+OPEN_ROLLOUT = tuple(s for s in RolloutState if s is not RolloutState.ended)
+IN_FLIGHT = (TargetState.deploying, TargetState.reverting)  # a target whose attempt is written
 
 
 def allowed(old: enum.Enum, new: enum.Enum) -> bool:

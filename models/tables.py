@@ -38,7 +38,10 @@ from models.states import (
     MemberRole,
     Mode,
     Outcome,
+    RolloutOutcome,
+    RolloutState,
     StopState,
+    TargetState,
     WakeState,
 )
 
@@ -301,6 +304,74 @@ class Member(RetryColumns, Base):
     retried_at: Mapped[datetime | None] = mapped_column(DateTime)
 
 
+class Rollout(RetryColumns, Base):
+    """One build to many hosts in waves (workflows/rollout.py): an obligation until it ends,
+    advanced by whichever agent claims it; its attempts are ordinary attempts."""
+
+    __tablename__ = "rollouts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"))
+    digest: Mapped[str] = mapped_column(String(64))
+    mode: Mapped[Mode] = mapped_column(state_enum(Mode, "mode"))
+    canary: Mapped[bool] = mapped_column(Boolean, default=False)
+    waves: Mapped[str] = mapped_column(Text)  # as the operator wrote them, e.g. "1,25%,100%"
+    wave_count: Mapped[int] = mapped_column(Integer)
+    wave: Mapped[int] = mapped_column(Integer, default=0)  # newest wave admitted (0: none yet)
+    settled: Mapped[int] = mapped_column(Integer, default=0)  # newest wave settled
+    pause: Mapped[float | None] = mapped_column(Float)  # seconds between two waves
+    wave_due_at: Mapped[datetime | None] = mapped_column(DateTime)  # the next wave not before
+    max_failures: Mapped[int] = mapped_column(Integer, default=0)
+    auto_revert: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Watermarks at the start: an attempt or stop of a target written after them supersedes it.
+    after_attempt: Mapped[int] = mapped_column(Integer, default=0)
+    after_stop: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[RolloutState] = mapped_column(state_enum(RolloutState, "rollout_state"))
+    outcome: Mapped[RolloutOutcome | None] = mapped_column(
+        state_enum(RolloutOutcome, "rollout_outcome"))
+    reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+    __table_args__ = (
+        CheckConstraint("pause IS NULL OR (pause > 0 AND pause <= 86400)", name="pause"),
+        CheckConstraint("max_failures >= 0", name="max_failures"),
+    )
+
+
+class RolloutTarget(Base):
+    """One host of a rollout: its wave, where it is, and the attempts written for it."""
+
+    __tablename__ = "rollout_targets"
+    rollout_id: Mapped[int] = mapped_column(ForeignKey("rollouts.id", ondelete="CASCADE"),
+                                            primary_key=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"),
+                                      primary_key=True, index=True)
+    position: Mapped[int] = mapped_column(Integer)  # order of the hosts as given
+    wave: Mapped[int] = mapped_column(Integer)  # 1-based; 0 for a host skipped at the start
+    state: Mapped[TargetState] = mapped_column(state_enum(TargetState, "target_state"))
+    # No foreign keys to attempts or builds: see migrations/versions/0009_rollouts.py.
+    attempt_id: Mapped[int | None] = mapped_column(Integer)  # newest attempt of its wave
+    revert_attempt_id: Mapped[int | None] = mapped_column(Integer)
+    from_build_id: Mapped[int | None] = mapped_column(Integer)  # what it ran before its attempt
+    tries: Mapped[int] = mapped_column(Integer, default=0)  # attempts written in its wave/revert
+    spent: Mapped[int] = mapped_column(Integer, default=0)  # of them, abandoned after running
+    reason: Mapped[str | None] = mapped_column(Text)
+
+
+class HeldBuild(Base):
+    """The failure book: a build that failed on a host is held down there. No restart,
+    converge, schedule or rollout puts it back until `vigil retry HOST` (or a deploy of it
+    the operator asks for, which runs, says so, and lifts it when it succeeds)."""
+
+    __tablename__ = "held_builds"
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"),
+                                      primary_key=True)
+    build_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    attempt_id: Mapped[int] = mapped_column(Integer)  # the attempt that failed
+    reason: Mapped[str | None] = mapped_column(Text)
+    since: Mapped[datetime] = mapped_column(DateTime)
+
+
 class Event(Base):
     __tablename__ = "events"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -311,7 +382,7 @@ class Event(Base):
     detail: Mapped[str] = mapped_column(Text, default="{}")  # JSON object
 
 
-OBLIGATION_TABLES = (Wake, Stop, Release, Restore, Attempt, Member)
+OBLIGATION_TABLES = (Wake, Stop, Release, Restore, Attempt, Member, Rollout)
 
 # APScheduler 3.11's SQLAlchemyJobStore table (scheduled restarts), column for column as
 # apscheduler/jobstores/sqlalchemy.py defines it. Created by migration 0005, not by the

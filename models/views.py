@@ -1,6 +1,6 @@
 """SQL views operators read with the sqlite3 shell or psql. Created by migrations."""
 
-from models.states import OPEN_STOP, OPEN_WAKE, WakeState
+from models.states import OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE, WakeState
 
 
 def _in(values: tuple) -> str:  # type: ignore[type-arg]
@@ -8,6 +8,10 @@ def _in(values: tuple) -> str:  # type: ignore[type-arg]
 
 
 _WAKE_RUNNING = tuple(s for s in OPEN_WAKE if s is not WakeState.unproven)
+
+# A rollout belongs to no host: its row shows as `rollout #<id>` in the host column (no
+# host name can hold a space or '#'), and the reconciler paces it under that name.
+ROLLOUT_LABEL_SQL = "'rollout #' || CAST(id AS VARCHAR(20))"
 
 # Columns: kind, host, generation, since, attempts, next_attempt_at, last_error.
 PENDING_OBLIGATIONS = f"""
@@ -33,4 +37,8 @@ UNION ALL
 SELECT CASE WHEN unproven THEN 'unproven_member' ELSE 'member' END, host, generation_id,
        since, attempts, next_attempt_at, last_error
   FROM members
+UNION ALL
+SELECT 'rollout', {ROLLOUT_LABEL_SQL}, CAST(NULL AS INTEGER), since, attempts, next_attempt_at,
+       last_error
+  FROM rollouts WHERE state IN ({_in(OPEN_ROLLOUT)})
 """

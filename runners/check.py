@@ -7,9 +7,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
-from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, GenState, ListenerState
+from models.states import (
+    IN_FLIGHT,
+    LIVE_GEN,
+    OPEN_ROLLOUT,
+    OPEN_STOP,
+    OPEN_WAKE,
+    GenState,
+    ListenerState,
+    RolloutState,
+    TargetState,
+)
 from models.store import Store
 from models.tables import (
     Attempt,
@@ -21,6 +31,8 @@ from models.tables import (
     Member,
     Release,
     Restore,
+    Rollout,
+    RolloutTarget,
     Stop,
     Wake,
 )
@@ -71,7 +83,8 @@ def run_checks(store: Store, state_dir: Path) -> list[Violation]:
         leases = {lease.host: lease for lease in s.execute(select(Lease)).scalars()}
         open_rows = sum(s.execute(select(func.count()).select_from(m).where(*w)).scalar_one() for m, w in (
             (Wake, [Wake.state.in_(OPEN_WAKE)]), (Stop, [Stop.state.in_(OPEN_STOP)]), (Release, []),
-            (Restore, []), (Attempt, [Attempt.outcome.is_(None)]), (Member, [])))
+            (Restore, []), (Attempt, [Attempt.outcome.is_(None)]), (Member, []),
+            (Rollout, [Rollout.state.in_(OPEN_ROLLOUT)])))
         needed = {h.name: still_needed(s, h.name) for h in hosts}
         owed = {r.host for r in s.execute(select(Release)).scalars()}
         members = {m.generation_id for m in s.execute(select(Member)).scalars()}
@@ -84,11 +97,24 @@ def run_checks(store: Store, state_dir: Path) -> list[Violation]:
         builds = s.execute(select(Build)).scalars().all()
         pinned = set(s.execute(select(Wake.build_id).where(  # a worker's pending restart
             Wake.state.in_(OPEN_WAKE), Wake.build_id.is_not(None))).scalars())
+        # Targets of an ended rollout still in flight, or of an open one naming no attempt.
+        loose = s.execute(select(RolloutTarget.rollout_id, RolloutTarget.host, RolloutTarget.state,
+                                 Rollout.state).join(Rollout, Rollout.id == RolloutTarget.rollout_id)
+                          .where(or_(
+                              (Rollout.state == RolloutState.ended)
+                              & RolloutTarget.state.in_((*IN_FLIGHT, TargetState.pending)),
+                              (RolloutTarget.state == TargetState.deploying)
+                              & RolloutTarget.attempt_id.is_(None),
+                              (RolloutTarget.state == TargetState.reverting)
+                              & RolloutTarget.revert_attempt_id.is_(None)))).all()
         return (hosts, gens, leases, open_rows, needed, owed, members, wake_gens | stop_gens | att_gens,
-                known, builds, pinned)
+                known, builds, pinned, loose)
 
-    hosts, gens, leases, open_rows, needed, owed, members, tracked, known, builds, pinned = \
+    hosts, gens, leases, open_rows, needed, owed, members, tracked, known, builds, pinned, loose = \
         store.read(read)
+    for rid, host, target, rollout in loose:
+        bad.append(Violation("rollout_target", f"target {host} of rollout #{rid} is "
+                             f"{target.value} while the rollout is {rollout.value}"))
 
     currents: dict[str, list[Generation]] = {}
     for g in gens:

@@ -21,12 +21,14 @@ from models.errors import BadInput, NotFound, VigilError
 from models.states import Cause, HostKind, Mode, Outcome
 from models.store import Store
 from models.tables import Attempt, Event, Generation, Host, Release, Stop, Wake
+from runners.cli_rollout import rollout
 from runners.doorbell import agent_id, ring, running_agent_pid
 from runners.files import stage_build
 from runners.retention import keep_of, keep_options, summary
 from runners.setup import make_context, open_store
 from runners.wakeup import notify
 from workflows import crash
+from workflows.book import deploying_held, lift
 from workflows.builds import collect, unreferenced
 from workflows.deploy import last_failed, request_deploy
 from workflows.hosts import (
@@ -107,6 +109,9 @@ def _json(data: Any) -> None:
 def cli(ctx: click.Context, state_dir: str, db: str | None) -> None:
     """vigil: a crash-safe process activator."""
     ctx.obj = Env(state_dir, db)
+
+
+cli.add_command(rollout)  # vigil rollout ... (runners/cli_rollout.py)
 
 
 @cli.group()
@@ -400,9 +405,13 @@ def deploy(env: Env, name: str, build_path: str, mode: str, canary: bool, cause:
 
     def intent(s):  # type: ignore[no-untyped-def]
         build = record_build(s, path, digest, str(Path(build_path).absolute()))
-        return request_deploy(s, name, build, mode=Mode(mode), canary=canary, cause=Cause(cause)).id
+        a = request_deploy(s, name, build, mode=Mode(mode), canary=canary, cause=Cause(cause))
+        return a.id, deploying_held(s, a)
 
-    _attempt(env, name, store.write(intent), wait, timeout)
+    attempt_id, held_down = store.write(intent)
+    if held_down:  # the failure book: an operator's deploy still runs, and says so
+        click.echo(f"{held_down}; deploying it as asked")
+    _attempt(env, name, attempt_id, wait, timeout)
 
 
 @cli.command()
@@ -416,6 +425,7 @@ def retry(env: Env, name: str, wait: bool, timeout: float) -> None:
 
     def intent(s):  # type: ignore[no-untyped-def]
         build, failed = last_failed(s, name)
+        lift(s, name, build.id, "vigil retry")  # the failure book lets it back on the host
         return request_deploy(s, name, build, mode=failed.mode, canary=failed.canary,
                               cause=Cause.retry).id
 

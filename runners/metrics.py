@@ -23,9 +23,9 @@ from sqlalchemy import DateTime, column, func, select, table
 from sqlalchemy.orm import Session
 
 from models.errors import BadInput, Refused
-from models.states import Outcome
+from models.states import Outcome, RolloutOutcome, RolloutState
 from models.store import Store, utcnow
-from models.tables import Attempt, Host
+from models.tables import Attempt, Host, Rollout
 from workflows.context import Context
 from workflows.hosts import host_state
 
@@ -41,7 +41,7 @@ PROOFS_FAILED = Counter("vigil_proofs_failed",
                         "since this agent started", registry=REGISTRY)
 
 OBLIGATION_KINDS = ("wake", "unproven_wake", "stop", "release", "restore", "attempt", "member",
-                    "unproven_member")
+                    "unproven_member", "rollout")
 HOST_STATES = ("awake", "asleep", "waking", "deploying", "stopping", "retiring", "unproven", "down")
 DEPLOY_BUCKETS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 DRAIN_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -115,6 +115,17 @@ class StoreCollector:
             hosts.add_metric([state], snap["hosts"].get(state, 0))
         yield hosts
 
+        rollouts = GaugeMetricFamily("vigil_rollouts", "Rollouts by state ('ended' for every "
+                                     "rollout that has ended)", labels=["state"])
+        for state in RolloutState:
+            rollouts.add_metric([state.value], snap["rollouts"].get(state.value, 0))
+        yield rollouts
+        ended = GaugeMetricFamily("vigil_rollouts_ended", "Rollouts that have ended, by outcome",
+                                  labels=["outcome"])
+        for outcome in RolloutOutcome:
+            ended.add_metric([outcome.value], snap["rollout_outcomes"].get(outcome.value, 0))
+        yield ended
+
         yield _histogram("vigil_deploy_duration_seconds",
                          "Attempt creation to end, for attempts that ran their build and are done",
                          snap["deploys"], DEPLOY_BUCKETS)
@@ -140,5 +151,13 @@ class StoreCollector:
         deploys = [(ended - created).total_seconds() for created, ended, _, executed in done
                    if ended is not None and executed]
         drains = [d for _, _, d, _ in done if d is not None]
+        rollouts: dict[str, int] = {}
+        outcomes: dict[str, int] = {}
+        for state, outcome, n in s.execute(select(Rollout.state, Rollout.outcome, func.count())
+                                           .group_by(Rollout.state, Rollout.outcome)):
+            rollouts[state.value] = rollouts.get(state.value, 0) + n
+            if outcome is not None:
+                outcomes[outcome.value] = outcomes.get(outcome.value, 0) + n
         return {"obligations": obligations, "attempts": attempts, "hosts": hosts,
-                "deploys": deploys, "drains": drains}
+                "deploys": deploys, "drains": drains, "rollouts": rollouts,
+                "rollout_outcomes": outcomes}

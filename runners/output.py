@@ -85,6 +85,65 @@ def obligations_table(rows: list[dict[str, Any]]) -> Any:
     return t
 
 
+# -- rollouts -------------------------------------------------------------------------------
+
+def progress(done: int, total: int, width: int = 20) -> str:
+    """`[########------------] 3/6`"""
+    filled = round(width * done / total) if total else 0
+    return f"[{'#' * filled}{'-' * (width - filled)}] {done}/{total}"
+
+
+def status_heading(st: dict[str, Any]) -> str:
+    """The lines above a rollout's table: where it is, its progress, why it stopped."""
+    c = st["counts"]
+    state = st["state"] if st["outcome"] is None else f"ended {st['outcome']}"
+    lines = [f"rollout #{st['id']}  build {st['build'][:12]}  {state}  "
+             f"wave {st['wave']} of {st['wave_count']} ({st['settled']} settled)  "
+             f"mode {st['mode']}{' canary' if st['canary'] else ''}  waves {st['waves']}",
+             f"moved {progress(st['moved'], st['hosts'])}  failed {c.get('failed', 0)} "
+             f"(max {st['max_failures']})"
+             + "".join(f"  {k} {c[k]}" for k in ("abandoned", "skipped", "reverted",
+                                                 "revert_failed") if c.get(k))
+             + ("  auto-revert" if st["auto_revert"] else "")
+             + (f"  pause {st['pause']:g}s" if st["pause"] else "")]
+    if st["reason"]:
+        lines.append(f"reason: {st['reason']}")
+    if st["next_wave_at"] and st["outcome"] is None:
+        lines.append(f"next wave {until(st['next_wave_at'])}")
+    if st["last_error"]:
+        lines.append(f"now: {st['last_error']}")
+    return "\n".join(lines)
+
+
+def targets_table(targets: list[dict[str, Any]]) -> Any:
+    t = table("wave", "host", "state", "attempt", "outcome", "executed", "drain", "reason")
+
+    def cells(a: dict[str, Any] | None) -> list[str]:
+        if a is None:
+            return ["", "", "", ""]
+        drain = f"{a['drain_seconds']:.2f}s" if a["drain_seconds"] is not None else ""
+        executed = "" if a["executed"] is None else str(a["executed"]).lower()
+        return [f"#{a['id']}", a["outcome"] or a["step"], executed, drain]
+
+    for r in targets:
+        wave = str(r["wave"]) if r["wave"] else "-"
+        t.add_row(wave, r["host"], r["state"], *cells(r["attempt"]), r["reason"] or "")
+        if r["revert_attempt"] is not None:
+            t.add_row("", "", "  revert", *cells(r["revert_attempt"]), "")
+    return t
+
+
+def rollouts_table(rows: list[dict[str, Any]]) -> Any:
+    t = table("id", "build", "state", "waves", "moved", "failed", "started", "reason")
+    for r in rows:
+        state = r["state"] if r["outcome"] is None else r["outcome"]
+        t.add_row(f"#{r['id']}", r["build"][:12], state,
+                  f"{r['settled']}/{r['wave_count']}", f"{r['moved']}/{r['hosts']}",
+                  str(r["counts"].get("failed", 0)), f"{age(r['created_at'])} ago",
+                  r["reason"] or "")
+    return t
+
+
 # -- events ---------------------------------------------------------------------------------
 
 def event_dict(e: Event) -> dict[str, Any]:

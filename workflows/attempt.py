@@ -24,6 +24,7 @@ from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Member, Wake
 from models.transition import Unfenced, move, move_many
 from workflows.access import grant_socket
+from workflows.book import attempt_ended
 from workflows.builds import mark_published
 from workflows.classify import BuildFailed, Cancelled, Stale
 from workflows.context import Context, Poke
@@ -120,6 +121,7 @@ def asleep(s: Session, ctx: Context, a: Attempt, h: Host,
     step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=False, reason=reason,
             ended_at=utcnow())
     emit(s, "deployed_asleep", a.host, attempt=a.id, reason=reason)
+    attempt_ended(s, a, Outcome.done)
     return True
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
-from models.states import OPEN_WAKE, GenState
+from models.states import OPEN_ROLLOUT, OPEN_WAKE, GenState
 from models.store import emit, utcnow
-from models.tables import Attempt, Build, Generation, Host, Wake
+from models.tables import Attempt, Build, Generation, Host, Rollout, RolloutTarget, Wake
 
 _B = Build.__table__
 _PUBLISH = update(_B).where(_B.c.id == bindparam("build"), _B.c.published_at.is_(None)
@@ -33,6 +33,11 @@ def referenced_ids(s: Session) -> set[int]:
     # A worker's pending restart names its captured build: it will exec it again.
     ids |= set(s.execute(select(Wake.build_id).where(Wake.state.in_(OPEN_WAKE),
                                                      Wake.build_id.is_not(None))).scalars())
+    # An open rollout's build, and the builds its hosts ran before it (a revert deploys them).
+    ids |= set(s.execute(select(Rollout.build_id).where(Rollout.state.in_(OPEN_ROLLOUT))).scalars())
+    ids |= set(s.execute(select(RolloutTarget.from_build_id).join(
+        Rollout, Rollout.id == RolloutTarget.rollout_id).where(
+        Rollout.state.in_(OPEN_ROLLOUT), RolloutTarget.from_build_id.is_not(None))).scalars())
     return ids
 
 

@@ -64,7 +64,7 @@ def release_claims(ctx: Context) -> int:
         n = 0
         for k in KINDS.values():
             where = [k.model.next_attempt_at > now + timedelta(seconds=BACKOFF_CEILING + 1),
-                     k.model.host.not_in(others)]
+                     k.host.not_in(others)]
             if k.open is not None:
                 where.append(or_(k.open))
             r = s.execute(update(k.model).where(*where).values(next_attempt_at=now))

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from models.store import Store
@@ -31,6 +32,15 @@ class Result(str, enum.Enum):
 
 class Poke(Exception):
     """Nothing could be done this time; the message becomes the row's last_error."""
+
+
+class Until(Poke):
+    """Nothing is to be done before `at` (naive UTC), a due time the row itself keeps (a
+    rollout's pause between waves): the row is next due then, with no backoff counted."""
+
+    def __init__(self, at: datetime, why: str) -> None:
+        super().__init__(why)
+        self.at = at
 
 
 class SystemClock:

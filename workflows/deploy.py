@@ -27,6 +27,7 @@ from workflows.attempt import (
     reap_inline,
     relink,
 )
+from workflows.book import attempt_ended
 from workflows.classify import BuildFailed, Cancelled, Stale, StepEnd, classify
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
@@ -142,6 +143,7 @@ def _end(ctx: Context, attempt_id: int, exc: BaseException) -> None:
              executed=executed, mode=a.effective_mode.value)
         if outcome is Outcome.down:
             emit(s, "down", a.host, None, attempt=a.id, reason=str(exc))
+        attempt_ended(s, a, outcome, str(exc))  # the failure book; its rollout, if any
         owe_release(s, ctx, a.host)  # e.g. a one-shot attempt's lease, when nothing needs it
 
     ctx.store.write(step)

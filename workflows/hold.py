@@ -31,6 +31,7 @@ from workflows.attempt import (
     step_to,
     verify,
 )
+from workflows.book import attempt_ended
 from workflows.builds import mark_published
 from workflows.classify import Stale
 from workflows.context import Context
@@ -134,6 +135,7 @@ def run_hold(ctx: Context, a: Attempt) -> None:
                 **({"clean_exit": True} if clean else {}))
         emit(s, "swapped", a.host, gen.id, attempt=a.id, mode=Mode.hold.value,
              retired=a.retiring_id, drain_seconds=round(a.drain_seconds or 0.0, 3))
+        attempt_ended(s, a, Outcome.done)
         if clean:  # nothing current: the lease goes back once nothing else needs it
             owe_release(s, ctx, a.host)
 

@@ -9,18 +9,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, func, literal, select, union_all, update
+from sqlalchemy import String, cast, func, literal, select, union_all, update
 from sqlalchemy.orm import Session
 from tenacity import RetryCallState, wait_exponential
 
-from models.states import OPEN_STOP, OPEN_WAKE
+from models.states import OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE
 from models.store import utcnow
-from models.tables import Attempt, Host, Lease, Member, Release, Restore, Stop, Wake
+from models.tables import Attempt, Host, Lease, Member, Release, Restore, Rollout, Stop, Wake
 from models.trouble import diagnose, refine
-from workflows.context import Context, Poke, Result
+from workflows.context import Context, Poke, Result, Until
 from workflows.deploy import drive_attempt
 from workflows.lease import drive_release, give_back
 from workflows.members import drive_member, drive_restore
+from workflows.rollout import drive_rollout
 from workflows.sanity import impossible_hosts, refuse_if_impossible
 from workflows.stop import drive_stop
 from workflows.wake import drive_wake
@@ -47,6 +48,13 @@ class Kind:
     # per-host drives leave those rows to it.
     batch: Callable[[Context, int], int] | None = None
     batched: Callable[[Context], Any] | None = None
+    # The name the round paces the row under (one row per name per round, at most 8 names
+    # in flight), when it is not the row's host: a rollout belongs to no host.
+    label: Any = None
+
+    @property
+    def host(self) -> Any:
+        return self.label if self.label is not None else self.model.host
 
 
 KINDS: dict[str, Kind] = {
@@ -59,6 +67,9 @@ KINDS: dict[str, Kind] = {
         Kind("restore", Restore, Restore.id, None, drive_restore),
         Kind("release", Release, Release.id, None, drive_release, give_back,
              lambda ctx: Release.holder == ctx.agent_id),
+        # Advanced by whichever agent claims it; its attempts by each host's lease holder.
+        Kind("rollout", Rollout, Rollout.id, Rollout.state.in_(OPEN_ROLLOUT), drive_rollout,
+             label=literal("rollout #", String) + cast(Rollout.id, String)),
     )
 }
 
@@ -86,7 +97,7 @@ def _open_rows(ctx: Context, *, per_host: bool = False, due_by: datetime | None 
     selects = []
     for k in KINDS.values():
         q = select(literal(k.name, String).label("kind"), k.key.label("id"),
-                   k.model.host.label("host"), k.model.next_attempt_at.label("at"),
+                   k.host.label("host"), k.model.next_attempt_at.label("at"),
                    k.model.attempts.label("attempts"), k.model.last_error.label("last_error"))
         if k.open is not None:
             q = q.where(k.open)
@@ -183,10 +194,13 @@ def open_count(ctx: Context) -> int:
 def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
     """Drive one row and persist its pacing. Never raises for the row's own trouble."""
     kind = KINDS[item.kind]
+    until = None
     try:
         if not item.sane:
             refuse_if_impossible(ctx, kind.model, kind.key, item.id, item.host)
         result, error = kind.drive(ctx, item.id), None
+    except Until as exc:  # due again at a time of the row's own, not after a backoff
+        result, error, until = Result.poked, str(exc), exc.at
     except Poke as exc:
         result, error = Result.poked, str(exc)
     except Exception as exc:  # a step lost a race or the store failed: retry later
@@ -197,7 +211,9 @@ def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
             raise
         result, error = Result.poked, f"{type(exc).__name__}: {exc}"
     now = utcnow()
-    if result is Result.poked:
+    if until is not None:
+        values = {"attempts": 0, "last_error": error, "next_attempt_at": until}
+    elif result is Result.poked:
         tried = item.attempts if item.attempts is not None else _attempts(ctx, kind, item.id)
         values = {"attempts": kind.model.attempts + 1, "last_error": error,
                   "next_attempt_at": now + timedelta(seconds=backoff(tried + 1))}

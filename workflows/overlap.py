@@ -34,6 +34,7 @@ from workflows.attempt import (
     step_to,
     verify,
 )
+from workflows.book import attempt_ended
 from workflows.classify import BuildFailed, Stale
 from workflows.context import Context, Poke
 from workflows.crash import crashpoint, define
@@ -186,6 +187,7 @@ def _drain(ctx: Context, a: Attempt) -> None:
                 reason="switched and drained", ended_at=utcnow())
         emit(s, "swapped", a.host, a.successor_id, attempt=a.id, mode=a.effective_mode.value,
              retired=old.id, drain_seconds=round(drain, 3))
+        attempt_ended(s, a, Outcome.done)
 
     ctx.store.write(step)
     ctx.proc.release(ref_of(old))
@@ -204,6 +206,7 @@ def _nothing_to_drain(ctx: Context, a: Attempt) -> None:
                 reason="switched (the old generation had already exited)", ended_at=utcnow())
         emit(s, "swapped", a.host, a.successor_id, attempt=a.id, mode=a.effective_mode.value,
              retired=None, drain_seconds=0.0)
+        attempt_ended(s, a, Outcome.done)
 
     ctx.store.write(step)
     crashpoint(DRAINED)

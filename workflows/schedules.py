@@ -13,6 +13,7 @@ from models.errors import BrokenInvariant
 from models.states import Cause, GenState, Mode
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host
+from workflows.book import held, held_line
 from workflows.deploy import request_deploy
 
 # A second firing this soon after a restart attempt is a repeat (the agent died after the
@@ -41,6 +42,11 @@ def _why_not(s: Session, host: str) -> str | None:
     if s.execute(select(Generation.id).where(Generation.host == host,
                                              Generation.state == GenState.current)).first() is None:
         return "the host is not running"
+    running = s.execute(select(Generation.build_id).where(
+        Generation.host == host, Generation.state == GenState.current)).scalar()
+    hold = held(s, host, running) if running is not None else None
+    if hold is not None:  # the failure book
+        return held_line(hold)
     busy = s.execute(select(Attempt.id).where(Attempt.host == host, Attempt.outcome.is_(None))
                      .limit(1)).scalar()
     if busy is not None:

@@ -17,6 +17,7 @@ from models.states import OPEN_STOP, AttemptStep, Desired, GenState, Outcome, St
 from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Host, Member, Stop, Wake
 from models.transition import Fence, Unfenced, move, move_many
+from workflows.book import nudge
 from workflows.context import Context, Poke, Result
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, ref_of
@@ -64,11 +65,12 @@ def request_stop(s: Session, host: str) -> StopRequest:
 
 def _cancel_queued(s: Session, host: str, now: datetime) -> None:
     """Attempts that have not started yet end here: nothing of them ran."""
-    move_many(s, Attempt, [Attempt.host == host, Attempt.outcome.is_(None)],
-              {"outcome": Outcome.cancelled, "step": AttemptStep.ended, "executed": False,
-               "reason": "cancelled by a stop", "ended_at": now},
-              f"queued attempts of {host} cancelled", fence=OPERATOR, col="step",
-              frm=AttemptStep.queued)
+    if move_many(s, Attempt, [Attempt.host == host, Attempt.outcome.is_(None)],
+                 {"outcome": Outcome.cancelled, "step": AttemptStep.ended, "executed": False,
+                  "reason": "cancelled by a stop", "ended_at": now},
+                 f"queued attempts of {host} cancelled", fence=OPERATOR, col="step",
+                 frm=AttemptStep.queued):
+        nudge(s, host)  # a rollout waiting for one of them
 
 
 def drive_stop(ctx: Context, stop_id: int) -> Result:

@@ -25,6 +25,7 @@ from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Host, Lease, Member, Release, Restore, Stop, Wake
 from models.transition import Fence, move_many
 from workflows import placement
+from workflows.book import nudge
 from workflows.context import Context, Poke
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
@@ -114,4 +115,5 @@ def _take(s: Session, ctx: Context, host: str) -> None:
         enqueue_wake(s, host, "takeover")
     emit(s, "taken_over", host, old_holder=old_holder, old_fence=old_fence, fence=fence,
          ended=ended)
+    nudge(s, host)  # a rollout waiting for an attempt abandoned here
     owe_release(s, ctx, host)

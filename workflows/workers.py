@@ -28,6 +28,7 @@ from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole, Wa
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Lease, Member, Wake
 from models.transition import Fence, Unfenced, move, move_many
+from workflows.book import held, held_line
 from workflows.context import Context
 from workflows.crash import crashpoint, define
 from workflows.ending import end_generation, mark_proven, mark_retiring, ref_of
@@ -139,6 +140,10 @@ def queue_restart(s: Session, host: Host, build_id: int, uptime: float, why: str
     a = open_attempt(s, host.name)
     if a is not None:
         emit(s, "restart_coalesced", host.name, attempt=a.id, reason=why)
+        return
+    hold = held(s, host.name, build_id)
+    if hold is not None:  # the failure book: a restart never puts a held-down build back
+        emit(s, "restart_skipped", host.name, build_id=build_id, reason=held_line(hold))
         return
     streak = 0 if uptime >= host.restart_reset else host.restart_streak
     delay = restart_delay(host, streak)
@@ -337,7 +342,10 @@ def _sweep_one(ctx: Context, gen: Generation, host: Host, may_converge: bool,
         _note_drift(ctx, host, now if drifting else None)
         return None
     lasted = (now - host.drift_since).total_seconds() if host.drift_since is not None else 0.0
-    if drifting and lasted >= host.converge_grace and may_converge:
+    if drifting and lasted >= host.converge_grace and may_converge and \
+            ctx.store.read(lambda s: held(s, host.name, host.build_id)) is None:
+        # (A live build held down on the worker is left alone: only `vigil retry` or an
+        # explicit deploy puts it back.)
         if not _replace(ctx, gen, host, "converge", None,
                         f"live build differs for {lasted:.1f}s", sweep_no):
             return None

@@ -184,6 +184,33 @@ def seed_0008(conn: Connection) -> None:
                                "created_at": T0, "ended_at": T0, **retry_cols(0)})
 
 
+def seed_0009(conn: Connection) -> None:
+    """A rollout in flight (0009): its wave's attempt with cause `rollout`, a target of each
+    kind of progress, a build held down on a host by the failure book."""
+    raw_insert(conn, "attempts", {
+        "id": 90, "host": "web", "build_id": 3, "digest": "cd" * 32, "cause": "rollout",
+        "mode": "overlap", "effective_mode": "overlap", "revision": 9, "canary": False,
+        "step": "queued", "fence": None, "successor_id": None, "retiring_id": None,
+        "outcome": None, "reason": None, "executed": None, "drain_seconds": None,
+        "clean_exit": None, "created_at": T0, "ended_at": None, **retry_cols(0)})
+    raw_insert(conn, "rollouts", {
+        "id": 9, "build_id": 3, "digest": "cd" * 32, "mode": "overlap", "canary": False,
+        "waves": "1,100%", "wave_count": 2, "wave": 1, "settled": 0, "pause": 30.0,
+        "wave_due_at": None, "max_failures": 0, "auto_revert": True, "after_attempt": 30,
+        "after_stop": 1, "state": "running", "outcome": None, "reason": None,
+        "created_at": T0, "ended_at": None, **retry_cols(7)})
+    for host, wave, state, attempt in (("web", 1, "deploying", 90), ("jobs", 2, "pending", None),
+                                       ("edge", 0, "skipped", None)):
+        raw_insert(conn, "rollout_targets", {
+            "rollout_id": 9, "host": host, "position": wave, "wave": wave, "state": state,
+            "attempt_id": attempt, "revert_attempt_id": None,
+            "from_build_id": 1 if attempt else None, "tries": 1 if attempt else 0, "spent": 0,
+            "reason": "held down" if state == "skipped" else None})
+    raw_insert(conn, "held_builds", {"host": "edge", "build_id": 3, "digest": "cd" * 32,
+                                     "attempt_id": 30, "reason": "health check failed",
+                                     "since": T0})
+
+
 def seed_0011(conn: Connection) -> None:
     """A host with a listening socket held on this box and its readiness (0011: listeners,
     hosts.ready)."""
@@ -208,11 +235,12 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0005": seed_0005,
     "0006": seed_0006,
     "0008": seed_0008,
+    "0009": seed_0009,
     "0011": seed_0011,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
-LATER_TABLES = {"apscheduler_jobs", "listeners"}
+LATER_TABLES = {"apscheduler_jobs", "listeners", "rollouts", "rollout_targets", "held_builds"}
 SEEDED_KINDS_0001 = {("wake", "web", 1), ("stop", "web", 1), ("release", "web", None),
                      ("restore", "web", None), ("attempt", "web", 1), ("member", "web", 2)}
 
@@ -336,6 +364,9 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         assert tuple(conn.execute(text(
             "SELECT socket_group, socket_mode FROM hosts WHERE name = 'edge'")).one()) == \
             ("www-data", 0o660)
+        assert ("rollout", "rollout #9", None) in open_kinds
+        assert conn.execute(text("SELECT cause FROM attempts WHERE id = 90")).scalar() == "rollout"
+        assert conn.execute(text("SELECT count(*) FROM rollout_targets")).scalar() == 3
 
 
 # -- models == migrated schema -----------------------------------------------------------
@@ -436,6 +467,7 @@ def _parents(conn: Connection) -> None:
                                   "cause": "retry", "mode": "hold", "effective_mode": "hold",
                                   "revision": 1, "canary": False, "step": "queued",
                                   "created_at": T0, **retry_cols()})
+    raw_insert(conn, "rollouts", {**_row("rollouts", -1), "id": 1})
 
 
 def _row(table: str, i: int) -> dict[str, Any]:
@@ -457,6 +489,12 @@ def _row(table: str, i: int) -> dict[str, Any]:
                     "unproven": False, **retry_cols()},
         "listeners": {"host": "web", "position": 100 + i, "name": "http",
                       "address": f"unix:/run/l{i}.sock", "state": "new"},
+        "rollouts": {"id": 100 + i, "build_id": 1, "digest": "0" * 64, "mode": "hold",
+                     "canary": False, "waves": "100%", "wave_count": 1, "wave": 0,
+                     "settled": 0, "max_failures": 0, "auto_revert": False, "after_attempt": 0,
+                     "after_stop": 0, "state": "running", "created_at": T0, **retry_cols()},
+        "rollout_targets": {"rollout_id": 1, "host": "web", "position": i, "wave": 1,
+                            "state": "pending", "tries": 0, "spent": 0},
     }
     return rows[table]
 
@@ -466,7 +504,9 @@ def test_enum_columns_are_known() -> None:
     assert cols == {("hosts", "kind"), ("hosts", "desired"), ("generations", "state"),
                     ("wakes", "state"), ("stops", "state"), ("attempts", "cause"),
                     ("attempts", "mode"), ("attempts", "effective_mode"), ("attempts", "step"),
-                    ("attempts", "outcome"), ("members", "role"), ("listeners", "state")}
+                    ("attempts", "outcome"), ("members", "role"), ("listeners", "state"),
+                    ("rollouts", "mode"), ("rollouts", "state"), ("rollouts", "outcome"),
+                    ("rollout_targets", "state")}
     for _, _, typ in enum_columns():
         assert typ.enum_class is not None
         assert list(typ.enums) == [m.value for m in typ.enum_class]

@@ -40,9 +40,9 @@ import pytest
 from sqlalchemy import func, select, update
 
 from models import schema
-from models.states import LIVE_GEN, GenState, HostKind, WakeState
+from models.states import LIVE_GEN, Cause, GenState, HostKind, Outcome, RolloutState, WakeState
 from models.store import utcnow
-from models.tables import Attempt, Build, Event, Generation, Host, Lease, Wake
+from models.tables import Attempt, Build, Event, Generation, HeldBuild, Host, Lease, Rollout, Wake
 from runners.doorbell import ring
 from runners.files import stage_build
 from runners.process import CTIME_TOLERANCE
@@ -273,6 +273,7 @@ class Flow:
     on_build: str | None = None
     until: Callable[[Vigil], bool] | None = None  # what the clean agent does without an obligation
     listen: bool = False  # the target is on a listener vigil holds (workflows/listeners.py)
+    verify: Callable[[Vigil], None] | None = None  # more invariants of this workflow, checked last
 
     def but(self, **changes: Any) -> Flow:
         return dataclasses.replace(self, **changes)
@@ -390,6 +391,51 @@ ONE_SHOT_DEPLOY = Flow("one-shot-deploy", cli_deploy("hold", JOB), end="ran",
 LISTEN_WAKE = WAKE.but(name="listen-wake", listen=True)
 
 
+# Rollouts (workflows/rollout.py) of the target alone: a good build (done), a build whose
+# health fails (halted; the old generation keeps serving, the build is held down there), and
+# a hold rollout of that build with --auto-revert (the host went down; the revert wakes it on
+# the build it ran before).
+def cli_rollout(source: Path, *extra: str) -> Callable[[Vigil], None]:
+    def drive(v: Vigil) -> None:
+        v.run("rollout", "start", str(new_build(v, source)), "--host", TARGET, *extra)
+
+    return drive
+
+
+def rollout_ended(outcome: str, serving: str) -> Callable[[Vigil], None]:
+    """The rollout ended once, with `outcome`; the target was moved (done) by one attempt
+    at most; it serves the rollout's build ("new") or the one it ran before ("old")."""
+    def verify(v: Vigil) -> None:
+        (r,) = rows(v, Rollout)
+        assert r.state is RolloutState.ended and r.outcome is not None, (r.state, r.reason)
+        assert r.outcome.value == outcome, f"rollout ended {r.outcome.value}: {r.reason}"
+        assert len(rows(v, Event, Event.kind == "rollout_ended")) == 1, "the rollout ended twice"
+        ours = rows(v, Attempt, Attempt.host == TARGET, Attempt.cause == Cause.rollout)
+        moved = [a for a in ours if a.build_id == r.build_id and a.outcome is Outcome.done]
+        assert len(moved) == (1 if serving == "new" else 0), [(a.id, a.outcome) for a in ours]
+        assert not [a for a in ours if a.outcome is None], "a rollout attempt is still open"
+        current = currents(v)[TARGET]
+        first = generations(v, TARGET)[0].build_id
+        assert current.build_id == (r.build_id if serving == "new" else first), (
+            f"serving build #{current.build_id}, rollout's #{r.build_id}, first #{first}")
+        if outcome in ("halted", "reverted"):
+            assert rows(v, HeldBuild, HeldBuild.host == TARGET, HeldBuild.build_id == r.build_id), \
+                "the failed build is not held down on the target"
+
+    return verify
+
+
+ROLLOUT = Flow("rollout", cli_rollout(HELLO), end="awake", pre_awake=True, target_fate="ended",
+               verify=rollout_ended("done", "new"))
+ROLLOUT_HALT = Flow("rollout-halt", cli_rollout(FIXTURES / "bad_health.py"), end="awake",
+                    pre_awake=True, target_fate="kept", host={"health_timeout": 2.0},
+                    verify=rollout_ended("halted", "old"))
+ROLLOUT_REVERT = Flow("rollout-revert", cli_rollout(FIXTURES / "bad_health.py", "--mode", "hold",
+                                                    "--auto-revert"),
+                      end="awake", pre_awake=True, target_fate="ended", host={"health_timeout": 2.0},
+                      verify=rollout_ended("reverted", "old"))
+
+
 @dataclass(frozen=True)
 class Scenario:
     flow: Flow
@@ -464,6 +510,15 @@ SCENARIOS: dict[str, Scenario] = {
     "listen.held": Scenario(LISTEN_WAKE),
     # ... and the next agent finds it with the holder, not yet written held
     "listen.recovered": Scenario(LISTEN_WAKE, ("listen.handed", "listen.recovered")),
+    # rollouts: a wave admitted and settled, its end; an attempt interrupted mid-swap written
+    # again by the next agent; a halt on the build's failure, and the revert after it
+    "rollout.wave_admitted": Scenario(ROLLOUT),
+    "rollout.wave_settled": Scenario(ROLLOUT),
+    "rollout.ended": Scenario(ROLLOUT),
+    "rollout.reissued": Scenario(ROLLOUT, ("swap.spawned", "rollout.reissued")),
+    "rollout.halted": Scenario(ROLLOUT_HALT),
+    "rollout.revert_started": Scenario(ROLLOUT_REVERT),
+    "rollout.revert_settled": Scenario(ROLLOUT_REVERT),
 }
 
 # The same points reached through another workflow (shared step names).
@@ -491,6 +546,7 @@ ADOPTION_ONLY = {
     "wake.current",  # the wake is done but for the link, which adoption repoints
     "swap.drained",  # the attempt is done
     "release.done",  # the lease is given back
+    "rollout.ended",  # the rollout and its attempt are done
 }
 
 ADOPTION_WRONG = ": its point is in ADOPTION_ONLY, but recovery reaches a point past adoption"
@@ -716,6 +772,8 @@ def check_invariants(v: Vigil, flow: Flow, before: Snapshot, at_crash: list[Snap
             assert wakes and all(w is WakeState.failed for w in wakes), wakes
     if flow.attempt is not None:
         check_attempt(v, flow, cur.get(TARGET))
+    if flow.verify is not None:
+        flow.verify(v)
 
 
 def check_attempt(v: Vigil, flow: Flow, current: Generation | None) -> None:

@@ -33,7 +33,9 @@ from models.states import (
     ListenerState,
     MemberRole,
     Mode,
+    RolloutState,
     StopState,
+    TargetState,
     WakeState,
 )
 from models.store import (
@@ -55,6 +57,8 @@ from models.tables import (
     Lease,
     Listener,
     Member,
+    Rollout,
+    RolloutTarget,
     Stop,
     Wake,
 )
@@ -345,7 +349,9 @@ STATE_MODELS = {GenState: (Generation, "state", Generation.id),
                 AttemptStep: (Attempt, "step", Attempt.id),
                 MemberRole: (Member, "role", Member.generation_id),
                 Desired: (Host, "desired", Host.name),
-                ListenerState: (Listener, "state", Listener.position)}
+                ListenerState: (Listener, "state", Listener.position),
+                RolloutState: (Rollout, "state", Rollout.id),
+                TargetState: (RolloutTarget, "state", RolloutTarget.rollout_id)}
 
 
 def one_of_each(s: Session, gid: int) -> dict[type, Any]:
@@ -361,7 +367,14 @@ def one_of_each(s: Session, gid: int) -> dict[type, Any]:
                next_attempt_at=now)
     lst = Listener(host="web", position=0, name="http", address="tcp:127.0.0.1:1",
                    state=ListenerState.new)
-    s.add_all([w, st, a, m, lst])
+    r = Rollout(build_id=1, digest="0" * 64, mode=Mode.overlap, canary=False, waves="100%",
+                wave_count=1, wave=0, settled=0, max_failures=0, auto_revert=False,
+                after_attempt=0, after_stop=0, state=RolloutState.running, since=now,
+                next_attempt_at=now, created_at=now)
+    s.add_all([w, st, a, m, lst, r])
+    s.flush()
+    s.add(RolloutTarget(rollout_id=r.id, host="web", position=0, wave=1,
+                        state=TargetState.pending, tries=0, spent=0))
     s.flush()
     return {Listener: ({"host": "web", "position": 0}, ListenerState.new, ListenerState.opening),
             Generation: (gid, GenState.spawning, GenState.running),
@@ -369,7 +382,10 @@ def one_of_each(s: Session, gid: int) -> dict[type, Any]:
             Stop: (st.id, StopState.queued, StopState.signalled),
             Attempt: (a.id, AttemptStep.queued, AttemptStep.admitted),
             Member: (gid, MemberRole.spawning, MemberRole.successor),
-            Host: ("web", Desired.down, Desired.up)}
+            Host: ("web", Desired.down, Desired.up),
+            Rollout: (r.id, RolloutState.running, RolloutState.paused),
+            RolloutTarget: ({"rollout_id": r.id, "host": "web"}, TargetState.pending,
+                            TargetState.deploying)}
 
 
 @pytest.mark.parametrize("by_key", [False, True], ids=["conditions", "primary-key"])
