@@ -25,6 +25,8 @@ from models.schema import require_head
 from models.store import emit, utcnow
 from models.tables import Agent as AgentRow
 from runners import metrics, schedules, wakeup
+from runners.control import ControlServer
+from runners.control import version as control_version
 from runners.doorbell import DOORBELL, LOCK
 from runners.doorbell import ring as ring_doorbell
 from runners.fencing import FencedProcess, FenceGuard, Timing
@@ -71,6 +73,7 @@ class Reconciler:
         self._dirty = False
         self._fresh = False
         self.rounds = 0
+        self.last_round_at: datetime | None = None  # wall clock, for `vigil agent status`
         self.on_progress: Callable[[], None] = lambda: None  # a drive moved a row
         self._thread: threading.Thread | None = None
         self._kicked = threading.Event()
@@ -129,6 +132,7 @@ class Reconciler:
         if self.ctx.shutting_down.is_set():
             return
         self.rounds += 1
+        self.last_round_at = datetime.now(UTC)
         with self._lock:
             busy = set(self.inflight)
             fresh, self._fresh = self._fresh, False
@@ -227,8 +231,11 @@ class Reconciler:
 class AgentDaemon:
     def __init__(self, ctx: Context, *, safety_interval: float = 30.0,
                  monitor_interval: float = 1.0, max_hosts: int = 8, converge_budget: int = 1,
-                 metrics_listen: str | None = None) -> None:
+                 metrics_listen: str | None = None, db: str | None = None) -> None:
         self.ctx = ctx
+        self.db = db  # as given (--db / VIGIL_DB): a client naming another store goes direct
+        self.started_at = datetime.now(UTC)
+        self.reconciler: Reconciler | None = None
         self.metrics_listen = metrics_listen
         self.converge_budget = converge_budget  # worker converges per sweep, box-wide
         self.sweeps = 0
@@ -243,6 +250,16 @@ class AgentDaemon:
         self._last_beat = 0.0
         self._rounds_seen = -1
         self._workers_to_sweep = True
+        self._version = control_version()
+
+    def live(self) -> dict[str, object]:
+        """What the agent says of itself on its control socket (`vigil agent status`)."""
+        r = self.reconciler
+        last = r.last_round_at if r is not None else None
+        return {"running": True, "pid": os.getpid(), "box": self.ctx.agent_id,
+                "version": self._version, "up_since": self.started_at.isoformat(),
+                "ready": self.recovered.is_set(), "rounds": r.rounds if r is not None else 0,
+                "last_round": last.isoformat() if last is not None else None}
 
     def _take_lock(self) -> None:
         path = self.ctx.state_dir / LOCK
@@ -400,6 +417,7 @@ class AgentDaemon:
                                         job_defaults={"coalesce": True, "max_instances": 1,
                                                       "misfire_grace_time": None})
         reconciler = Reconciler(self.ctx, scheduler, self.max_hosts)
+        self.reconciler = reconciler
         if pidfds_supported():
             self.watcher = ExitWatcher(lambda: current_leaders(self.ctx),
                                        lambda ids: self.liveness(reconciler, ids))
@@ -417,6 +435,8 @@ class AgentDaemon:
                                    daemon=True)
         schedules.attach(scheduler, self.ctx, reconciler.kick)
         self._doorbell(reconciler)
+        control = ControlServer(self.ctx, self.db, reconciler.kick, self.live)
+        control.start()
         wakeup.start(self.ctx.store, reconciler.kick, self.stop)
         scheduler.start()
         sweeper.start()
@@ -426,6 +446,7 @@ class AgentDaemon:
         notify("READY=1", f"STATUS=ready: adopted {counts['adopted']}, retired {counts['retired']}")
         self._wait_for_stop()
         self.stop.set()
+        control.close()  # from here the CLI works on the store itself
         ring_doorbell(self.ctx.state_dir)  # its thread blocks in recv until a ring
         log.info("stopping agent=%s", self.ctx.agent_id)
         notify("STOPPING=1", "STATUS=stopping (apps keep running)")

@@ -1,4 +1,5 @@
-"""`vigil check`: DESIGN §5's invariants, read from the store and the box. Changes nothing."""
+"""`vigil check`: the invariants that hold after recovery and quiescence, read from the
+store and the box. Changes nothing."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from models.tables import (
     Wake,
 )
 from runners.files import LocalFiles
+from runners.ops import agent_acting
 from runners.process import MARKER, ProcessBackend
 from workflows.ending import ref_of
 from workflows.lease import still_needed
@@ -114,6 +116,10 @@ def run_checks(store: Store, state_dir: Path) -> list[Violation]:
         elif g.state is not GenState.current and g.id not in members and g.id not in tracked:
             bad.append(Violation("stray_process", f"pid {pid} belongs to g{g.id} of {g.host} "
                                  f"({g.state.value}), neither current nor an open obligation"))
+    if open_rows and not agent_acting(store, state_dir):
+        bad.append(Violation("agent_alive", f"{open_rows} obligation(s) are open and no agent "
+                             f"runs on {state_dir} to act on them; start one with "
+                             "`vigil agent start`"))
     if view_count != open_rows:
         bad.append(Violation("obligations_visible", f"pending_obligations lists {view_count} rows but "
                              f"{open_rows} obligations are open"))

@@ -10,10 +10,7 @@ import uuid
 from pathlib import Path
 
 from models.errors import BadInput
-from workflows.hosts import DOORBELL
-
-LOCK = "agent.lock"
-AGENT_ID = "agent-id"
+from workflows.paths import AGENT_ID, DOORBELL, LOCK
 
 
 def agent_id(state_dir: Path, wanted: str | None = None) -> str:

@@ -8,12 +8,16 @@ import signal
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+if TYPE_CHECKING:  # events are read from the store; ages and tables need no SQLAlchemy
+    from models.store import Store
+    from models.tables import Event
 
-from models.store import Store, utcnow
-from models.tables import Event
+
+def utcnow() -> datetime:
+    """Naive UTC, as the store keeps times (models.store.utcnow, without its imports)."""
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def age(when: datetime | str | None, now: datetime | None = None) -> str:
@@ -69,6 +73,22 @@ def status_table(rows: list[dict[str, Any]]) -> Any:
     return t
 
 
+def agent_line(info: dict[str, Any]) -> str:
+    """The agent, in one line: `vigil status`'s header."""
+    n = info.get("open_obligations") or 0
+    open_ = f"{n} open obligation{'' if n == 1 else 's'}"
+    if not info.get("running"):
+        waits = f"; {open_} wait for it" if n else ""
+        return (f"agent: not running on {info['state_dir']}{waits} "
+                "(start it with `vigil agent start`)")
+    parts = [f"pid {info['pid']}", f"box {info['box']}"]
+    if info.get("up_since"):
+        parts.append(f"up {age(info['up_since'])}")
+    if info.get("last_round"):
+        parts.append(f"last round {age(info['last_round'])} ago")
+    return f"agent: running on {info['state_dir']}, {', '.join(parts)}, {open_}"
+
+
 def obligations_table(rows: list[dict[str, Any]]) -> Any:
     t = table("kind", "host", "gen", "open for", "tries", "next try", "last error")
     for r in rows:
@@ -95,6 +115,10 @@ def event_line(d: dict[str, Any]) -> str:
 
 def events_after(store: Store, host: str | None, after: int, limit: int) -> list[dict[str, Any]]:
     """Events with id > after, oldest first; with after < 0, the newest `limit` of them."""
+    from sqlalchemy import select
+
+    from models.tables import Event
+
     def q(s):  # type: ignore[no-untyped-def]
         stmt = select(Event)
         if host:
