@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid as uuidlib
@@ -181,14 +182,24 @@ def _check_exec(argv0: str, env: dict[str, str], cwd: str | None) -> None:
         raise SpawnError(f"spawn {argv0}: not an ELF binary or #! script (ENOEXEC)")
 
 
-class ProcessBackend:
-    """ProcessPort over real processes; `containment` is auto | cgroup | marker."""
+LOG_MAX_BYTES = 10 << 20  # per file of a generation's output
+LOG_FILES = 3  # files kept per generation (the one written and two rotated)
+LOG_WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logwriter.py")
 
-    def __init__(self, containment: str = "auto", cgroup_root: str | None = None) -> None:
+
+class ProcessBackend:
+    """ProcessPort over real processes; `containment` is auto | cgroup | marker. Each
+    generation's output goes through its own writer process (runners/logwriter.py), which
+    caps and rotates its file."""
+
+    def __init__(self, containment: str = "auto", cgroup_root: str | None = None,
+                 log_max_bytes: int = LOG_MAX_BYTES, log_files: int = LOG_FILES) -> None:
+        self.log_max_bytes, self.log_files = log_max_bytes, log_files
         self.base = detect_cgroup_base(containment, cgroup_root)
         self.mode = "cgroup" if self.base else "marker"
         self._mount = os.path.dirname(self.base) if self.base else None
         self._handles: dict[int, subprocess.Popen[bytes]] = {}
+        self._writers: list[subprocess.Popen[bytes]] = []  # reaped as they end
         self._lock = threading.Lock()
 
     # -- handles ------------------------------------------------------------------------
@@ -204,6 +215,7 @@ class ProcessBackend:
                 return
             for h in list(self._handles.values()):
                 h.poll()
+            self._writers = [w for w in self._writers if w.poll() is None]
 
     def exit_status(self, pid: int) -> int | None:
         """Return code of a child we spawned and reaped, else None."""
@@ -242,9 +254,7 @@ class ProcessBackend:
             argv = ["/bin/sh", "-c", _SHIM, "vigil-shim", cg, *argv]
 
         try:
-            # 0600 whatever the umask: an app's output may hold secrets.
-            out = (open(spec.log_path, "ab", opener=lambda p, f: os.open(p, f, 0o600))
-                   if spec.log_path else subprocess.DEVNULL)
+            out = self._log_writer(spec) if spec.log_path else subprocess.DEVNULL
         except OSError as e:
             self._drop_cgroup(cg)
             raise SpawnError(f"spawn: cannot open log {spec.log_path}: {e.strerror}", build_fault=False) from e
@@ -267,8 +277,9 @@ class ProcessBackend:
             self._drop_cgroup(cg)
             raise SpawnError(f"spawn {spec.argv[0]}: {e} (fix the host's args or env)") from e
         finally:
-            if not isinstance(out, int):
-                out.close()
+            if out != subprocess.DEVNULL:
+                os.close(out)  # the app holds it now; the writer sees EOF once it and its
+                # descendants have all closed it
         # Not reaped yet, so the pid (zombie or not) cannot have been reused.
         ctime = psutil.Process(h.pid).create_time()
         if cg:
@@ -276,6 +287,29 @@ class ProcessBackend:
         with self._lock:
             self._handles[h.pid] = h
         return Spawned(pid=h.pid, create_time=ctime)
+
+    def _log_writer(self, spec: SpawnSpec) -> int:
+        """Start the generation's output writer; return the pipe end the app writes to.
+        The file is created 0600 (an app's output may hold secrets) before the writer runs,
+        so a log dir that cannot take it fails the spawn here."""
+        assert spec.log_path is not None
+        os.close(os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
+        r, w = os.pipe()  # both non-inheritable: only the writer and the app get an end
+        try:
+            writer = subprocess.Popen(
+                [sys.executable, "-S", "-I", LOG_WRITER, spec.log_path, str(self.log_max_bytes),
+                 str(self.log_files)],
+                stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env={"VIGIL_LOG_WRITER": spec.generation_uuid}, start_new_session=True,
+                close_fds=True)
+        except BaseException:
+            os.close(w)
+            raise
+        finally:
+            os.close(r)
+        with self._lock:
+            self._writers.append(writer)
+        return w
 
     def _await_join(self, h: subprocess.Popen[bytes], cg: str) -> None:
         """Bounded wait until the shim is in its cgroup. Read /proc/<pid>/cgroup, not

@@ -4,12 +4,8 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-import uuid
 from typing import Any
 
 import click
@@ -17,6 +13,31 @@ import click
 from models.errors import BadInput, VigilError
 from runners.cli.common import SECONDS, Env, echo_json, socket_options
 from workflows.paths import AGENT_LOG
+
+
+class Bytes(click.ParamType):
+    """A size: bytes, or with K, M or G (KiB, MiB, GiB); at least 4K."""
+
+    name = "bytes"
+    UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
+        unit = text[-1:] if text[-1:] in self.UNITS else ""
+        try:
+            n = int(float(text[:len(text) - len(unit)]) * self.UNITS[unit])
+        except ValueError:
+            n = -1
+        if not 4096 <= n <= 1 << 40:
+            raise BadInput(f"--log-max-bytes {value} is not a size from 4K to 1T",
+                           "give e.g. --log-max-bytes 10M")
+        return n
+
+
+BYTES = Bytes()
+
 
 RUN_OPTIONS = [
     click.option("--safety-interval", type=SECONDS, default=30.0, show_default=True,
@@ -43,7 +64,13 @@ RUN_OPTIONS = [
                  help="Group that may connect to every host's socket (env VIGIL_SOCKET_GROUP)."),
     click.option("--socket-mode", envvar="VIGIL_SOCKET_MODE", default=None,
                  help="Mode of those sockets, octal (default 0660; env VIGIL_SOCKET_MODE)."),
+    click.option("--log-max-bytes", type=BYTES, default="10M", show_default=True,
+                 help="Cap of each file of an app's output (K, M, G: binary units); a "
+                      "generation keeps --log-files of them, rotated."),
+    click.option("--log-files", type=click.IntRange(1, 100), default=3, show_default=True,
+                 help="Files of output kept per generation (the one written included)."),
 ]
+
 
 
 def run_options(f: Any) -> Any:
@@ -66,7 +93,8 @@ def agent(ctx: click.Context, **options: Any) -> None:
 
 def run(env: Env, safety_interval: float, log_level: str, box: str | None,
         lease_ttl: float, converge_budget: int, sweep_interval: float, log_format: str,
-        metrics_listen: str | None, socket_group: str | None, socket_mode: str | None) -> None:
+        metrics_listen: str | None, socket_group: str | None, socket_mode: str | None,
+        log_max_bytes: int, log_files: int) -> None:
     from sqlalchemy import select
 
     from models.states import HostKind
@@ -98,7 +126,8 @@ def run(env: Env, safety_interval: float, log_level: str, box: str | None,
             Host.kind == HostKind.instance)).scalars().all()):
         check_socket_room(env.state_dir, name)  # e.g. a state dir moved to a longer path
     ctx = make_context(env.state_dir, store, agent_id(env.state_dir, box), lease_ttl=lease_ttl,
-                       sockets=SocketAccess(env.state_dir, group, mode))
+                       sockets=SocketAccess(env.state_dir, group, mode),
+                       log_max_bytes=log_max_bytes, log_files=log_files)
     sys.exit(AgentDaemon(ctx, safety_interval=safety_interval, monitor_interval=sweep_interval,
                          converge_budget=converge_budget, metrics_listen=metrics_listen,
                          db=env.db).run())
@@ -113,6 +142,10 @@ def run(env: Env, safety_interval: float, log_level: str, box: str | None,
 def agent_start(env: Env, ready_timeout: float, options: tuple[str, ...]) -> None:
     """Start the agent detached (it takes the options of `vigil agent`), its log in
     <state>/agent.log; return once it is ready (recovery done), or say why it is not."""
+    import socket
+    import subprocess
+    import uuid
+
     from runners.doorbell import running_agent_pid
 
     running = running_agent_pid(env.state_dir)
@@ -176,6 +209,8 @@ def _why(log_path: os.PathLike[str], offset: int) -> str:
 @click.pass_obj
 def agent_stop(env: Env, wait: bool, timeout: float) -> None:
     """Stop the agent (SIGTERM); the apps keep running, and the next agent adopts them."""
+    import signal
+
     from runners.doorbell import running_agent_pid
 
     pid = running_agent_pid(env.state_dir)
@@ -193,13 +228,23 @@ def agent_stop(env: Env, wait: bool, timeout: float) -> None:
         click.echo(f"agent pid {pid} stopping (apps keep running)")
         return
     deadline = time.monotonic() + timeout
-    while running_agent_pid(env.state_dir) == pid:
+    while running_agent_pid(env.state_dir) == pid or not _gone(pid):
         if time.monotonic() > deadline:
             raise VigilError(f"agent pid {pid} is still running {timeout:g}s after SIGTERM",
                              f"see {env.state_dir / AGENT_LOG}; `kill -9 {pid}` is safe: "
                              "the next agent recovers what was in flight")
         time.sleep(0.05)
     click.echo(f"agent pid {pid} stopped (apps keep running)")
+
+
+def _gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie (PID 1 here does not reap orphans)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")
 
 
 @agent.command("status")

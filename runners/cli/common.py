@@ -4,7 +4,6 @@ commands. Imports nothing heavy: `vigil --help` must not pay for SQLAlchemy."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -184,6 +183,8 @@ def ring(env: Env) -> None:
 
 
 def echo_json(data: Any) -> None:
+    import json
+
     click.echo(json.dumps(data, indent=2, default=str))
 
 

@@ -58,7 +58,7 @@ def wake(env: Env, name: str, wait: bool, timeout: float) -> None:
     if row["state"] != "done":
         detail = " (its processes are not proven gone yet)" if row["state"] == "unproven" else ""
         raise VigilError(f"wake of {name} {row['state']}: {row['reason']}{detail}",
-                         f"see `vigil events {name}` and the app's log {env.state_dir}/logs/{name}.log")
+                         f"see `vigil events {name}` and the app's output: `vigil logs {name}`")
     click.echo(f"host {name} awake: generation g{row['generation']} pid {row['pid']}")
 
 
@@ -140,5 +140,6 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -
     line = (f"attempt #{a['id']} {a['outcome']} (mode {a['effective_mode']}, executed "
             f"{str(a['executed']).lower()}{drain}): {a['reason']}")
     if a["outcome"] != "done":
-        raise VigilError(line, f"see `vigil events {name}` and {env.state_dir}/logs/{name}.log")
+        raise VigilError(line, f"see `vigil events {name}` and the app's output: "
+                         f"`vigil logs {name}`")
     click.echo(line)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import click
 
 from runners.cli.common import Env, echo_json, show
@@ -31,6 +29,8 @@ def schedule_add(env: Env, name: str, expr: str) -> None:
 @click.pass_obj
 def schedule_list(env: Env, as_json: bool) -> None:
     """Every restart schedule and its next run."""
+    from datetime import datetime
+
     from runners import output, schedules
 
     rows = schedules.listing(env.store())
