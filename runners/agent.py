@@ -46,6 +46,20 @@ from workflows.workers import sweep as sweep_workers
 log = logging.getLogger("vigil.agent")
 
 BACKSTOP = 30.0  # seconds between full liveness checks when exits arrive by pidfd
+# Events the agent also logs at WARNING, with their reason: a failed or abandoned attempt
+# (its drive alone says result=progress), a failed wake, a host refused, a host down.
+WARN_EVENTS = frozenset({"deploy_failed", "deploy_abandoned", "deploy_down", "down",
+                         "wake_failed", "refused", "self_fenced"})
+
+
+def log_failures(events: list[tuple[str, str | None, int | None, dict[str, object]]]) -> None:
+    """After a commit: one WARNING line per failure event it wrote."""
+    for kind, host, gen, detail in events:
+        if kind in WARN_EVENTS:
+            pairs = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                             for k, v in detail.items())
+            log.warning("%s host=%s%s %s", kind, host,
+                        f" generation=g{gen}" if gen is not None else "", pairs)
 
 
 
@@ -398,6 +412,7 @@ class AgentDaemon:
 
     def run(self) -> int:
         self._take_lock()
+        self.ctx.store.on_events = log_failures
         require_head(self.ctx.store.engine)
         settle_state_dir(self.ctx)
         if self.metrics_listen:

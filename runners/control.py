@@ -110,8 +110,8 @@ class ControlServer:
             if op == "agent":
                 result.update(self.live())
         except VigilError as exc:
-            if op in ops.INTENTS:
-                log.warning("refused request=%s host=%s reason=%r", op, args.get("name"), exc.line())
+            if op in ops.INTENTS:  # the operator reads the same line
+                log.info("request refused op=%s host=%s reason=%r", op, args.get("name"), exc.line())
             return {"ok": False, "error": {"cause": exc.cause, "fix": exc.fix,
                                            "exit_code": exc.exit_code}}, False
         except Exception as exc:

@@ -19,7 +19,7 @@ from models.store import Store
 from models.tables import Attempt, Event, Generation, Host, Release, Stop, Wake
 from runners import client
 from runners.files import stage_build
-from workflows.deploy import last_failed, request_deploy
+from workflows.deploy import last_failed, no_longer_staged, request_deploy
 from workflows.hosts import record_build
 from workflows.hosts import status as host_rows
 from workflows.stop import request_stop
@@ -85,6 +85,8 @@ def deploy(store: Store, state_dir: Path, name: str, build_path: str, *, cwd: st
 def retry(store: Store, name: str) -> dict[str, Any]:
     def intent(s):  # type: ignore[no-untyped-def]
         build, failed = last_failed(s, name)
+        if not os.path.exists(build.path):  # removed behind the store's back
+            raise no_longer_staged(name, build)
         return request_deploy(s, name, build, mode=failed.mode, canary=failed.canary,
                               cause=Cause.retry).id
 

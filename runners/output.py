@@ -105,11 +105,25 @@ def event_dict(e: Event) -> dict[str, Any]:
             "kind": e.kind, "detail": json.loads(e.detail)}
 
 
+ROW_KEYS = ("attempt", "wake", "stop")  # detail keys holding a row's id: shown as #17
+GENERATION_KEYS = ("retiring", "successor")  # detail keys holding a generation: g17
+
+
+def detail_value(key: str, value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if key in ROW_KEYS:
+            return f"#{value}"
+        if key in GENERATION_KEYS:
+            return f"g{value}"
+    return str(value)
+
+
 def event_line(d: dict[str, Any]) -> str:
-    """`2026-11-29 19:02:03.120  web  g3  swapped  attempt=4 drain_seconds=0.52 ...`"""
+    """`2026-11-29 19:02:03.120  web  g3  switched  attempt=#4 retiring=g2`: generations are
+    g<N> (the third column is the event's own), rows' ids #<N>."""
     at = d["at"].removesuffix("Z").replace("T", " ")[:23]
     gen = f"g{d['generation']}" if d["generation"] else "-"
-    extra = " ".join(f"{k}={v}" for k, v in d["detail"].items())
+    extra = " ".join(f"{k}={detail_value(k, v)}" for k, v in d["detail"].items())
     return f"{at:<23}  {d['host'] or '-':<16} {gen:<5} {d['kind']:<18} {extra}".rstrip()
 
 
