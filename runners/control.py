@@ -51,7 +51,14 @@ class ControlServer:
         except FileNotFoundError:
             pass
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        s.bind(str(self.path))
+        # 0600 from its first moment: with a socket group the state dir is 0710, and a
+        # socket made under the umask could be opened before a chmod (a narrower umask for
+        # an instant only narrows what other threads create meanwhile).
+        old = os.umask(0o177)
+        try:
+            s.bind(str(self.path))
+        finally:
+            os.umask(old)
         os.chmod(self.path, 0o600)
         s.listen(64)
         self.sock = s
