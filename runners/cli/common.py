@@ -85,7 +85,6 @@ class Env:
         return self._quick
 
 
-
 class Quick:
     """Where a quick command runs: through the agent's control socket when an agent on
     this state dir answers for the same store, else on the store itself. Either way the
@@ -121,7 +120,10 @@ class Quick:
         c = self._connect()
         if c is not None:
             try:
-                return c.call(op, **args)
+                # A read that the agent is slow to answer (stopped, wedged) is read from the
+                # store instead; an intent waits longer (a deploy stages its build first).
+                return c.call(op, client.REPLY_TIMEOUT if op in client.INTENTS
+                              else client.READ_TIMEOUT, **args)
             except client.Refused as exc:
                 err = VigilError(exc.cause, exc.fix)
                 err.exit_code = exc.exit_code
