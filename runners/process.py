@@ -185,6 +185,11 @@ def _check_exec(argv0: str, env: dict[str, str], cwd: str | None) -> None:
 LOG_MAX_BYTES = 10 << 20  # per file of a generation's output
 LOG_FILES = 3  # files kept per generation (the one written and two rotated)
 LOG_WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logwriter.py")
+# Writers this process started, polled (reaped) as they end. Module-wide: a writer may
+# outlive the backend that started it (it ends when its app's output closes), and a
+# handle dropped while it runs would only be a warning.
+_WRITERS: list[subprocess.Popen[bytes]] = []
+_WRITERS_LOCK = threading.Lock()
 
 
 class ProcessBackend:
@@ -199,7 +204,6 @@ class ProcessBackend:
         self.mode = "cgroup" if self.base else "marker"
         self._mount = os.path.dirname(self.base) if self.base else None
         self._handles: dict[int, subprocess.Popen[bytes]] = {}
-        self._writers: list[subprocess.Popen[bytes]] = []  # reaped as they end
         self._lock = threading.Lock()
 
     # -- handles ------------------------------------------------------------------------
@@ -215,7 +219,8 @@ class ProcessBackend:
                 return
             for h in list(self._handles.values()):
                 h.poll()
-            self._writers = [w for w in self._writers if w.poll() is None]
+        with _WRITERS_LOCK:
+            _WRITERS[:] = [w for w in _WRITERS if w.poll() is None]
 
     def exit_status(self, pid: int) -> int | None:
         """Return code of a child we spawned and reaped, else None."""
@@ -307,8 +312,8 @@ class ProcessBackend:
             raise
         finally:
             os.close(r)
-        with self._lock:
-            self._writers.append(writer)
+        with _WRITERS_LOCK:
+            _WRITERS.append(writer)
         return w
 
     def _await_join(self, h: subprocess.Popen[bytes], cg: str) -> None:
