@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The CLI's own cost, side by side in one run (interleaved, each command a new process):
 
-  python -c pass           the interpreter vigil runs on, bare (the floor of any Python CLI)
+  python -c pass           the interpreter vigil runs on, bare (the floor of any Python CLI),
+                           and `python3 -c pass` as PATH finds it (often a shim), for reference
   vigil --help             click and the command modules, no SQLAlchemy
   vigil status             with an agent up: through its control socket
   vigil deploy (submit)    with an agent up: the attempt written by the agent, answered
@@ -61,7 +62,9 @@ def main() -> None:
     env.pop("VIGIL_DB", None)
     agent = sup = None
     ctl = PEERS / "bin" / "supervisorctl"
-    rows: dict[str, list[float]] = {k: [] for k in ("pass", "help", "status", "deploy", "supervisorctl")}
+    rows: dict[str, list[float]] = {k: [] for k in ("pass", "python3", "help", "status", "deploy",
+                                                    "supervisorctl")}
+    python3 = shutil.which("python3")
     try:
         vigil(home, "db", "upgrade")
         vigil(home, "host", "add", "hello", "--build", str(HELLO))
@@ -77,6 +80,8 @@ def main() -> None:
             conf, sup = start_supervisord(tmp, str(tmp / "hello-sup.sock"), "")
         for i in range(args.runs):
             rows["pass"].append(timed([sys.executable, "-c", "pass"], env))
+            if python3:
+                rows["python3"].append(timed([python3, "-c", "pass"], env))
             rows["help"].append(timed([*cmd, "--help"], env))
             rows["status"].append(timed([*cmd, "status"], env))
             if conf is not None:
@@ -102,7 +107,10 @@ def main() -> None:
 
     print(f"\nruns: {args.runs} (interleaved); loadavg start {load0}, end {loadavg()}")
     print(f"python -c pass         : {col('pass')}  ({sys.executable})")
-    print(f"vigil --help           : {col('help')}  ratio to python -c pass {med('help') / med('pass'):.2f} (goal <= 2)")
+    if rows["python3"]:
+        print(f"python3 -c pass        : {col('python3')}  ({python3})")
+    print(f"vigil --help           : {col('help')}  ratio to python -c pass {med('help') / med('pass'):.2f} (goal <= 2)"
+          + (f"; to python3 -c pass {med('help') / med('python3'):.2f}" if rows["python3"] else ""))
     print(f"vigil status           : {col('status')}")
     print(f"vigil deploy (submit)  : {col('deploy')}")
     if rows["supervisorctl"]:
