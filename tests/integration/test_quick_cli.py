@@ -208,7 +208,13 @@ def test_logs_name_each_generation(vigil: Vigil) -> None:
     wait_for(lambda: "done" in vigil.run("logs", "job").stdout, 20, what="first output")
     follow = subprocess.Popen([sys.executable, "-m", "runners.cli", "logs", "job", "-f", "-n", "0"],
                               env=vigil.env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    first_log = str(vigil.state_dir / "logs" / "job" / f"g{first}.log")
+
+    def following() -> bool:  # it has opened the first generation's file: it is following
+        return any(f.path == first_log for f in psutil.Process(follow.pid).open_files())
+
     try:
+        wait_for(following, 60, what="logs --follow started")
         vigil.run("deploy", "job", str(CHATTY), "--wait")
         second = vigil.status("job")["generation"]
         assert second != first
