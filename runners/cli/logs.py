@@ -125,7 +125,8 @@ def _follow(directory: Path, only: int | None, interval: float = 0.2) -> None:
         for n in generations(directory):  # start at the end of what was printed
             if only is None or n == only:
                 _open(opened, directory, n, at_end=True)
-        while not stop[0]:
+        while True:
+            last = stop[0]  # after SIGTERM, one more pass: what was written before it prints
             for n in generations(directory):
                 if (only is None or n == only) and n not in opened:
                     _open(opened, directory, n, at_end=False)  # a new generation: all of it
@@ -144,6 +145,8 @@ def _follow(directory: Path, only: int | None, interval: float = 0.2) -> None:
                 if now != inode:  # rotated: the old file is drained, go on in the new one
                     f.close()  # type: ignore[attr-defined]
                     _open(opened, directory, n, at_end=False)
+            if last:
+                break
             time.sleep(interval)
     except KeyboardInterrupt:
         pass

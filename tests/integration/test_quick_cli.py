@@ -207,7 +207,8 @@ def test_logs_name_each_generation(vigil: Vigil) -> None:
     first = vigil.status("job")["generation"]
     wait_for(lambda: "done" in vigil.run("logs", "job").stdout, 20, what="first output")
     follow = subprocess.Popen([sys.executable, "-m", "runners.cli", "logs", "job", "-f", "-n", "0"],
-                              env=vigil.env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                              env=vigil.env, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
     first_log = str(vigil.state_dir / "logs" / "job" / f"g{first}.log")
 
     def following() -> bool:  # it has opened the first generation's file: it is following
@@ -232,8 +233,8 @@ def test_logs_name_each_generation(vigil: Vigil) -> None:
         assert refused.returncode == 3 and "no output of generation 9999" in refused.stderr
     finally:
         follow.send_signal(signal.SIGTERM)
-        got, _ = follow.communicate(timeout=20)
-    assert f"g{second} | done" in got.splitlines(), got  # --follow picked up the new generation
+        got, err = follow.communicate(timeout=20)
+    assert f"g{second} | done" in got.splitlines(), got + err  # it picked up the new generation
     assert f"g{first} | done" not in got.splitlines(), got  # -n 0: nothing old
 
 
