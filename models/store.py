@@ -190,6 +190,10 @@ class Store:
         # the write lock sat idle most of the time). Other processes still meet busy_timeout.
         self._write_lock = threading.RLock() if self.dialect == "sqlite" else None
         self._retried = transient_retry(lock_wait)(self._run)  # wrapped once, not per call
+        # Called with the (kind, host, generation, detail) of each event a transaction
+        # wrote, once it committed (the agent logs the failures among them).
+        self.on_events: Callable[[list[tuple[str, str | None, int | None, dict[str, Any]]]],
+                                 None] | None = None
 
     @property
     def dialect(self) -> str:
@@ -245,6 +249,9 @@ class Store:
             try:
                 result = fn(session)
                 session.commit()
+                events = session.info.pop("events", None)
+                if events and self.on_events is not None:
+                    self.on_events(events)
                 return result
             except BaseException:
                 session.rollback()
@@ -320,6 +327,7 @@ def emit(session: Session, kind: str, host: str | None, generation_id: int | Non
     session.execute(_NEW_EVENT, {"at": utcnow(), "host": host, "generation_id": generation_id,
                                  "kind": kind,
                                  "detail": json.dumps(detail, default=str, sort_keys=True)})
+    session.info.setdefault("events", []).append((kind, host, generation_id, detail))
 
 
 # Built once: an ORM add cost a unit-of-work flush per event, several times the INSERT.

@@ -25,6 +25,8 @@ from models.schema import require_head
 from models.store import emit, utcnow
 from models.tables import Agent as AgentRow
 from runners import schedules, wakeup
+from runners.control import ControlServer
+from runners.control import version as control_version
 from runners.doorbell import DOORBELL, LOCK
 from runners.doorbell import ring as ring_doorbell
 from runners.fencing import FencedProcess, FenceGuard, Timing
@@ -50,6 +52,21 @@ BACKSTOP = 30.0  # seconds between full liveness checks when exits arrive by pid
 SCHEMA_EVERY = 2.0  # seconds between checks that the schema is still the one it knows
 PRUNE_FIRST, PRUNE_EVERY = 5.0, 600.0  # seconds: the history prune after start, then between
 PRUNE_BATCHES = 20  # batches per table per prune run (workflows/history.py BATCH rows each)
+
+# Events the agent also logs at WARNING, with their reason: a failed or abandoned attempt
+# (its drive alone says result=progress), a failed wake, a host refused, a host down.
+WARN_EVENTS = frozenset({"deploy_failed", "deploy_abandoned", "deploy_down", "down",
+                         "wake_failed", "refused", "self_fenced"})
+
+
+def log_failures(events: list[tuple[str, str | None, int | None, dict[str, object]]]) -> None:
+    """After a commit: one WARNING line per failure event it wrote."""
+    for kind, host, gen, detail in events:
+        if kind in WARN_EVENTS:
+            pairs = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                             for k, v in detail.items())
+            log.warning("%s host=%s%s %s", kind, host,
+                        f" generation=g{gen}" if gen is not None else "", pairs)
 
 
 
@@ -77,6 +94,7 @@ class Reconciler:
         self._dirty = False
         self._fresh = False
         self.rounds = 0
+        self.last_round_at: datetime | None = None  # wall clock, for `vigil agent status`
         self.on_progress: Callable[[], None] = lambda: None  # a drive moved a row
         self.on_round: Callable[[float], None] = lambda _seconds: None  # metrics, when served
         self._thread: threading.Thread | None = None
@@ -161,6 +179,7 @@ class Reconciler:
         if time.monotonic() < self._paused_until:
             return  # the store failed: the store-retry job kicks once the pause is over
         self.rounds += 1
+        self.last_round_at = datetime.now(UTC)
         with self._lock:
             busy = set(self.inflight)
             fresh, self._fresh = self._fresh, False
@@ -266,9 +285,13 @@ class Reconciler:
 class AgentDaemon:
     def __init__(self, ctx: Context, *, safety_interval: float = 30.0,
                  monitor_interval: float = 1.0, max_hosts: int = 8, converge_budget: int = 1,
-                 metrics_listen: str | None = None, keep: Keep | None = None) -> None:
+                 metrics_listen: str | None = None, keep: Keep | None = None,
+                 db: str | None = None) -> None:
         self.ctx = ctx
         self.keep = keep or Keep()  # what history the store keeps (workflows/history.py)
+        self.db = db  # as given (--db / VIGIL_DB): a client naming another store goes direct
+        self.started_at = datetime.now(UTC)
+        self.reconciler: Reconciler | None = None
         self.metrics_listen = metrics_listen
         self.converge_budget = converge_budget  # worker converges per sweep, box-wide
         self.sweeps = 0
@@ -287,6 +310,16 @@ class AgentDaemon:
         self.files: FileGuard | None = None
         self._schema_checked = 0.0
         self._scheduler: BackgroundScheduler | None = None
+        self._version = control_version()
+
+    def live(self) -> dict[str, object]:
+        """What the agent says of itself on its control socket (`vigil agent status`)."""
+        r = self.reconciler
+        last = r.last_round_at if r is not None else None
+        return {"running": True, "pid": os.getpid(), "box": self.ctx.agent_id,
+                "version": self._version, "up_since": self.started_at.isoformat(),
+                "ready": self.recovered.is_set(), "rounds": r.rounds if r is not None else 0,
+                "last_round": last.isoformat() if last is not None else None}
 
     def _take_lock(self) -> None:
         path = self.ctx.state_dir / LOCK
@@ -522,6 +555,7 @@ class AgentDaemon:
         self.watch = StoreWatch(self.ctx.store.url, self.ctx.state_dir, log,
                                 on_halt=self._halted)
         self.watch.recheck = lambda: self._check_schema(now=True)
+        self.ctx.store.on_events = log_failures
         require_head(self.ctx.store.engine)
         settle_state_dir(self.ctx)
         observe_round = None
@@ -554,6 +588,7 @@ class AgentDaemon:
             reconciler.on_round = observe_round
         reconciler.watch = self.watch
         reconciler.may_act = self.may_act
+        self.reconciler = reconciler
         if pidfds_supported():
             self.watcher = ExitWatcher(lambda: current_leaders(self.ctx),
                                        lambda ids: self.liveness(reconciler, ids),
@@ -574,6 +609,8 @@ class AgentDaemon:
                                    daemon=True)
         schedules.attach(scheduler, self.ctx, reconciler.kick, self.watch.trouble, self.may_act)
         self._doorbell(reconciler)
+        control = ControlServer(self.ctx, self.db, reconciler.kick, self.live)
+        control.start()
         wakeup.start(self.ctx.store, reconciler.kick, self.stop, self.watch.trouble)
         scheduler.start()
         sweeper.start()
@@ -583,6 +620,7 @@ class AgentDaemon:
         notify("READY=1", f"STATUS=ready: adopted {counts['adopted']}, retired {counts['retired']}")
         self._wait_for_stop()
         self.stop.set()
+        control.close()  # from here the CLI works on the store itself
         ring_doorbell(self.ctx.state_dir)  # its thread blocks in recv until a ring
         log.info("stopping agent=%s", self.ctx.agent_id)
         notify("STOPPING=1", "STATUS=stopping (apps keep running)")

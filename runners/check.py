@@ -1,4 +1,5 @@
-"""`vigil check`: DESIGN §5's invariants, read from the store and the box. Changes nothing."""
+"""`vigil check`: the invariants that hold after recovery and quiescence, read from the
+store and the box. Changes nothing."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from models.tables import (
     Wake,
 )
 from runners.files import LocalFiles
+from runners.ops import agent_acting
 from runners.process import MARKER, ProcessBackend
 from workflows.ending import ref_of
 from workflows.lease import still_needed
@@ -65,7 +67,7 @@ def marked_processes(state_dir: Path) -> dict[int, str]:
 
 
 def run_checks(store: Store, state_dir: Path) -> list[Violation]:
-    from runners.storewatch import halted_line
+    from runners.doorbell import halted_line
 
     bad: list[Violation] = []
     halted = halted_line(state_dir)
@@ -146,6 +148,10 @@ def run_checks(store: Store, state_dir: Path) -> list[Violation]:
         elif g.state is not GenState.current and g.id not in members and g.id not in tracked:
             bad.append(Violation("stray_process", f"pid {pid} belongs to g{g.id} of {g.host} "
                                  f"({g.state.value}), neither current nor an open obligation"))
+    if open_rows and not agent_acting(store, state_dir):
+        bad.append(Violation("agent_alive", f"{open_rows} obligation(s) are open and no agent "
+                             f"runs on {state_dir} to act on them; start one with "
+                             "`vigil agent start`"))
     if view_count != open_rows:
         bad.append(Violation("obligations_visible", f"pending_obligations lists {view_count} rows but "
                              f"{open_rows} obligations are open"))

@@ -18,20 +18,8 @@ from models.durations import parse_seconds
 from models.errors import LostRace, VigilError
 from models.states import Mode
 from runners.doorbell import ring, running_agent_pid
-from runners.files import stage_build
-from runners.wakeup import notify
-from workflows.hosts import record_build
-from workflows.rollout import (
-    DEFAULT_WAVES,
-    abort_rollout,
-    parse_waves,
-    pause_rollout,
-    request_rollout,
-    resume_rollout,
-    rollout_list,
-    rollout_status,
-    select_hosts,
-)
+
+DEFAULT_WAVES = "1,25%,100%"  # as workflows/rollout.py (a test keeps them equal)
 
 
 def _seconds(_ctx: click.Context, param: click.Parameter, value: Any) -> float | None:
@@ -40,6 +28,8 @@ def _seconds(_ctx: click.Context, param: click.Parameter, value: Any) -> float |
 
 
 def _ring(env: Any) -> None:
+    from runners.wakeup import notify
+
     ring(env.state_dir)
     notify(env.store())
 
@@ -83,6 +73,10 @@ def start(env: Any, build_path: str, names: tuple[str, ...], glob: str | None, w
           mode: str, canary: bool, pause: float | None, max_failures: int, auto_revert: bool,
           wait: bool, timeout: float) -> None:
     """Deploy BUILD to the hosts named, wave after wave; prints the rollout's id."""
+    from runners.files import stage_build
+    from workflows.hosts import record_build
+    from workflows.rollout import parse_waves, request_rollout, select_hosts
+
     parse_waves(waves)  # bad input is refused before anything is staged
     store = env.store()
     store.read(lambda s: select_hosts(s, list(names), glob))
@@ -109,6 +103,8 @@ def start(env: Any, build_path: str, names: tuple[str, ...], glob: str | None, w
 
 
 def _wait(env: Any, rollout_id: int, timeout: float) -> None:
+    from workflows.rollout import rollout_status
+
     store = env.store()
     began = time.monotonic()
     admitted = settled = 0
@@ -153,6 +149,8 @@ def _wait(env: Any, rollout_id: int, timeout: float) -> None:
 def status(env: Any, rollout_id: int | None, as_json: bool) -> None:
     """A rollout (the newest one without ID): per wave and per host, its attempt, outcome,
     execution and drain time."""
+    from workflows.rollout import rollout_status
+
     st = env.store().read(lambda s: rollout_status(s, rollout_id))
     if as_json:
         click.echo(json.dumps(st, indent=2, default=str))
@@ -168,6 +166,8 @@ def status(env: Any, rollout_id: int | None, as_json: bool) -> None:
 @click.pass_obj
 def listing(env: Any, as_json: bool) -> None:
     """Every rollout, oldest first."""
+    from workflows.rollout import rollout_list
+
     rows = env.store().read(rollout_list)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
@@ -177,17 +177,20 @@ def listing(env: Any, as_json: bool) -> None:
     show(rollouts_table(rows))
 
 
-def _intent(name: str, fn: Any, doc: str) -> None:
+def _intent(name: str, fn_name: str, doc: str) -> None:
     @rollout.command(name, help=doc)
     @click.argument("rollout_id", metavar="ID", type=int)
     @click.pass_obj
     def command(env: Any, rollout_id: int) -> None:
+        from workflows import rollout as steps
+
+        fn = getattr(steps, fn_name)
         line = _write(env, lambda s: fn(s, rollout_id))
         _ring(env)
         click.echo(line)
 
 
-_intent("pause", pause_rollout, "Let the wave in flight settle; start no new wave until resumed.")
-_intent("resume", resume_rollout, "Start waves again after a pause.")
-_intent("abort", abort_rollout, "End the rollout: no new wave, no revert; attempts not started "
+_intent("pause", "pause_rollout", "Let the wave in flight settle; start no new wave until resumed.")
+_intent("resume", "resume_rollout", "Start waves again after a pause.")
+_intent("abort", "abort_rollout", "End the rollout: no new wave, no revert; attempts not started "
         "are cancelled, those running finish.")

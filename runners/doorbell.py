@@ -10,10 +10,7 @@ import uuid
 from pathlib import Path
 
 from models.errors import BadInput
-from workflows.hosts import DOORBELL
-
-LOCK = "agent.lock"
-AGENT_ID = "agent-id"
+from workflows.paths import AGENT_ID, DOORBELL, HALTED, LOCK
 
 
 def agent_id(state_dir: Path, wanted: str | None = None) -> str:
@@ -69,3 +66,13 @@ def lock_holder(path: Path) -> int | None:
 def running_agent_pid(state_dir: Path) -> int | None:
     """The pid holding the agent lock, or None when no agent runs on this state dir."""
     return lock_holder(state_dir / LOCK)
+
+
+def halted_line(state_dir: Path) -> str | None:
+    """The running agent's halt line, if it stopped acting (<state>/agent.halted; a file
+    left by an agent that is gone does not count)."""
+    try:
+        line = (state_dir / HALTED).read_text().strip()
+    except OSError:
+        return None
+    return line if line and running_agent_pid(state_dir) is not None else None

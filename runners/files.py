@@ -49,9 +49,11 @@ def staging_root(state_dir: Path) -> Path:
     return state_dir / "builds"
 
 
-def stage_build(src: str, state_dir: Path) -> tuple[str, str]:
-    """Copy an executable into the staging root, named by its sha256; returns (path, digest)."""
+def stage_build(src: str, state_dir: Path, shown: str | None = None) -> tuple[str, str]:
+    """Copy an executable into the staging root, named by its sha256; returns (path, digest).
+    Messages name it as `shown` (the path as the operator typed it) when given."""
     path = Path(src)
+    src = shown if shown is not None else src
     if not path.exists():
         raise BadInput(f"build {src} does not exist", "pass the path of an executable file")
     if not path.is_file():

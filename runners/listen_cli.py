@@ -4,31 +4,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from models.errors import BadInput
 from models.states import HostKind
-from models.tables import Listener
-from runners.listen import Listeners, probe_address
-from workflows.listeners import (
-    Listen,
-    as_listens,
-    check_free,
-    check_set,
-    default_ready,
-    key_of,
-    parse_listen,
-    parse_ready,
-    reopen,
-    stored,
-)
+
+if TYPE_CHECKING:  # the heavy parts are imported where they are used: --help stays light
+    from models.tables import Listener
+    from workflows.listeners import Listen
 
 
 def probe_all(listens: list[Listen], already: list[Listen], label: str = "") -> None:
     """Each address vigil would open must be free now (one it holds for this host already
     is). Raises BadInput: port in use, privileged port, unwritable directory, ..."""
+    from runners.listen import probe_address
+
     mine = {a.address for a in already}
     for a in listens:
         if a.address in mine:
@@ -42,6 +34,8 @@ def probe_all(listens: list[Listen], already: list[Listen], label: str = "") -> 
 def checked_listeners(env: Any, name: str, kind: HostKind, texts: tuple[str, ...],
                       ready: str | None) -> tuple[list[Listen], str | None]:
     """`host add`'s --listen and --ready, refused with one line before anything is staged."""
+    from workflows.listeners import check_free, check_set, default_ready, parse_listen, parse_ready
+
     listens = [parse_listen(t, name) for t in texts]
     chosen = parse_ready(ready) if ready is not None else default_ready(listens)
     check_set(listens, kind, chosen)
@@ -56,6 +50,9 @@ def close_removed(state_dir: Path, rows: list[Listener]) -> None:
     to do; the agent's start closes whatever the store no longer names)."""
     if not rows:
         return
+    from runners.listen import Listeners
+    from workflows.listeners import key_of
+
     try:
         with Listeners(state_dir) as holder:
             holder.drop([key_of(r) for r in rows])
@@ -65,6 +62,8 @@ def close_removed(state_dir: Path, rows: list[Listener]) -> None:
 
 
 def stored_listens(store: Any, name: str) -> list[Listen]:
+    from workflows.listeners import as_listens, stored
+
     return store.read(lambda s: as_listens(stored(s, name)))
 
 
@@ -75,6 +74,8 @@ def attach(host: click.Group) -> None:
     def host_reopen(env: Any, name: str) -> None:
         """Open new listening sockets for a host whose sockets were lost (connections that
         were queued on the old ones are gone with them)."""
+        from workflows.listeners import reopen
+
         n = env.store().write(lambda s: reopen(s, name))
         if n == 0:
             click.echo(f"host {name}: no listener is lost; nothing to do")

@@ -30,6 +30,11 @@ def notify(*lines: str) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
             s.connect(address)
             s.sendall("\n".join(lines).encode())
+    except (ConnectionRefusedError, FileNotFoundError) as exc:
+        # Nobody listens any more: e.g. the `vigil agent start` that waited for READY=1
+        # has returned. Not the agent's concern.
+        log.debug("notify unheard socket=%s error=%r", target, exc)
+        return False
     except OSError as exc:
         log.warning("notify failed socket=%s error=%r", target, exc)
         return False

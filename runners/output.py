@@ -8,12 +8,16 @@ import signal
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+if TYPE_CHECKING:  # events are read from the store; ages and tables need no SQLAlchemy
+    from models.store import Store
+    from models.tables import Event
 
-from models.store import Store, utcnow
-from models.tables import Event
+
+def utcnow() -> datetime:
+    """Naive UTC, as the store keeps times (models.store.utcnow, without its imports)."""
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def age(when: datetime | str | None, now: datetime | None = None) -> str:
@@ -74,6 +78,22 @@ def _where(r: dict[str, Any]) -> str:
     shared = [f"{lst['address']}{' LOST' if lst['state'] == 'lost' else ''}"
               for lst in r.get("listeners", [])]
     return ", ".join(shared) or r["socket"] or ""
+
+
+def agent_line(info: dict[str, Any]) -> str:
+    """The agent, in one line: `vigil status`'s header."""
+    n = info.get("open_obligations") or 0
+    open_ = f"{n} open obligation{'' if n == 1 else 's'}"
+    if not info.get("running"):
+        waits = f"; {open_} wait for it" if n else ""
+        return (f"agent: not running on {info['state_dir']}{waits} "
+                "(start it with `vigil agent start`)")
+    parts = [f"pid {info['pid']}", f"box {info['box']}"]
+    if info.get("up_since"):
+        parts.append(f"up {age(info['up_since'])}")
+    if info.get("last_round"):
+        parts.append(f"last round {age(info['last_round'])} ago")
+    return f"agent: running on {info['state_dir']}, {', '.join(parts)}, {open_}"
 
 
 def obligations_table(rows: list[dict[str, Any]]) -> Any:
@@ -151,16 +171,34 @@ def event_dict(e: Event) -> dict[str, Any]:
             "kind": e.kind, "detail": json.loads(e.detail)}
 
 
+ROW_KEYS = ("attempt", "wake", "stop")  # detail keys holding a row's id: shown as #17
+GENERATION_KEYS = ("retiring", "successor")  # detail keys holding a generation: g17
+
+
+def detail_value(key: str, value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if key in ROW_KEYS:
+            return f"#{value}"
+        if key in GENERATION_KEYS:
+            return f"g{value}"
+    return str(value)
+
+
 def event_line(d: dict[str, Any]) -> str:
-    """`2026-11-29 19:02:03.120  web  g3  swapped  attempt=4 drain_seconds=0.52 ...`"""
+    """`2026-11-29 19:02:03.120  web  g3  switched  attempt=#4 retiring=g2`: generations are
+    g<N> (the third column is the event's own), rows' ids #<N>."""
     at = d["at"].removesuffix("Z").replace("T", " ")[:23]
     gen = f"g{d['generation']}" if d["generation"] else "-"
-    extra = " ".join(f"{k}={v}" for k, v in d["detail"].items())
+    extra = " ".join(f"{k}={detail_value(k, v)}" for k, v in d["detail"].items())
     return f"{at:<23}  {d['host'] or '-':<16} {gen:<5} {d['kind']:<18} {extra}".rstrip()
 
 
 def events_after(store: Store, host: str | None, after: int, limit: int) -> list[dict[str, Any]]:
     """Events with id > after, oldest first; with after < 0, the newest `limit` of them."""
+    from sqlalchemy import select
+
+    from models.tables import Event
+
     def q(s):  # type: ignore[no-untyped-def]
         stmt = select(Event)
         if host:

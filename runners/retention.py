@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from models.durations import parse_age
-from workflows.history import KEEP_DAYS, KEEP_LAST, Keep
+
+if TYPE_CHECKING:
+    from workflows.history import Keep
+
+KEEP_DAYS, KEEP_LAST = 30, 20  # as workflows/history.py (a test keeps them equal): --help stays light
 
 
 class Age(click.ParamType):
@@ -32,6 +36,8 @@ def keep_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def keep_of(keep_history: Any, keep_last: int) -> Keep:
+    from workflows.history import Keep
+
     return Keep(older_than=keep_history, last=keep_last)
 
 

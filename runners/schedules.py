@@ -106,6 +106,10 @@ def remove(store: Store, host: str) -> None:
         try:
             scheduler.remove_job(job_id(host))
         except JobLookupError:
+            from models.tables import Host
+
+            if store.read(lambda s: s.get(Host, host)) is None:
+                raise NotFound(f"no host named {host!r}", "see `vigil host list`") from None
             raise NotFound(f"host {host!r} has no restart schedule",
                            "see `vigil schedule list`") from None
 

@@ -12,7 +12,7 @@ from runners.files import LocalFiles
 from runners.health import HttpHealth
 from runners.limits import CgroupMemoryLimit
 from runners.listen import Listeners
-from runners.process import ProcessBackend
+from runners.process import LOG_FILES, LOG_MAX_BYTES, ProcessBackend
 from runners.readiness import Readiness
 from runners.sockets import SocketAccess
 from workflows.context import Context
@@ -48,8 +48,11 @@ def open_store(state_dir: Path, db: str | None, *, create: bool = False,
     return store
 
 
-def make_context(state_dir: Path, store: Store, agent_id: str, **kw: object) -> Context:
-    proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"))
+def make_context(state_dir: Path, store: Store, agent_id: str, *,
+                 log_max_bytes: int = LOG_MAX_BYTES, log_files: int = LOG_FILES,
+                 **kw: object) -> Context:
+    proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"),
+                          log_max_bytes=log_max_bytes, log_files=log_files)
     settle = parse_seconds(os.environ.get("VIGIL_SETTLE_SECONDS", "10"), "VIGIL_SETTLE_SECONDS")
     kw.setdefault("sockets", SocketAccess(state_dir))  # per-host groups; no agent-wide one
     ready = Readiness(store)

@@ -19,12 +19,13 @@ from sqlalchemy.exc import DBAPIError
 from models.errors import StoreTrouble
 from models.store import Store
 from models.trouble import Trouble, diagnose, explain, refine
+from runners.doorbell import halted_line
+from workflows.paths import HALTED
 
 # SQLite's locks (os_unix.c): in WAL mode the writer holds byte 120 of the -shm file
 # (WAL_WRITE_LOCK); in rollback mode RESERVED is byte 0x40000001 of the database file.
 _WAL_WRITE_BYTE = 120
 _RESERVED_BYTE = 0x40000001
-HALTED = "agent.halted"  # the agent's one line when it stopped acting, for status and check
 
 
 def _lock_pids(path: Path, byte: int) -> list[int]:
@@ -251,18 +252,6 @@ def write_back(store: Store) -> bool:
         return busy == 0
     except Exception:
         return False
-
-
-def halted_line(state_dir: Path) -> str | None:
-    """The running agent's halt line, if it stopped acting (<state>/agent.halted; a file
-    left by an agent that is gone does not count)."""
-    from runners.doorbell import running_agent_pid
-
-    try:
-        line = (state_dir / HALTED).read_text().strip()
-    except OSError:
-        return None
-    return line if line and running_agent_pid(state_dir) is not None else None
 
 
 __all__ = ["HALTED", "FileGuard", "StoreWatch", "Trouble", "halted_line", "write_back",

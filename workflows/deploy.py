@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from models.errors import BadInput, BrokenInvariant, NotFound
+from models.errors import BadInput, BrokenInvariant, NotFound, Refused
 from models.states import (
     AttemptStep,
     Cause,
@@ -82,7 +82,15 @@ def last_failed(s: Session, host: str) -> tuple[Build, Attempt]:
     b = s.get(Build, a.build_id)
     if b is None:
         raise BrokenInvariant("b is missing")
+    if b.deleted_at is not None:
+        raise no_longer_staged(host, b)
     return b, a
+
+
+def no_longer_staged(host: str, b: Build) -> Refused:
+    return Refused(f"the last failed build of {host} ({b.digest[:12]}) is no longer staged "
+                   "(`vigil gc` removed it)",
+                   f"stage it again with `vigil deploy {host} {b.source}`")
 
 
 def drive_attempt(ctx: Context, attempt_id: int) -> Result:

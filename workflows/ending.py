@@ -3,6 +3,8 @@ its containment, then the termination proof. Shared by stop, failed wakes and me
 
 from __future__ import annotations
 
+import logging
+
 from sqlalchemy.orm import Session
 
 from models.states import GenState
@@ -12,6 +14,8 @@ from models.transition import Unfenced, move
 from workflows.context import Context
 from workflows.crash import crashpoint
 from workflows.ports import ProcRef
+
+log = logging.getLogger("vigil.proof")
 
 # Moves that carry no lease fence, each with the reason it needs none.
 BY_STATE = Unfenced("the generation's own state guards it; the step ending it holds the lease")
@@ -53,7 +57,9 @@ def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
     ctx.on_proof_failed()
     left = ctx.proc.live_members(ref)
     leader = "leader alive" if ctx.proc.leader_alive(ref) else "leader exited"
-    return f"generation g{gen.id} not proven gone: {leader}, live pids {left}"
+    why = f"generation g{gen.id} not proven gone: {leader}, live pids {left}"
+    log.warning("proof failed host=%s generation=g%d reason=%r", gen.host, gen.id, why)
+    return why
 
 
 def mark_proven(s: Session, gen_id: int, reason: str | None = None) -> None:

@@ -48,7 +48,7 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:
     port raised: a start that raises anything else would be retried forever, a new
     generation row each time."""
     try:
-        private_dirs(os.path.dirname(ctx.log_for(host.name)))
+        private_dirs(os.path.dirname(ctx.log_for(host.name, gen.id)))
         if gen.socket:
             prepare_socket_dir(ctx, host, gen.socket)
         fds, names = fds_for(ctx, host, gen.fence) if host.kind is HostKind.instance else ((), ())
@@ -62,7 +62,7 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:
         spec = SpawnSpec(generation_uuid=gen.uuid, host=host.name,
                          argv=[build.path, *json.loads(host.args)],
                          env={**json.loads(host.env), "VIGIL_HOME": str(ctx.state_dir)},
-                         cwd=host.cwd, socket_path=gen.socket, log_path=ctx.log_for(host.name),
+                         cwd=host.cwd, socket_path=gen.socket, log_path=ctx.log_for(host.name, gen.id),
                          cgroup=gen.cgroup, listen_fds=fds, listen_names=names,
                          notify_socket=notify)
         return ctx.proc.spawn(spec)

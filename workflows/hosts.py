@@ -27,9 +27,9 @@ from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Lease, Listener, Stop, Wake
 from workflows.lease import still_needed
 from workflows.listeners import Listen, check_set, lost_line, stored, write_set
+from workflows.paths import CONTROL
 from workflows.workers import check_policy
 
-DOORBELL = "agent.sock"  # the agent's datagram socket in the state dir (runners/doorbell.py)
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
 
@@ -63,9 +63,10 @@ GEN_DIGITS = 7  # room for generation numbers up to 9,999,999 in `g<n>.sock`
 
 def check_socket_room(state_dir: Path, host: str | None = None) -> None:
     """The longest socket path vigil binds fits the kernel's limit: an instance's
-    `run/<host>/g<n>.sock`, or (no host) the agent's own doorbell."""
+    `run/<host>/g<n>.sock`, or (no host) the agent's own sockets (the control socket's
+    name is the longer)."""
     path = (state_dir / "run" / host / f"g{'9' * GEN_DIGITS}.sock" if host is not None
-            else state_dir / DOORBELL)
+            else state_dir / CONTROL)
     size = len(os.fsencode(str(path)))
     if size > SUN_PATH_MAX:
         what = f"host {host}'s" if host is not None else "the agent's"

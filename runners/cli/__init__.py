@@ -1,0 +1,91 @@
+"""`vigil`: the one command. Everything but `vigil agent` writes intents to the store or
+reads it, so it works whether the agent is up or down.
+
+The group and main() live here; each topic's commands in a module of its own (hosts,
+lifecycle, inspect, agent, db, schedule). Command modules import only click and the light
+parts of models at import time: `vigil --help` must not pay for SQLAlchemy."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from models.errors import VigilError
+from runners.cli import agent, db, hosts, inspect, lifecycle, logs, schedule
+from runners.cli.common import Env, opened
+from runners.cli_rollout import rollout
+
+
+@click.group()
+@click.version_option(package_name="vigil", prog_name="vigil", message="%(prog)s %(version)s")
+@click.option("--state-dir", envvar="VIGIL_HOME", default=None,
+              help="State directory (env VIGIL_HOME; default: the nearest .vigil in the "
+                   "current directory or above it, else ./.vigil).")
+@click.option("--db", envvar="VIGIL_DB", default=None,
+              help="Database URL overriding the SQLite file in the state dir (env VIGIL_DB).")
+@click.pass_context
+def cli(ctx: click.Context, state_dir: str | None, db: str | None) -> None:
+    """vigil: a crash-safe process activator."""
+    ctx.obj = Env(state_dir, db)
+
+
+for command in (db.db, hosts.host, hosts.apply_cmd, lifecycle.wake, lifecycle.stop,
+                lifecycle.deploy, lifecycle.retry, inspect.gc, inspect.status_cmd,
+                inspect.obligations, inspect.events, logs.logs, schedule.schedule, inspect.check,
+                inspect.crashpoints, agent.agent, rollout):
+    cli.add_command(command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="vigil", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except VigilError as exc:
+        click.echo(f"vigil: error: {exc.line()}", err=True)
+        sys.exit(exc.exit_code)
+    except OSError as exc:
+        trouble = store_trouble(exc)
+        if trouble is None:
+            raise
+        click.echo(f"vigil: error: {trouble.line()}", err=True)
+        sys.exit(trouble.exit_code)
+    except Exception as exc:  # the store's own failures (a DBAPIError), as one line
+        if type(exc).__module__.split(".")[0] != "sqlalchemy":
+            raise
+        trouble = store_trouble(exc)
+        if trouble is None:
+            raise
+        click.echo(f"vigil: error: {trouble.line()}", err=True)
+        sys.exit(trouble.exit_code)
+    finally:
+        while opened:
+            opened.pop().dispose()
+
+
+def store_trouble(exc: BaseException) -> VigilError | None:
+    """A failure of the store itself (full, read-only, damaged, unreachable), as one line."""
+    from models.store import Store
+    from models.trouble import diagnose, explain
+
+    trouble = diagnose(exc)
+    if trouble is None:
+        return None
+    stores = [o for o in opened if isinstance(o, Store)]
+    if stores:
+        store = stores[-1]
+        holder = store.lock_holder() if trouble.kind == "locked" else None
+        return explain(trouble, store.url, holder=holder)
+    env = click.get_current_context(silent=True)
+    url = "sqlite:///vigil.db"
+    if env is not None and isinstance(env.obj, Env):
+        url = env.obj.db or f"sqlite:///{env.obj.state_dir / 'vigil.db'}"
+    return explain(trouble, url)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""What every command module shares: the state dir and store of one invocation, the
+duration option type, JSON and table output, and the one polling loop of the --wait
+commands. Imports nothing heavy: `vigil --help` must not pay for SQLAlchemy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from models.durations import parse_seconds
+from models.errors import BadInput, VigilError
+
+if TYPE_CHECKING:
+    from models.store import Store
+
+T = TypeVar("T")
+
+
+class Seconds(click.ParamType):
+    """A duration option: finite, above 0, at most a day (models/durations.py), refused
+    with one line before the command does anything."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        return parse_seconds(str(value), param.opts[0] if param else "a duration")
+
+
+SECONDS = Seconds()
+
+opened: list[Any] = []  # stores and agent connections, closed when the command ends (main
+# may run in-process)
+
+
+STATE_DIR = ".vigil"
+NO_AGENT_GRACE = 2.0  # a --wait with no agent acting fails after this long
+
+
+def default_state_dir(cwd: Path) -> Path:
+    """Without --state-dir or VIGIL_HOME: the nearest `.vigil` in the current directory or
+    one above it (as git finds `.git`), else `./.vigil`, which `vigil db upgrade` creates."""
+    for d in (cwd, *cwd.parents):
+        if (d / STATE_DIR).is_dir():
+            return d / STATE_DIR
+    return cwd / STATE_DIR
+
+
+class Env:
+    """One invocation's state dir and database (its store opened on first use), and the
+    agent's control socket when an agent answers there."""
+
+    def __init__(self, state_dir: str | None, db: str | None) -> None:
+        self.by_default = state_dir is None
+        self.state_dir = (default_state_dir(Path.cwd()) if state_dir is None
+                          else Path(state_dir).absolute())
+        self.db = db
+        self._store: Store | None = None
+        self._quick: Quick | None = None
+
+    def store(self, *, create: bool = False, at_head: bool = True,
+              lock_wait: float | None = None) -> Store:
+        if self._store is None:
+            from models import schema
+            from models.errors import StoreNotReady
+            from runners.setup import CLI_LOCK_WAIT, open_store
+
+            try:
+                self._store = open_store(self.state_dir, self.db, create=create,
+                                         lock_wait=lock_wait or CLI_LOCK_WAIT)
+            except StoreNotReady as exc:
+                if self.by_default and exc.cause.startswith("no "):
+                    exc.cause += (" (the default state dir: the nearest .vigil in the current "
+                                  "directory or above it)")
+                raise
+            opened.append(self._store)
+            if at_head:
+                schema.require_head(self._store.engine)
+        return self._store
+
+    def quick(self) -> Quick:
+        if self._quick is None:
+            self._quick = Quick(self)
+        return self._quick
+
+
+class Quick:
+    """Where a quick command runs: through the agent's control socket when an agent on
+    this state dir answers for the same store, else on the store itself. Either way the
+    same function of runners/ops.py does the work."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self._client: Any = None
+        self._tried = False
+
+    @property
+    def via_agent(self) -> bool:
+        return self._connect() is not None
+
+    def _connect(self) -> Any:
+        if not self._tried:
+            from runners.client import Client
+
+            self._tried = True
+            self._client = Client.connect(self.env.state_dir, self.env.db)
+            if self._client is not None:
+                opened.append(self._client)
+        return self._client
+
+    def drop(self) -> None:
+        if self._client is not None:
+            self._client.dispose()
+        self._client, self._tried = None, True
+
+    def call(self, op: str, **args: Any) -> Any:
+        from runners import client
+
+        c = self._connect()
+        if c is not None:
+            try:
+                # A read that the agent is slow to answer (stopped, wedged) is read from the
+                # store instead; an intent waits longer (a deploy stages its build first).
+                return c.call(op, client.REPLY_TIMEOUT if op in client.INTENTS
+                              else client.READ_TIMEOUT, **args)
+            except client.Refused as exc:
+                err = VigilError(exc.cause, exc.fix)
+                err.exit_code = exc.exit_code
+                raise err from None
+            except client.OtherStore:
+                self.drop()
+            except client.Lost as exc:
+                self.drop()
+                if op in client.INTENTS:
+                    what = f"{op} of {args.get('name')}"
+                    raise VigilError(f"the agent on {self.env.state_dir} ended before it "
+                                     f"answered ({exc}): the {what} may or may not be written",
+                                     f"see `vigil obligations` and `vigil events "
+                                     f"{args.get('name')}`") from None
+                # a read: the store gives the same answer
+        return self.direct(op, **args)
+
+    def direct(self, op: str, **args: Any) -> Any:
+        from runners import ops
+
+        out = ops.run(self.env.store(), self.env.state_dir, op, args)
+        if op in ops.INTENTS:
+            ring(self.env)
+        return out
+
+    def no_agent_guard(self, what: str) -> Callable[[float], None]:
+        """For poll(): raise, one line, once no agent has acted for NO_AGENT_GRACE seconds
+        (an agent being restarted takes its lock again within that)."""
+        absent: list[float] = []
+        checked: list[float] = [-1.0]
+
+        def idle(elapsed: float) -> None:
+            if self.via_agent or elapsed - checked[0] < 0.25:
+                return
+            checked[0] = elapsed
+            from runners import ops
+
+            if ops.agent_acting(self.env.store(), self.env.state_dir):
+                absent.clear()
+                return
+            if not absent:
+                absent.append(elapsed)
+            elif elapsed - absent[0] >= NO_AGENT_GRACE:
+                raise VigilError(f"no agent is running on {self.env.state_dir}: {what} stays "
+                                 "queued until one runs",
+                                 "start it with `vigil agent start` (the intent is kept; "
+                                 "see `vigil obligations`)")
+
+        return idle
+
+
+def ring(env: Env) -> None:
+    """A new intent is in the store: ring this box's agent, and every box's on PostgreSQL."""
+    from runners.doorbell import ring as ring_doorbell
+    from runners.wakeup import notify
+
+    ring_doorbell(env.state_dir)
+    notify(env.store())
+
+
+def echo_json(data: Any) -> None:
+    import json
+
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def table(*columns: str) -> Any:
+    from runners.output import table as make
+
+    return make(*columns)
+
+
+def show(t: Any) -> None:
+    from rich.console import Console  # rich is imported only when a table is printed
+
+    Console().print(t)
+
+
+def socket_options(group: str | None, mode: str | None) -> tuple[str | None, int | None]:
+    from runners.sockets import check_group, parse_mode
+
+    try:
+        if group is not None:
+            check_group(group)
+    except ValueError as exc:
+        raise BadInput(f"--socket-group: {exc}", "name an existing group (see `getent group`)") from None
+    try:
+        return group, parse_mode(mode) if mode is not None else None
+    except ValueError as exc:
+        raise BadInput(f"--socket-mode: {exc}", "pass an octal mode such as 0660") from None
+
+
+def poll(read: Callable[[], T], settled: Callable[[T, float], bool], *, timeout: float,
+         late: Callable[[T], VigilError], tick: Callable[[T, float], None] | None = None,
+         idle: Callable[[float], None] | None = None, interval: float = 0.05) -> T:
+    """The loop of every --wait: read, report (`tick`), stop once `settled`; past `timeout`
+    raise `late(last value)`. `idle(elapsed)` runs between reads (it may raise: no agent)."""
+    started = time.monotonic()
+    while True:
+        value = read()
+        elapsed = time.monotonic() - started
+        if tick is not None:
+            tick(value, elapsed)
+        if settled(value, elapsed):
+            return value
+        if elapsed > timeout:
+            raise late(value)
+        if idle is not None:
+            idle(elapsed)
+        time.sleep(interval)

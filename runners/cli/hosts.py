@@ -1,0 +1,175 @@
+"""`vigil host add|list|rm` and `vigil apply`: the apps vigil runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from models.errors import BadInput
+from models.states import HostKind
+from runners.cli.common import SECONDS, Env, echo_json, show, socket_options, table
+
+
+@click.group()
+def host() -> None:
+    """Define the apps vigil runs."""
+
+
+@host.command("add")
+@click.argument("name")
+@click.option("--build", "build_path", required=True, help="Executable to stage for the host.")
+@click.option("--kind", type=click.Choice([k.value for k in HostKind]), default="instance",
+              show_default=True)
+@click.option("--arg", "args", multiple=True, help="Argument for the build (repeatable).")
+@click.option("--env", "envs", multiple=True, help="K=V environment entry (repeatable).")
+@click.option("--cwd", default=None, help="Working directory of the app.")
+@click.option("--drain-timeout", type=SECONDS, default=10.0, show_default=True)
+@click.option("--health-timeout", type=SECONDS, default=10.0, show_default=True)
+@click.option("--box", "boxes", multiple=True,
+              help="A box (agent id) that may run the host (repeatable); none: any box.")
+@click.option("--socket-group", default=None,
+              help="Group that may connect to its socket (overrides the agent's).")
+@click.option("--socket-mode", default=None, help="Mode of its socket, octal (default 0660).")
+@click.option("--listen", "listens", multiple=True, metavar="[NAME=]tcp:HOST:PORT|unix:/PATH",
+              help="A listening socket vigil holds; every generation inherits it as fd 3, 4, "
+                   "... (LISTEN_FDS; repeatable).")
+@click.option("--ready", default=None, metavar="notify|http|exec:CMD",
+              help="How a generation says it is ready (default: http; notify with --listen).")
+@click.option("--one-shot", is_flag=True, help="Worker: run once; exit 0 is success, no respawn.")
+@click.option("--max-run", type=SECONDS, default=None, help="Worker: recycle after S seconds up.")
+@click.option("--restart-floor", type=SECONDS, default=None, help="Worker: first restart delay (1).")
+@click.option("--restart-cap", type=SECONDS, default=None, help="Worker: longest restart delay (30).")
+@click.option("--restart-reset", type=SECONDS, default=None,
+              help="Worker: up this long, the backoff starts again from the floor (60).")
+@click.option("--converge-grace", type=SECONDS, default=None,
+              help="Worker: how long its live build may differ before it converges (60).")
+@click.pass_obj
+def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
+             envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
+             boxes: tuple[str, ...], socket_group: str | None, socket_mode: str | None,
+             listens: tuple[str, ...], ready: str | None, **policy: Any) -> None:
+    """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
+    from runners.files import stage_build
+    from runners.listen_cli import checked_listeners
+    from workflows.hosts import add_host, check_args, check_env, check_name, check_socket_room
+    from workflows.placement import encode
+    from workflows.workers import check_policy
+
+    check_name(name)
+    listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready)
+    placed = encode(boxes)
+    group, mode = socket_options(socket_group, socket_mode)
+    pairs: dict[str, str] = {}
+    for item in envs:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--env {item!r} is not K=V", "write it as --env NAME=value")
+        pairs[key] = value
+    if cwd is not None and not os.path.isdir(cwd):
+        raise BadInput(f"--cwd {cwd} is not a directory", "pass an existing directory")
+    if HostKind(kind) is HostKind.instance:
+        check_socket_room(env.state_dir, name)
+    check_args(list(args), label="--arg ")
+    check_env(pairs, label="--env ")
+    check_policy(HostKind(kind), policy)  # before anything is staged
+    store = env.store()
+    path, digest = stage_build(build_path, env.state_dir)
+    store.write(lambda s: add_host(
+        s, name, kind=HostKind(kind), build_path=path, digest=digest,
+        source=str(Path(build_path).absolute()), args=list(args), env=pairs,
+        cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
+        health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
+        policy=policy, listeners=listeners, ready=ready))
+    click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
+
+
+@host.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def host_list(env: Env, as_json: bool) -> None:
+    """Every host: kind, state and build."""
+    from workflows.hosts import status
+
+    rows = env.store().read(lambda s: status(s))
+    if as_json:
+        echo_json(rows)
+        return
+    t = table("host", "kind", "state", "build")
+    for r in rows:
+        t.add_row(r["host"], r["kind"], r["state"], (r["build_digest"] or "")[:12])
+    show(t)
+
+
+@host.command("rm")
+@click.argument("name")
+@click.pass_obj
+def host_rm(env: Env, name: str) -> None:
+    """Remove a host that does not run (and its restart schedule)."""
+    from runners.doorbell import ring
+    from runners.listen_cli import close_removed
+    from runners.schedules import forget
+    from workflows.hosts import remove_host
+
+    rows = env.store().write(lambda s: remove_host(s, name))
+    forget(env.store(), name)
+    close_removed(env.state_dir, rows)
+    if rows:
+        ring(env.state_dir)  # the agent closes its own copies of the sockets
+    click.echo(f"host {name} removed")
+
+
+@click.command("apply")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.pass_obj
+def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
+    """Create, update and remove hosts to match a TOML file (see README: Operating vigil)."""
+    from runners.doorbell import ring as ring_doorbell
+    from runners.files import LocalFiles, stage_build, staging_root
+    from runners.hostfile import load
+    from workflows.apply import Wanted, apply_host, plan, remove_absent
+    from workflows.hosts import check_socket_room
+
+    specs = load(file)  # every key checked first: a bad file changes nothing
+    for spec in specs:
+        if spec.fields["kind"] is HostKind.instance:
+            check_socket_room(env.state_dir, spec.name)
+    store = env.store()
+    from runners.listen_cli import probe_all, stored_listens
+
+    for spec in specs:  # each new address free now (a port in use, ...): nothing written
+        probe_all(spec.listens, stored_listens(store, spec.name), label=f"{file}: {spec.name}: ")
+
+    def wanted(stage: bool) -> list[Wanted]:
+        out = []
+        for h in specs:
+            if stage:
+                path, digest = stage_build(h.build, env.state_dir)
+            else:
+                digest = LocalFiles().digest(h.build)
+                path = str(staging_root(env.state_dir) / digest / Path(h.build).name)
+            out.append(Wanted(h.name, h.fields, path, digest, h.build, h.listens))
+        return out
+
+    changes = store.read(lambda s: plan(s, wanted(stage=False)))  # refusals: nothing changed
+    if dry_run:
+        for c in changes:
+            click.echo(c.line())
+        click.echo("dry run: nothing changed")
+        return
+    keep = {c.host for c in changes if c.action != "remove"}
+    done = [store.write(lambda s, w=w: apply_host(s, w)) for w in wanted(stage=True)]
+    done += [store.write(lambda s, n=c.host: remove_absent(s, n))
+             for c in changes if c.host not in keep]
+    for c in done:
+        click.echo(c.line())
+    if any(c.attempt is not None for c in done):
+        ring_doorbell(env.state_dir)
+
+
+from runners.listen_cli import attach as _attach_listen  # noqa: E402  (vigil host reopen)
+
+_attach_listen(host)

@@ -1,0 +1,147 @@
+"""`vigil wake|stop|deploy|retry`: intents for the agent, and --wait to follow them."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from models.errors import VigilError
+from models.states import Cause, Mode
+from runners.cli.common import SECONDS, Env, poll
+
+SETTLED = ("done", "failed", "cancelled")
+UNPROVEN_GRACE = 3.0  # an unproven wake is usually proven a moment later
+
+
+def _wait_row(env: Env, kind: str, row_id: int, name: str, timeout: float) -> dict[str, Any]:
+    """Until the wake or stop row settles and its host's lease is given back (when owed)."""
+    quick = env.quick()
+    unproven_at: list[float] = []
+
+    def settled(row: dict[str, Any], elapsed: float) -> bool:
+        if row["state"] in SETTLED and not row["release_owed"]:
+            return True
+        if row["state"] != "unproven":
+            unproven_at.clear()
+        elif not unproven_at:
+            unproven_at.append(elapsed)
+        elif elapsed - unproven_at[0] > UNPROVEN_GRACE:
+            return True  # reported, not waited for
+        return False
+
+    def late(row: dict[str, Any]) -> VigilError:
+        return VigilError(f"timed out after {timeout:.0f}s: {kind} #{row_id} is still "
+                          f"{row['state']} ({row['last_error'] or 'no error yet'})",
+                          "watch `vigil obligations`; the agent keeps working on it")
+
+    return poll(lambda: quick.call("progress", kind=kind, id=row_id), settled, timeout=timeout,
+                late=late, idle=quick.no_agent_guard(f"{kind} #{row_id} of {name}"))
+
+
+@click.command()
+@click.argument("name")
+@click.option("--wait", is_flag=True, help="Block until the agent has woken it or it failed.")
+@click.option("--timeout", type=SECONDS, default=300.0, show_default=True)
+@click.pass_obj
+def wake(env: Env, name: str, wait: bool, timeout: float) -> None:
+    """Start a host's current build."""
+    req = env.quick().call("wake", name=name)
+    if req["id"] is None:
+        click.echo(f"host {name} is already awake")
+        return
+    if not wait:
+        click.echo(f"wake #{req['id']} of {name} queued")
+        return
+    row = _wait_row(env, "wake", req["id"], name, timeout)
+    if row["state"] != "done":
+        detail = " (its processes are not proven gone yet)" if row["state"] == "unproven" else ""
+        raise VigilError(f"wake of {name} {row['state']}: {row['reason']}{detail}",
+                         f"see `vigil events {name}` and the app's output: `vigil logs {name}`")
+    click.echo(f"host {name} awake: generation g{row['generation']} pid {row['pid']}")
+
+
+@click.command()
+@click.argument("name")
+@click.option("--wait", is_flag=True, help="Block until it is proven stopped.")
+@click.option("--timeout", type=SECONDS, default=300.0, show_default=True)
+@click.pass_obj
+def stop(env: Env, name: str, wait: bool, timeout: float) -> None:
+    """Stop a host: SIGTERM, drain, SIGKILL, proof, lease given back."""
+    req = env.quick().call("stop", name=name)
+    if not wait:
+        click.echo(f"stop #{req['id']} of {name} queued")
+        return
+    row = _wait_row(env, "stop", req["id"], name, timeout)
+    click.echo(f"host {name} stopped ({row['reason'] or 'proven gone'})")
+
+
+@click.command()
+@click.argument("name")
+@click.argument("build_path", metavar="BUILD")
+@click.option("--mode", type=click.Choice([m.value for m in Mode]), default="overlap", show_default=True)
+@click.option("--canary", is_flag=True, help="The successor must stay up for the settle window.")
+@click.option("--cause", type=click.Choice([c.value for c in Cause if c is not Cause.retry]),
+              default="release", show_default=True)
+@click.option("--wait", is_flag=True, help="Show the steps as they happen; exit 0 when done.")
+@click.option("--timeout", type=SECONDS, default=600.0, show_default=True)
+@click.option("--converge", is_flag=True,
+              help="Worker: only make BUILD its live build; it converges after its grace.")
+@click.pass_obj
+def deploy(env: Env, name: str, build_path: str, mode: str, canary: bool, cause: str, wait: bool,
+           timeout: float, converge: bool) -> None:
+    """Move a host to a new build (overlap: zero downtime; hold: stop, then start)."""
+    out = env.quick().call("deploy", name=name, build=build_path, cwd=os.getcwd(), mode=mode,
+                           canary=canary, cause=cause, converge=converge)
+    if converge:
+        click.echo(f"build {out['converge'][:12]} is the live build of {name}; it converges "
+                   f"after {out['grace']:g}s")
+        return
+    if out.get("held_down"):
+        click.echo(f"{out['held_down']}; deploying it as asked")
+    _attempt(env, name, out["attempt"], wait, timeout)
+
+
+@click.command()
+@click.argument("name")
+@click.option("--wait", is_flag=True, help="Show the steps as they happen; exit 0 when done.")
+@click.option("--timeout", type=SECONDS, default=600.0, show_default=True)
+@click.pass_obj
+def retry(env: Env, name: str, wait: bool, timeout: float) -> None:
+    """Re-arm the host's last failed build: a new attempt with cause `retry`."""
+    _attempt(env, name, env.quick().call("retry", name=name)["attempt"], wait, timeout)
+
+
+def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -> None:
+    if not wait:
+        click.echo(f"attempt #{attempt_id} of {name} queued")
+        return
+    quick = env.quick()
+    after = quick.call("last_event")
+    seen: list[str] = []  # steps printed, in order
+
+    def tick(a: dict[str, Any], elapsed: float) -> None:
+        # A fast attempt can pass `switched` between two polls: its event says it did.
+        if a["switched"] and "switched" not in seen and a["step"] != "switched":
+            seen.append("switched")
+            click.echo(f"{elapsed:7.2f}s  switched")
+        if not seen or seen[-1] != a["step"]:
+            seen.append(a["step"])
+            click.echo(f"{elapsed:7.2f}s  {a['step']}")
+
+    def late(a: dict[str, Any]) -> VigilError:
+        return VigilError(f"timed out after {timeout:.0f}s: attempt #{attempt_id} is at "
+                          f"{a['step']} ({a['last_error'] or 'no error yet'})",
+                          "watch `vigil obligations`; the agent keeps working on it")
+
+    a = poll(lambda: quick.call("progress", kind="attempt", id=attempt_id, after=after),
+             lambda a, _: a["outcome"] is not None, timeout=timeout, late=late, tick=tick,
+             idle=quick.no_agent_guard(f"attempt #{attempt_id} of {name}"))
+    drain = f", drain {a['drain_seconds']:.2f}s" if a["drain_seconds"] is not None else ""
+    line = (f"attempt #{a['id']} {a['outcome']} (mode {a['effective_mode']}, executed "
+            f"{str(a['executed']).lower()}{drain}): {a['reason']}")
+    if a["outcome"] != "done":
+        raise VigilError(line, f"see `vigil events {name}` and the app's output: "
+                         f"`vigil logs {name}`")
+    click.echo(line)
