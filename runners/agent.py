@@ -609,7 +609,7 @@ class AgentDaemon:
                                    daemon=True)
         schedules.attach(scheduler, self.ctx, reconciler.kick, self.watch.trouble, self.may_act)
         self._doorbell(reconciler)
-        control = ControlServer(self.ctx, self.db, reconciler.kick, self.live)
+        control = ControlServer(self.ctx, self.db, reconciler.kick, self.live, self.may_act)
         control.start()
         wakeup.start(self.ctx.store, reconciler.kick, self.stop, self.watch.trouble)
         scheduler.start()

@@ -36,8 +36,12 @@ def version() -> str:
 
 class ControlServer:
     def __init__(self, ctx: Context, db: str | None, kick: Callable[[], None],
-                 live: Callable[[], dict[str, Any]]) -> None:
+                 live: Callable[[], dict[str, Any]],
+                 may_act: Callable[[], bool] = lambda: True) -> None:
         self.ctx = ctx
+        # A halted agent (its store files replaced, the schema changed) answers nothing: its
+        # connections may write where no other reader looks; the CLI goes to the store.
+        self.may_act = may_act
         self.db = db  # the --db the agent was given (None: the state dir's SQLite file)
         self.kick = kick
         self.live = live  # what the agent says of itself (pid, version, last round, ...)
@@ -109,7 +113,7 @@ class ControlServer:
         except (ValueError, KeyError, TypeError):
             return {"ok": False, "error": {"cause": "not a vigil request", "fix": None,
                                            "exit_code": 2}}, False
-        if req.get("db") != self.db:
+        if req.get("db") != self.db or (op != "hello" and not self.may_act()):
             return {"ok": False, "other_store": True}, False
         try:
             result = self.live() if op == "hello" else ops.run(
@@ -122,6 +126,16 @@ class ControlServer:
             return {"ok": False, "error": {"cause": exc.cause, "fix": exc.fix,
                                            "exit_code": exc.exit_code}}, False
         except Exception as exc:
+            from models.trouble import diagnose, explain
+
+            trouble = diagnose(exc)
+            if trouble is not None:  # the store itself (full, read-only, ...): its one line
+                line = explain(trouble, self.ctx.store.url,
+                               holder=self.ctx.store.lock_holder() if trouble.kind == "locked"
+                               else None)
+                log.warning("control request op=%s: %s", op, line.line())
+                return {"ok": False, "error": {"cause": line.cause, "fix": line.fix,
+                                               "exit_code": line.exit_code}}, False
             log.exception("control request op=%s failed", op)
             return {"ok": False, "error": {"cause": f"the agent failed on {op}: "
                                            f"{type(exc).__name__}: {exc}",

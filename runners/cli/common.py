@@ -120,6 +120,8 @@ class Quick:
         from runners import client
 
         c = self._connect()
+        if c is not None and op in client.INTENTS and not self._answers(c):
+            c = None  # stopped or wedged: nothing is sent it, the intent goes to the store
         if c is not None:
             try:
                 # A read that the agent is slow to answer (stopped, wedged) is read from the
@@ -142,6 +144,18 @@ class Quick:
                                      f"{args.get('name')}`") from None
                 # a read: the store gives the same answer
         return self.direct(op, **args)
+
+    def _answers(self, c: Any) -> bool:
+        """Before an intent is sent: the agent answers at all (a SIGSTOPped agent's socket
+        still takes connections). Otherwise the intent goes to the store, never in doubt."""
+        from runners import client
+
+        try:
+            c.call("hello", client.CONNECT_TIMEOUT)
+            return True
+        except (client.Lost, client.OtherStore, client.Refused):
+            self.drop()
+            return False
 
     def direct(self, op: str, **args: Any) -> Any:
         from runners import ops
