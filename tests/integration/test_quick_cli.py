@@ -274,3 +274,18 @@ def test_a_chatty_app_cannot_fill_the_disk(vigil: Vigil) -> None:
     assert last[0].startswith(f"g{vigil.status('chat')['generation']} | 000001023 "), last
     vigil.run("stop", "chat", "--wait")
     vigil.check()
+
+
+def test_top_level_help_is_click_s_without_importing_click() -> None:
+    """`vigil --help` (the console script, runners/entry.py) prints the stored copy of the
+    group's help: equal to what click renders, and no click imported to print it."""
+    from runners.help_text import HELP, rendered
+
+    assert HELP == rendered(), "run `python -m runners.help_text --write` after changing the CLI"
+    probe = ("import sys; sys.argv = ['vigil', '--help']\n"
+             "from runners.entry import main; main()\n"
+             "assert 'click' not in sys.modules, 'click was imported'\n")
+    cp = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                        timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == HELP
