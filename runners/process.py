@@ -529,6 +529,16 @@ class ProcessBackend:
             return False
         return not (ref.cgroup and self._populated(ref.cgroup))
 
+    def containments(self) -> list[str]:
+        if not self.base:
+            return []
+        try:
+            names = os.listdir(self.base)
+        except OSError:
+            return []
+        return [os.path.join(self.base, n) for n in names if not n.startswith(".")
+                and os.path.isdir(os.path.join(self.base, n))]
+
     def release(self, ref: ProcRef) -> None:
         self._drop_cgroup(ref.cgroup)  # ENOENT: already gone; EBUSY etc.: leave it
         for hook in self.on_release:  # e.g. its NOTIFY_SOCKET is closed

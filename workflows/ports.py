@@ -83,6 +83,11 @@ class ProcessPort(Protocol):
     def release(self, ref: ProcRef) -> None:
         """Drop the containment's leftovers (an empty cgroup dir) after a proof."""
 
+    def containments(self) -> list[str]:
+        """The cgroup dirs of generations that exist on this machine (none in marker mode):
+        recovery releases those of proven generations, left by a death between the proof's
+        commit and its release."""
+
 
 class HealthPort(Protocol):
     def check(self, socket_path: str, timeout: float, alive: Callable[[], bool]) -> str | None:

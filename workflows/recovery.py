@@ -26,6 +26,20 @@ from workflows.takeover import take_over
 ADOPTED = define("recover.adopted", "the current generations were adopted or retired on start")
 
 
+def release_leftovers(ctx: Context) -> int:
+    """Release the cgroups of proven generations still on disk: every proof commits, then
+    releases, and a death in between leaves the (empty) dir. Bounded by the dirs present,
+    not by the history; a dir of a generation this store does not know is left alone."""
+    dirs = ctx.proc.containments()
+    if not dirs:
+        return 0
+    gens = ctx.store.read(lambda s: s.execute(select(Generation).where(
+        Generation.cgroup.in_(dirs), Generation.state == GenState.proven)).scalars().all())
+    for g in gens:
+        ctx.proc.release(ref_of(g))
+    return len(gens)
+
+
 def recover(ctx: Context) -> dict[str, int]:
     renew(ctx)
     release_claims(ctx)  # rows claimed by this box before it died are due again
@@ -72,6 +86,7 @@ def recover(ctx: Context) -> dict[str, int]:
                 ctx.files.remove_link(ctx.link_for(g.host), only_if_target=g.socket)
         crashpoint(ADOPTED)
     adopted, retired = len(adopt), len(drop)
+    release_leftovers(ctx)
     # After the adoptions: a socket the holder lost is copied from a live generation.
     recover_listeners(ctx)
     taken = take_over(ctx)  # hosts placed here whose owner's lease expired
