@@ -291,6 +291,7 @@ class AgentDaemon:
         self.keep = keep or Keep()  # what history the store keeps (workflows/history.py)
         self.db = db  # as given (--db / VIGIL_DB): a client naming another store goes direct
         self.started_at = datetime.now(UTC)
+        self.logs = None  # the log keeper's client (runners/logkeeper.py), set on start
         self.reconciler: Reconciler | None = None
         self.metrics_listen = metrics_listen
         self.converge_budget = converge_budget  # worker converges per sweep, box-wide
@@ -510,6 +511,11 @@ class AgentDaemon:
             return
         if self.watcher is not None:
             self.watcher.refresh()
+        if self.logs is not None:
+            try:
+                self.logs.ensure()  # a keeper that died meanwhile: started again
+            except OSError as exc:
+                log.warning("log keeper: %s; the next backstop tries again", exc)
 
     def prune_history(self) -> None:
         """A scheduled job: delete history nothing needs, a batch at a time (at most
@@ -567,6 +573,9 @@ class AgentDaemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         self._register()
+        self.logs = getattr(self.ctx.proc, "logs", None)  # the log keeper's client
+        if self.logs is not None:
+            self.logs.adopt()  # copies of the pipes a running keeper writes for
         guard = None
         if self.ctx.store.dialect == "postgresql":  # several boxes: leases must fence
             guard = FenceGuard(self.ctx, Timing(self.ctx.lease_ttl))

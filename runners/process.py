@@ -24,9 +24,11 @@ import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
+from runners.logkeeper import LogPipes
 from workflows.ports import ProcRef, Spawned, SpawnError, SpawnSpec
 
 MARKER = "VIGIL_GENERATION"
@@ -191,14 +193,6 @@ def _check_exec(argv0: str, env: dict[str, str], cwd: str | None) -> None:
 
 LOG_MAX_BYTES = 10 << 20  # per file of a generation's output
 LOG_FILES = 3  # files kept per generation (the one written and two rotated)
-LOG_WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logwriter.py")
-# Writers this process started, polled (reaped) as they end. Module-wide: a writer may
-# outlive the backend that started it (it ends when its app's output closes), and a
-# handle dropped while it runs would only be a warning.
-_WRITERS: list[subprocess.Popen[bytes]] = []
-_WRITERS_LOCK = threading.Lock()
-
-
 class _Spawned:
     """What Popen gives for a child started by posix_spawn: its pid, poll, wait."""
 
@@ -257,12 +251,14 @@ def _spawn_with_fds(argv: list[str], env: dict[str, str], out: object,
 
 class ProcessBackend:
     """ProcessPort over real processes; `containment` is auto | cgroup | marker. Each
-    generation's output goes through its own writer process (runners/logwriter.py), which
-    caps and rotates its file."""
+    generation's output goes through a pipe to the box's log keeper (runners/logkeeper.py),
+    which caps and rotates its file."""
 
     def __init__(self, containment: str = "auto", cgroup_root: str | None = None,
-                 log_max_bytes: int = LOG_MAX_BYTES, log_files: int = LOG_FILES) -> None:
+                 log_max_bytes: int = LOG_MAX_BYTES, log_files: int = LOG_FILES,
+                 logs: LogPipes | None = None) -> None:
         self.log_max_bytes, self.log_files = log_max_bytes, log_files
+        self.logs = logs
         self.base = detect_cgroup_base(containment, cgroup_root)
         self.mode = "cgroup" if self.base else "marker"
         self._mount = os.path.dirname(self.base) if self.base else None
@@ -283,8 +279,6 @@ class ProcessBackend:
                 return
             for h in list(self._handles.values()):
                 h.poll()
-        with _WRITERS_LOCK:
-            _WRITERS[:] = [w for w in _WRITERS if w.poll() is None]
 
     def exit_status(self, pid: int) -> int | None:
         """Return code of a child we spawned and reaped, else None."""
@@ -331,7 +325,7 @@ class ProcessBackend:
                     *spec.argv]
 
         try:
-            out = self._log_writer(spec) if spec.log_path else subprocess.DEVNULL
+            out = self._log_pipe(spec) if spec.log_path else subprocess.DEVNULL
         except OSError as e:
             self._drop_cgroup(cg)
             raise SpawnError(f"spawn: cannot open log {spec.log_path}: {e.strerror}", build_fault=False) from e
@@ -362,29 +356,15 @@ class ProcessBackend:
             self._handles[h.pid] = h
         return Spawned(pid=h.pid, create_time=ctime)
 
-    def _log_writer(self, spec: SpawnSpec) -> int:
-        """Start the generation's output writer; return the pipe end the app writes to.
-        The file is created 0600 (an app's output may hold secrets) before the writer runs,
-        so a log dir that cannot take it fails the spawn here."""
-        if spec.log_path is None:
-            raise ValueError("a log writer needs the generation's log path")
-        os.close(os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
-        r, w = os.pipe()  # both non-inheritable: only the writer and the app get an end
-        try:
-            writer = subprocess.Popen(
-                [sys.executable, "-S", "-I", LOG_WRITER, spec.log_path, str(self.log_max_bytes),
-                 str(self.log_files)],
-                stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env={"VIGIL_LOG_WRITER": spec.generation_uuid}, start_new_session=True,
-                close_fds=True)
-        except BaseException:
-            os.close(w)
-            raise
-        finally:
-            os.close(r)
-        with _WRITERS_LOCK:
-            _WRITERS.append(writer)
-        return w
+    def _log_pipe(self, spec: SpawnSpec) -> int:
+        """The pipe end the app writes to; the box's log keeper reads the other end."""
+        assert spec.log_path is not None
+        if self.logs is None:  # the agent passes its own; <state>/logs/<host>/g<N>.log
+            log = Path(spec.log_path)
+            self.logs = LogPipes(log.parents[2] if log.parents[1].name == "logs"
+                                 else log.parent)
+        return self.logs.open(spec.generation_uuid, spec.log_path, self.log_max_bytes,
+                              self.log_files)
 
     def _await_join(self, h: subprocess.Popen[bytes] | _Spawned, cg: str) -> None:
         """Bounded wait until the shim is in its cgroup. Read /proc/<pid>/cgroup, not
@@ -541,6 +521,8 @@ class ProcessBackend:
 
     def release(self, ref: ProcRef) -> None:
         self._drop_cgroup(ref.cgroup)  # ENOENT: already gone; EBUSY etc.: leave it
+        if self.logs is not None:
+            self.logs.forget(ref.generation_uuid)
         for hook in self.on_release:  # e.g. its NOTIFY_SOCKET is closed
             hook(ref.generation_uuid)
         if ref.pid is not None:

@@ -12,6 +12,7 @@ from runners.files import LocalFiles
 from runners.health import HttpHealth
 from runners.limits import CgroupMemoryLimit
 from runners.listen import Listeners
+from runners.logkeeper import LogPipes
 from runners.process import LOG_FILES, LOG_MAX_BYTES, ProcessBackend
 from runners.readiness import Readiness
 from runners.sockets import SocketAccess
@@ -52,7 +53,8 @@ def make_context(state_dir: Path, store: Store, agent_id: str, *,
                  log_max_bytes: int = LOG_MAX_BYTES, log_files: int = LOG_FILES,
                  **kw: object) -> Context:
     proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"),
-                          log_max_bytes=log_max_bytes, log_files=log_files)
+                          log_max_bytes=log_max_bytes, log_files=log_files,
+                          logs=LogPipes(state_dir))
     settle = parse_seconds(os.environ.get("VIGIL_SETTLE_SECONDS", "10"), "VIGIL_SETTLE_SECONDS")
     kw.setdefault("sockets", SocketAccess(state_dir))  # per-host groups; no agent-wide one
     ready = Readiness(store)

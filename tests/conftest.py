@@ -201,20 +201,23 @@ def marked_pids(state_dir: Path) -> list[int]:
 
 
 def end_holder(state_dir: Path) -> None:
-    """The fd holder of this state dir (runners/fdholder.py) outlives every agent while it
-    keeps a socket: end it by the pid its lock names, if it is that very holder."""
+    """The fd holder (runners/fdholder.py) and the log keeper (runners/logkeeper.py) of
+    this state dir outlive every agent while they hold something: end each by the pid its
+    lock names, if it is that very process."""
     from runners.fdholder import holder_pid
+    from runners.logkeeper import keeper_pid
 
-    pid = holder_pid(state_dir)
-    if pid is None or pid <= 0:
-        return
-    try:
-        cmd = psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return
-    if "runners.fdholder" in cmd and str(state_dir) in cmd:
-        os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: pid_dead(pid), 5, what=f"fd holder {pid} to die")
+    for module, pid in (("runners.fdholder", holder_pid(state_dir)),
+                        ("runners.logkeeper", keeper_pid(state_dir))):
+        if pid is None or pid <= 0:
+            continue
+        try:
+            cmd = psutil.Process(pid).cmdline()
+        except psutil.Error:
+            continue
+        if module in cmd and str(state_dir) in cmd:
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"{module} {pid} to die")
 
 
 def run_in_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

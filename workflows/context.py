@@ -85,7 +85,7 @@ class Context:
         return str(self.run_dir / f"{host}.sock")
 
     def log_for(self, host: str, n: int) -> str:
-        """Generation n's output (rotated beside it: .1, .2, ...; runners/logwriter.py)."""
+        """Generation n's output (rotated beside it: .1, .2, ...; runners/logkeeper.py)."""
         return str(self.state_dir / "logs" / host / f"g{n}.log")
 
     def wait_until(self, cond, timeout: float, interval: float = 0.02) -> bool:  # type: ignore[no-untyped-def]

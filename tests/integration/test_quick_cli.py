@@ -21,10 +21,12 @@ from sqlalchemy import select
 from models.tables import Attempt, Stop, Wake
 from runners.client import CONTROL, Client
 from runners.doorbell import running_agent_pid
+from runners.logkeeper import keeper_pid
 from tests.conftest import FIXTURES, HELLO, ROOT, Vigil, pid_dead, wait_for
 from workflows import paths
 
 CHATTY = FIXTURES / "chatty.py"
+TICKER = FIXTURES / "ticker.py"
 
 
 def imported(v: Vigil, *args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
@@ -267,12 +269,48 @@ def test_a_chatty_app_cannot_fill_the_disk(vigil: Vigil) -> None:
     wait_for(done, 240, interval=0.02, what="1 GiB written")
     assert biggest[0] <= files * cap, biggest[0]
     assert len(list(logs.iterdir())) <= files
-    writer = [p for p in psutil.process_iter(["environ"])
-              if (p.info["environ"] or {}).get("VIGIL_LOG_WRITER")]
-    assert writer, "the writer runs as long as the app"
+    assert keeper_pid(vigil.state_dir), "the log keeper runs as long as the app"
     last = vigil.run("logs", "chat", "-n", "2").stdout.splitlines()
     assert last[0].startswith(f"g{vigil.status('chat')['generation']} | 000001023 "), last
     vigil.run("stop", "chat", "--wait")
+    vigil.check()
+
+
+def test_output_outlives_the_agent_and_the_keeper_one_at_a_time(vigil: Vigil) -> None:
+    """One keeper for the box, whatever the number of hosts; the app's lines keep coming
+    through a kill -9 of the agent, then of the keeper (started again by the restarted
+    agent, which took the pipes back from the first keeper), and no line is torn."""
+    vigil.add_host("tick", TICKER, "--kind", "worker")
+    vigil.add_host("other", TICKER, "--kind", "worker")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "tick", "--wait")
+    gen = vigil.status("tick")["generation"]
+    log = vigil.state_dir / "logs" / "tick" / f"g{gen}.log"
+
+    def lines() -> int:
+        return len(log.read_bytes().splitlines()) if log.exists() else 0
+
+    def grows() -> None:
+        n = lines()
+        wait_for(lambda: lines() > n + 3, 20, what=f"new lines in {log.name} (has {n})")
+
+    grows()
+    first = keeper_pid(vigil.state_dir)
+    assert first and vigil.stop_agent(agent, signal.SIGKILL) == -signal.SIGKILL
+    grows()  # the keeper writes on with no agent
+    before = vigil.ready_count()
+    agent = vigil.start_agent()
+    vigil.wait_ready_after(agent, before)
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: pid_dead(first), 10, what="the first keeper gone")
+    vigil.run("wake", "other", "--wait")  # a spawn meets no keeper: starts one, gives it all
+    second = keeper_pid(vigil.state_dir)
+    assert second and second != first
+    grows()  # the first app's pipe was handed to the new keeper: its lines go on
+    assert lines() > 0 and all(b.startswith(b"tick ") for b in log.read_bytes().splitlines())
+    vigil.run("stop", "tick", "--wait")
+    vigil.run("stop", "other", "--wait")
     vigil.check()
 
 
