@@ -128,6 +128,9 @@ def remove_host(s: Session, name: str) -> list[Listener]:
     return rows
 
 
+CRASHLOOP_STREAK = 2  # quick exits in a row (each within restart_reset of its start)
+
+
 def host_state(s: Session, name: str) -> str:
     def has(model: Any, *where: Any) -> bool:
         return s.execute(select(model.id).where(model.host == name, *where).limit(1)).first() is not None
@@ -141,6 +144,11 @@ def host_state(s: Session, name: str) -> str:
     if has(Generation, Generation.state == GenState.current):
         return "awake"
     if has(Wake, Wake.state.in_(OPEN_WAKE)):
+        host = s.get(Host, name)
+        if host is not None and host.restart_streak >= CRASHLOOP_STREAK and has(
+                Wake, Wake.state == WakeState.queued, Wake.cause == "restart",
+                Wake.next_attempt_at > utcnow()):
+            return "crashloop"  # quick exits in a row: the next start waits out a backoff
         return "waking"
     if has(Generation, Generation.state.in_(LIVE_GEN)):
         return "retiring"
@@ -195,17 +203,18 @@ def _listen_status(s: Session, h: Host) -> dict[str, Any]:
 
 
 def _worker_status(s: Session, h: Host, gen: Generation | None) -> dict[str, Any]:
-    """A worker's restart state, and why it is not running when a start failed or was refused."""
-    if h.kind is not HostKind.worker:
-        return {}
-    out: dict[str, Any] = {"one_shot": h.one_shot, "restart_streak": h.restart_streak,
-                           "live_build_id": h.build_id,
-                           "build_id": gen.build_id if gen else None,
-                           "drift_since": (h.drift_since.isoformat() + "Z") if h.drift_since else None}
+    """A host's restart state (its streak of quick exits, when the next start is due); a
+    worker's build, and why it is not running when a start failed or was refused."""
+    out: dict[str, Any] = {"restart_streak": h.restart_streak}
     w = s.execute(select(Wake).where(Wake.host == h.name).order_by(Wake.id.desc()).limit(1)
                   ).scalar_one_or_none()
     if w is not None and w.state in OPEN_WAKE and w.cause == "restart":
         out["restart_at"] = w.next_attempt_at.isoformat() + "Z"
+    if h.kind is not HostKind.worker:
+        return out
+    out.update({"one_shot": h.one_shot, "live_build_id": h.build_id,
+                "build_id": gen.build_id if gen else None,
+                "drift_since": (h.drift_since.isoformat() + "Z") if h.drift_since else None})
     if gen is None and w is not None and w.state is WakeState.failed:
         out["problem"] = w.reason
     return out

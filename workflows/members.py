@@ -26,7 +26,7 @@ from workflows.lease import owe_release, release_owed
 from workflows.ports import ProcRef
 from workflows.queue import enqueue_wake
 from workflows.sanity import impossible_hosts
-from workflows.workers import worker_exited
+from workflows.workers import restart_delay, worker_exited
 
 # Moves that carry no lease fence, each with the reason it needs none.
 BY_STATE = Unfenced("read on a lease this agent holds; the generation's own state guards it")
@@ -53,7 +53,21 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
         queued = s.execute(select(Wake.id).where(Wake.host == gen.host,
                                                  Wake.state.in_(OPEN_WAKE))).first()
         if queued is None:
-            enqueue_wake(s, gen.host, "restart")
+            instance_exited(s, host, gen, why)
+
+
+def instance_exited(s: Session, host: Host, gen: Generation, why: str) -> None:
+    """An instance's restart, with the worker's persisted policy (floor, cap, reset): the
+    first exit after a stable run restarts at once (a crash costs no added downtime), each
+    further quick exit waits floor * 2**n, capped; `vigil status` says crashloop."""
+    up = (utcnow() - gen.current_at).total_seconds() if gen.current_at else 0.0
+    streak = 0 if up >= host.restart_reset else host.restart_streak
+    delay = restart_delay(host, streak - 1) if streak else 0.0
+    enqueue_wake(s, host.name, "restart", delay=delay)
+    s.execute(Host.__table__.update().where(Host.name == host.name)
+              .values(restart_streak=streak + 1))
+    emit(s, "restart_scheduled", host.name, delay=round(delay, 3), streak=streak + 1,
+         uptime=round(up, 3), reason=why)
 
 
 def current_leaders(ctx: Context) -> dict[int, tuple[int, float]]:

@@ -62,11 +62,16 @@ POLICY_DEFAULTS = {"one_shot": False, "max_run": None, "restart_floor": 1.0, "re
                    "restart_reset": 60.0, "converge_grace": 60.0}
 
 
+RESTART_POLICY = ("restart_floor", "restart_cap", "restart_reset")  # instances' too
+
+
 def check_policy(kind: HostKind, policy: dict[str, object]) -> dict[str, object]:
-    """Validate `vigil host add`'s worker options; returns the columns to write."""
+    """Validate `vigil host add`'s worker options (the restart policy is every host's);
+    returns the columns to write."""
     given = {k: v for k, v in policy.items() if v is not None and v is not False}
-    if given and kind is not HostKind.worker:
-        flags = ", ".join("--" + k.replace("_", "-") for k in sorted(given))
+    only_workers = {k: v for k, v in given.items() if k not in RESTART_POLICY}
+    if only_workers and kind is not HostKind.worker:
+        flags = ", ".join("--" + k.replace("_", "-") for k in sorted(only_workers))
         raise BadInput(f"{flags} only apply to workers", "add --kind worker, or drop them")
     out = {**POLICY_DEFAULTS, **given}
     for key in ("max_run", "restart_floor", "restart_cap", "restart_reset", "converge_grace"):

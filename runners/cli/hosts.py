@@ -40,10 +40,10 @@ def host() -> None:
               help="How a generation says it is ready (default: http; notify with --listen).")
 @click.option("--one-shot", is_flag=True, help="Worker: run once; exit 0 is success, no respawn.")
 @click.option("--max-run", type=SECONDS, default=None, help="Worker: recycle after S seconds up.")
-@click.option("--restart-floor", type=SECONDS, default=None, help="Worker: first restart delay (1).")
-@click.option("--restart-cap", type=SECONDS, default=None, help="Worker: longest restart delay (30).")
+@click.option("--restart-floor", type=SECONDS, default=None, help="Backoff after a second quick exit (1; a worker's first).")
+@click.option("--restart-cap", type=SECONDS, default=None, help="Longest restart delay (30).")
 @click.option("--restart-reset", type=SECONDS, default=None,
-              help="Worker: up this long, the backoff starts again from the floor (60).")
+              help="Up this long, the backoff starts again (60).")
 @click.option("--converge-grace", type=SECONDS, default=None,
               help="Worker: how long its live build may differ before it converges (60).")
 @click.pass_obj

@@ -166,6 +166,36 @@ def test_app_killed_under_a_running_agent_is_restarted(vigil: Vigil) -> None:
     vigil.check()
 
 
+def test_crash_looping_instance_backs_off_and_says_crashloop(vigil: Vigil, containment: str) -> None:
+    # Issue 16 item 4: an instance that exits 0.5 s after each health check was restarted
+    # at once, every time, for ever. Now the first exit restarts at once, each further
+    # quick one waits floor * 2**n (floor 0.2 s here, cap 1.6 s), persisted on the host.
+    if containment != "marker":
+        pytest.skip("the restart policy does not depend on the containment")
+    vigil.add_host("flap", FIXTURES / "exit_after_health.py", "--restart-floor", "0.2",
+                   "--restart-cap", "1.6")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "flap", "--wait")
+    seen: set[str] = set()
+
+    def looping() -> bool:
+        st = vigil.status("flap")
+        seen.add(st["state"])
+        return st["state"] == "crashloop" and st["restart_streak"] >= 4 and "restart_at" in st
+
+    wait_for(looping, 30, interval=0.02, what="flap in crashloop with a streak of 4")
+    delays = [e["detail"]["delay"] for e in vigil.json("events", "flap")
+              if e["kind"] == "restart_scheduled"]
+    assert delays[:4] == [0.0, 0.2, 0.4, 0.8], delays
+    obligations = [o for o in vigil.obligations() if o["host"] == "flap"]
+    assert obligations, "the backed-off restart is an open obligation"
+    vigil.run("stop", "flap", "--wait")
+    vigil.quiesce(15)
+    assert vigil.status("flap")["state"] == "asleep"
+    vigil.check()
+
+
 def test_cgroup_left_by_a_death_between_proof_and_release_is_released_on_start(
         vigil: Vigil, containment: str) -> None:
     # A proof commits, then releases the cgroup dir: an agent killed in between leaves the
