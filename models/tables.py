@@ -135,11 +135,17 @@ class Host(Base):
     # How a generation says it is ready (workflows/readiness.py): NULL or "http" (GET / on
     # its own socket), "notify" (READY=1 on its own NOTIFY_SOCKET), "exec:CMD".
     ready: Mapped[str | None] = mapped_column(Text)
+    # The ongoing health probe of an instance (workflows/probe.py): NULL interval, none.
+    health_interval: Mapped[float | None] = mapped_column(Float)
+    unhealthy_after: Mapped[int] = mapped_column(Integer, default=3, server_default="3")
+    unhealthy_restart: Mapped[bool] = mapped_column(Boolean, default=False,
+                                                    server_default=text("false"))
 
     # Every duration finite, above 0, at most a day (migration 0006; on SQLite the same
     # rule is held by triggers, as adding a CHECK there means rebuilding the table).
     __table_args__ = (CheckConstraint(" AND ".join(
-        sql_check(c, nullable=c == "max_run") for c in DURATIONS), name="durations"),)
+        sql_check(c, nullable=c == "max_run") for c in DURATIONS), name="durations"),
+        CheckConstraint(sql_check("health_interval", nullable=True), name="health_interval"))
 
 
 class Listener(Base):
@@ -177,6 +183,9 @@ class Generation(Base):
     current_at: Mapped[datetime | None] = mapped_column(DateTime)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime)
     end_reason: Mapped[str | None] = mapped_column(Text)
+    # Failed probes in a row of a current instance, and since when it is unhealthy.
+    health_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    unhealthy_since: Mapped[datetime | None] = mapped_column(DateTime)
     __table_args__ = (
         # The store itself holds "at most one current generation per host".
         Index(

@@ -41,6 +41,7 @@ from workflows.lease import renew_in
 from workflows.listeners import collect as collect_listeners
 from workflows.members import current_leaders, retire_dead_currents
 from workflows.obligations import Due, backoff, drain_batches, due, next_due, run_one
+from workflows.probe import Prober
 from workflows.recovery import recover
 from workflows.takeover import take_over
 from workflows.workers import any_to_sweep
@@ -48,6 +49,7 @@ from workflows.workers import sweep as sweep_workers
 
 log = logging.getLogger("vigil.agent")
 
+PROBE_TICK = 0.5  # seconds between looks at which health probes are due
 BACKSTOP = 30.0  # seconds between full liveness checks when exits arrive by pidfd
 SCHEMA_EVERY = 2.0  # seconds between checks that the schema is still the one it knows
 PRUNE_FIRST, PRUNE_EVERY = 5.0, 600.0  # seconds: the history prune after start, then between
@@ -517,6 +519,19 @@ class AgentDaemon:
             except OSError as exc:
                 log.warning("log keeper: %s; the next backstop tries again", exc)
 
+    def _probe_loop(self, prober: Prober) -> None:
+        """The ongoing health probes that are due (workflows/probe.py), every PROBE_TICK;
+        nothing while the agent is halted."""
+        while not self.stop.wait(PROBE_TICK):
+            if not self.may_act() or self.ctx.shutting_down.is_set():
+                continue
+            try:
+                prober.round()
+            except Exception as exc:  # said once by the store watch, or here
+                if self.watch is None or not self.watch.trouble(exc):
+                    log.exception("the health probe failed; the next tick retries")
+        prober.close()
+
     def prune_history(self) -> None:
         """A scheduled job: delete history nothing needs, a batch at a time (at most
         PRUNE_BATCHES per table per run: a backlog goes over several runs)."""
@@ -608,6 +623,16 @@ class AgentDaemon:
             log.warning("this kernel has no pidfds: exits are found by the %gs sweep",
                         self.monitor_interval)
         reconciler.start()
+        prober = Prober(self.ctx, reconciler.kick)
+        progressed = reconciler.on_progress  # the exit watcher's refresh, if any
+
+        def on_progress() -> None:  # a drive moved a row: what is watched may have changed
+            progressed()
+            prober.refresh()
+
+        reconciler.on_progress = on_progress
+        threading.Thread(target=self._probe_loop, args=[prober], name="probe",
+                         daemon=True).start()
         scheduler.add_job(reconciler.kick, "interval", seconds=self.safety_interval, id="scan")
         if self.watcher is not None:
             scheduler.add_job(self.backstop, "interval", id="backstop", args=[reconciler],

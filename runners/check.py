@@ -131,6 +131,10 @@ def run_checks(store: Store, state_dir: Path) -> list[Violation]:
             if not proc.leader_alive(ref_of(g)):
                 bad.append(Violation("current_alive", f"host {h.name}: current generation g{g.id} "
                                      f"(pid {g.pid}) is not running"))
+            if g.unhealthy_since is not None:
+                bad.append(Violation("healthy", f"host {h.name}: current generation g{g.id} has "
+                                     f"failed {g.health_failures} probes in a row (unhealthy "
+                                     "since " + g.unhealthy_since.isoformat() + "Z)"))
             if g.socket and files.read_link(str(state_dir / "run" / f"{h.name}.sock")) != g.socket:
                 bad.append(Violation("canonical_link", f"host {h.name}: run/{h.name}.sock does not "
                                      f"point at g{g.id}'s socket {g.socket}"))

@@ -48,3 +48,10 @@ class HttpHealth:
             if not alive():
                 return "health: process exited before it answered" + (f" ({last})" if last else "")
             time.sleep(min(POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
+
+    def probe(self, socket_path: str, timeout: float) -> str | None:
+        try:
+            code = get_status(socket_path, timeout)
+        except (OSError, ValueError) as exc:
+            return f"probe: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}"
+        return None if code < 500 else f"probe: status {code}"

@@ -29,6 +29,7 @@ from models.states import HostKind
 from runners.sockets import check_group, parse_mode
 from workflows.hosts import NAME, check_args, check_env
 from workflows.listeners import Listen, check_set, default_ready, parse_listen, parse_ready
+from workflows.probe import check_probe
 
 
 class Invalid(ValueError):
@@ -123,6 +124,13 @@ def _flag(v: Any, _: Path) -> bool:
     return v
 
 
+def _count(v: Any, _: Path) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1000:
+        raise Invalid(f"must be a count from 1 to 1000, not {json.dumps(v)}",
+                      "write unhealthy_after = 3")
+    return v
+
+
 @dataclass(frozen=True)
 class Key:
     field: str  # the hosts column
@@ -148,9 +156,13 @@ KEYS: dict[str, Key] = {
     "restart_cap": Key("restart_cap", _seconds, 30.0),
     "restart_reset": Key("restart_reset", _seconds, 60.0),
     "converge_grace": Key("converge_grace", _seconds, 60.0),
+    # The ongoing health probe of an instance (workflows/probe.py).
+    "health_interval": Key("health_interval", _seconds, None),
+    "unhealthy_after": Key("unhealthy_after", _count, 3),
+    "unhealthy_restart": Key("unhealthy_restart", _flag, False),
 }
-WORKER_ONLY = ("one_shot", "max_run", "restart_floor", "restart_cap", "restart_reset",
-               "converge_grace")
+WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
+PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")
 BUILD = "build"  # required: the executable, staged like `vigil deploy` does
 LISTEN = "listen"  # ["http=tcp:127.0.0.1:8080", ...]: the host's listeners (not a column)
 
@@ -252,6 +264,12 @@ def load(path: str) -> list[HostSpec]:
                 if key in table:
                     raise bad(name, key, "applies to workers only",
                               'add kind = "worker", or drop the key')
+        try:
+            check_probe(fields["kind"], fields["health_interval"],
+                        table.get("unhealthy_after"), fields["unhealthy_restart"])
+        except BadInput as exc:
+            raise bad(name, next(k for k in PROBE if k in table), exc.cause,
+                      exc.fix or "") from None
         if fields["restart_cap"] < fields["restart_floor"]:
             raise bad(name, "restart_cap" if "restart_cap" in table else "restart_floor",
                       f"restart_cap {fields['restart_cap']:g} is below restart_floor "

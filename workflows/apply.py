@@ -36,7 +36,7 @@ from workflows.listeners import Listen, as_listens, check_free, stored, write_se
 OPERATOR = Unfenced("an operator's intent (vigil apply), written by the CLI")
 
 JSON_COLUMNS = ("args", "env")  # stored as JSON text
-RUNS = ("awake", "waking", "crashloop", "deploying")  # a changed build becomes a deploy attempt
+RUNS = ("awake", "unhealthy", "waking", "crashloop", "deploying")  # a changed build becomes a deploy attempt
 
 
 @dataclass(frozen=True)

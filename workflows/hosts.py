@@ -92,7 +92,7 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
              health_timeout: float, memory_tier_mb: int | None = None, box: str | None = None,
              policy: dict[str, Any] | None = None, socket_group: str | None = None,
              socket_mode: int | None = None, listeners: list[Listen] | None = None,
-             ready: str | None = None) -> None:
+             ready: str | None = None, probe: dict[str, Any] | None = None) -> None:
     check_name(name)
     listens = listeners or []
     check_set(listens, kind, ready)
@@ -107,7 +107,8 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
     s.add(Host(name=name, kind=kind, build_id=build.id, args=json.dumps(args), env=json.dumps(env),
                cwd=cwd, drain_timeout=drain_timeout, health_timeout=health_timeout,
                memory_tier_mb=memory_tier_mb, box=box, socket_group=socket_group,
-               socket_mode=socket_mode, ready=ready, created_at=utcnow(), **worker))
+               socket_mode=socket_mode, ready=ready, created_at=utcnow(), **worker,
+               **(probe or {})))
     s.flush()
     write_set(s, name, listens)
     emit(s, "host_added", name, build=digest[:12], kind=kind.value,
@@ -142,6 +143,9 @@ def host_state(s: Session, name: str) -> str:
     if has(Attempt, Attempt.outcome.is_(None), Attempt.step != AttemptStep.queued):
         return "deploying"
     if has(Generation, Generation.state == GenState.current):
+        if has(Generation, Generation.state == GenState.current,
+               Generation.unhealthy_since.is_not(None)):
+            return "unhealthy"  # it runs, but has failed its probe --unhealthy-after times
         return "awake"
     if has(Wake, Wake.state.in_(OPEN_WAKE)):
         host = s.get(Host, name)
@@ -182,9 +186,23 @@ def status(s: Session, name: str | None = None) -> list[dict[str, Any]]:
             "socket": gen.socket if gen else None,
             "since": (gen.current_at.isoformat() + "Z") if gen and gen.current_at else None,
             "lease": {"holder": lease.holder, "fence": lease.fence} if lease else None,
+            **_probe_status(h, gen),
             **_listen_status(s, h),
             **_worker_status(s, h, gen),
         })
+    return out
+
+
+def _probe_status(h: Host, gen: Generation | None) -> dict[str, Any]:
+    """An instance under the ongoing probe: its failures in a row, since when unhealthy."""
+    if h.health_interval is None:
+        return {}
+    out: dict[str, Any] = {"health_interval": h.health_interval,
+                           "unhealthy_after": h.unhealthy_after}
+    if gen is not None:
+        out["health_failures"] = gen.health_failures
+        out["unhealthy_since"] = (gen.unhealthy_since.isoformat() + "Z"
+                                  if gen.unhealthy_since else None)
     return out
 
 

@@ -94,6 +94,9 @@ class HealthPort(Protocol):
         """Poll `GET /` on the unix socket until a status < 500 (returns None) or the
         timeout passes or `alive()` turns False (returns the reason as a string)."""
 
+    def probe(self, socket_path: str, timeout: float) -> str | None:
+        """One `GET /` (the ongoing probe): None when it answers below 500, else why not."""
+
 
 class Files(Protocol):
     """The filesystem side effects a workflow asks for."""

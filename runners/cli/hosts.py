@@ -38,6 +38,12 @@ def host() -> None:
                    "... (LISTEN_FDS; repeatable).")
 @click.option("--ready", default=None, metavar="notify|http|exec:CMD",
               help="How a generation says it is ready (default: http; notify with --listen).")
+@click.option("--health-interval", type=SECONDS, default=None,
+              help="Instance: probe GET / on its socket every S seconds while it serves.")
+@click.option("--unhealthy-after", type=int, default=None,
+              help="Failed probes in a row that make it unhealthy (3).")
+@click.option("--unhealthy-restart", is_flag=True,
+              help="Restart an unhealthy generation (stop, drain, proof, wake).")
 @click.option("--one-shot", is_flag=True, help="Worker: run once; exit 0 is success, no respawn.")
 @click.option("--max-run", type=SECONDS, default=None, help="Worker: recycle after S seconds up.")
 @click.option("--restart-floor", type=SECONDS, default=None, help="Backoff after a second quick exit (1; a worker's first).")
@@ -50,12 +56,14 @@ def host() -> None:
 def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
              envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
              boxes: tuple[str, ...], socket_group: str | None, socket_mode: str | None,
-             listens: tuple[str, ...], ready: str | None, **policy: Any) -> None:
+             listens: tuple[str, ...], ready: str | None, health_interval: float | None,
+             unhealthy_after: int | None, unhealthy_restart: bool, **policy: Any) -> None:
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
     from runners.files import stage_build
     from runners.listen_cli import checked_listeners
     from workflows.hosts import add_host, check_args, check_env, check_name, check_socket_room
     from workflows.placement import encode
+    from workflows.probe import check_probe
     from workflows.workers import check_policy
 
     check_name(name)
@@ -75,6 +83,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
     check_args(list(args), label="--arg ")
     check_env(pairs, label="--env ")
     check_policy(HostKind(kind), policy)  # before anything is staged
+    probe = check_probe(HostKind(kind), health_interval, unhealthy_after, unhealthy_restart)
     store = env.store()
     path, digest = stage_build(build_path, env.state_dir)
     store.write(lambda s: add_host(
@@ -82,7 +91,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         source=str(Path(build_path).absolute()), args=list(args), env=pairs,
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
         health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
-        policy=policy, listeners=listeners, ready=ready))
+        policy=policy, listeners=listeners, ready=ready, probe=probe))
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
 
 

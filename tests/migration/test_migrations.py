@@ -225,6 +225,24 @@ def seed_0011(conn: Connection) -> None:
                                    "boot_id": "b" * 36, "opened_at": T0, "reason": None})
 
 
+def seed_0012(conn: Connection) -> None:
+    """A host probed every 5 s, restarted after 2 failures, and its generation that has
+    failed one probe (0012: the ongoing health probe)."""
+    raw_insert(conn, "hosts", {"name": "probed", "kind": "instance", "build_id": 1,
+                               "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "up",
+                               "raised": False, "fence_seq": 0, "box": None, "created_at": T0,
+                               "health_interval": 5.0, "unhealthy_after": 2,
+                               "unhealthy_restart": True})
+    raw_insert(conn, "generations", {"id": 40, "uuid": "4" * 36, "host": "probed",
+                                     "build_id": 1, "state": "current", "fence": 1,
+                                     "pid": 4040, "create_time": 1.0, "cgroup": None,
+                                     "socket": "/run/p.sock", "agent_id": "agent-1",
+                                     "created_at": T0, "current_at": T0, "ended_at": None,
+                                     "end_reason": None, "health_failures": 1,
+                                     "unhealthy_since": None})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -237,6 +255,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0008": seed_0008,
     "0009": seed_0009,
     "0011": seed_0011,
+    "0012": seed_0012,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
