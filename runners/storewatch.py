@@ -239,19 +239,28 @@ def write_back(store: Store) -> bool:
     """After the -wal was deleted under this process: checkpoint its commits from the file
     it still holds open into the database file, and start the log afresh (TRUNCATE), so
     other connections see them and can open the database again. True if it did."""
-    try:
-        # On the driver's connection: a checkpoint cannot run inside the transaction that
-        # SQLAlchemy's connections begin first.
-        conn = store.engine.raw_connection()
+    # Busy while another thread of this agent (a drive, the exit watcher, a probe) is in
+    # a read: tried again for a while, as those reads are short.
+    for _ in range(WRITE_BACK_TRIES):
         try:
-            cur = conn.cursor()
-            busy, _, _ = cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            cur.close()
-        finally:
-            conn.close()
-        return busy == 0
-    except Exception:
-        return False
+            # On the driver's connection: a checkpoint cannot run inside the transaction
+            # that SQLAlchemy's connections begin first.
+            conn = store.engine.raw_connection()
+            try:
+                cur = conn.cursor()
+                busy, _, _ = cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                cur.close()
+            finally:
+                conn.close()
+        except Exception:
+            return False
+        if busy == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+WRITE_BACK_TRIES = 40  # x 50 ms
 
 
 __all__ = ["HALTED", "FileGuard", "StoreWatch", "Trouble", "halted_line", "write_back",

@@ -37,7 +37,7 @@ kind = "worker"
     (('kind = "worker"', 'kind = "daemon"'), ':9: hosts.jobs.kind: must be "instance" or'),
     (("drain_timeout = 5", 'socket_mode = "0644"'), ":5: hosts.web.socket_mode: 0644 does not let"),
     (("drain_timeout = 5", "drain_timeout = "), "invalid TOML"),
-    (("drain_timeout = 5", "restart_floor = 2"), ":5: hosts.web.restart_floor: applies to workers"),
+    (("drain_timeout = 5", "max_run = 2"), ":5: hosts.web.max_run: applies to workers"),
     (('kind = "worker"', 'kind = "worker"\nrestart_floor = 4\nrestart_cap = 2'),
      ":11: hosts.jobs.restart_cap: restart_cap 2 is below restart_floor 4"),
     (('kind = "worker"', 'kind = "worker"\none_shot = "yes"'), ":10: hosts.jobs.one_shot: must be"),

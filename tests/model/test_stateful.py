@@ -63,7 +63,7 @@ from workflows.wake import request_wake
 LONG = os.environ.get("VIGIL_LONG") == "1"
 # CI does not shrink a failure (a shrink of real process runs can take many minutes); the
 # failing steps are printed as found, at most stateful_step_count of them.
-settings.register_profile("vigil-ci", max_examples=200, stateful_step_count=4, deadline=None,
+settings.register_profile("vigil-ci", max_examples=120, stateful_step_count=4, deadline=None,
                           database=None, print_blob=True,
                           phases=[Phase.explicit, Phase.reuse, Phase.generate],
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

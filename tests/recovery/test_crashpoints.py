@@ -557,11 +557,10 @@ DOUBLE = sorted(SCENARIOS)  # every point is double-crashed (asserted below)
 # hand-written chains this replaced (stop.termed+stop.killed, swap.switched+swap.drain_killed,
 # swap.old_stopping+swap.drain_killed).
 DEPTHS = [1, 2, 3] if os.environ.get("VIGIL_LONG") == "1" else [1]
-# The double crashes and the marker-containment variants run once, each in one of the two
-# database runs (split by test id): what they add over the single crash (the order
-# recovery's steps take, the proof without a cgroup) does not depend on the store, and
-# every point's single crash runs on both databases; running them twice would take CI past
-# its time budget.
+# The single crashes, the double crashes and the marker-containment variants run once,
+# each in one of the two database runs (split by test id): the order recovery's steps take
+# and the proof without a cgroup do not depend on the store; running them twice took CI
+# to 30 minutes.
 ONCE = pytest.mark.once("recovery order and containment, not the store: single crashes run on both")
 
 # Scenarios run again with marker containment (no cgroup): the ones whose recovery must
@@ -876,6 +875,9 @@ def test_cli_lists_the_registered_crashpoints(vigil: Vigil) -> None:
     assert listed == registered()
 
 
+@pytest.mark.once("each point's crash runs in one of the two runs, split by test id: the crash "
+                  "matrix tests step boundaries; the store's part (claims, fences, locks) is "
+                  "tested on both by the unit, fault and multibox suites")
 @pytest.mark.parametrize("point", sorted(SCENARIOS))
 def test_crash_at(vigil: Vigil, point: str) -> None:
     sc = SCENARIOS[point]
