@@ -28,6 +28,7 @@ class Result(str, enum.Enum):
     gone = "gone"  # the row is no longer there (or no longer names the current incarnation)
     progress = "progress"  # it moved: resolved or advanced to its next state
     poked = "poked"  # nothing changed; keep the backoff
+    waiting = "waiting"  # nothing wrong: due again at a time of the row's own (Until)
 
 
 class Poke(Exception):
@@ -69,6 +70,9 @@ class Context:
     settle_seconds: float = 10.0  # canary settle window
     shutting_down: threading.Event = field(default_factory=threading.Event)
     on_proof_failed: Callable[[], None] = lambda: None  # counted by the agent's metrics
+    # Generations (uuid) this agent has sent SIGTERM to and that are not proven gone yet:
+    # a drain waited for in short holds sends it once, not at every look.
+    termed: set[str] = field(default_factory=set)
 
     @property
     def run_dir(self) -> Path:

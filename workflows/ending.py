@@ -4,6 +4,8 @@ its containment, then the termination proof. Shared by stop, failed wakes and me
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.orm import Session
 
@@ -11,11 +13,16 @@ from models.states import GenState
 from models.store import utcnow
 from models.tables import Generation
 from models.transition import Unfenced, move
-from workflows.context import Context
-from workflows.crash import crashpoint
+from workflows.context import Context, Until
+from workflows.crash import crashpoint, define
 from workflows.ports import ProcRef
 
 log = logging.getLogger("vigil.proof")
+
+HOLD = 2.0  # seconds a drive may wait for a drain before it gives its slot back
+RECHECK = 1.0  # seconds between looks at a drain that goes on past the hold
+WAITING = define("obligation.waiting", "a drain outlasted the hold: the row gives its drive "
+                 "slot back and is due again shortly; SIGTERM was sent, nothing else changed")
 
 # Moves that carry no lease fence, each with the reason it needs none.
 BY_STATE = Unfenced("the generation's own state guards it; the step ending it holds the lease")
@@ -24,6 +31,19 @@ BY_STATE = Unfenced("the generation's own state guards it; the step ending it ho
 def ref_of(gen: Generation) -> ProcRef:
     return ProcRef(generation_uuid=gen.uuid, pid=gen.pid, create_time=gen.create_time,
                    cgroup=gen.cgroup)
+
+
+def _drain(ctx: Context, gen: Generation, drain_until: float, done: Callable[[], bool]) -> None:
+    """Wait for the drain, at most HOLD seconds in this drive: a longer one gives the drive
+    slot back (Until) and the row is looked at again every RECHECK seconds until `done()` or
+    the deadline, so apps that drain for long never starve the other hosts' drives."""
+    remaining = max(0.0, drain_until - ctx.clock.now())
+    if ctx.wait_until(done, min(remaining, HOLD), interval=0.02) or remaining <= HOLD:
+        return
+    at = utcnow() + timedelta(seconds=min(RECHECK, max(0.0, drain_until - ctx.clock.now())))
+    crashpoint(WAITING)
+    raise Until(at, f"g{gen.id} draining, SIGKILL at "
+                    f"{datetime.fromtimestamp(drain_until, UTC).strftime('%H:%M:%S')} UTC")
 
 
 def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
@@ -37,22 +57,25 @@ def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
     Returns None when proven terminated, else why not (the caller keeps its obligation)."""
     ref = ref_of(gen)
     if drain_until is not None and ctx.proc.leader_alive(ref):
-        ctx.proc.terminate(ref)
-        if points:
-            crashpoint(points[0])
-        remaining = max(0.0, drain_until - ctx.clock.now())
-        ctx.wait_until(lambda: not ctx.proc.leader_alive(ref), remaining, interval=0.02)
+        if gen.uuid not in ctx.termed:
+            ctx.proc.terminate(ref)
+            ctx.termed.add(gen.uuid)
+            if points:
+                crashpoint(points[0])
+        _drain(ctx, gen, drain_until, lambda: not ctx.proc.leader_alive(ref))
     elif drain_until is not None and drain_rest and ctx.proc.live_members(ref):
-        ctx.proc.terminate_all(ref)
-        if points:
-            crashpoint(points[0])
-        remaining = max(0.0, drain_until - ctx.clock.now())
-        ctx.wait_until(lambda: ctx.proc.proven(ref), remaining, interval=0.02)
+        if gen.uuid not in ctx.termed:
+            ctx.proc.terminate_all(ref)
+            ctx.termed.add(gen.uuid)
+            if points:
+                crashpoint(points[0])
+        _drain(ctx, gen, drain_until, lambda: ctx.proc.proven(ref))
     if not ctx.proc.proven(ref):
         ctx.proc.kill_all(ref)
         if points:
             crashpoint(points[1])
     if ctx.wait_until(lambda: ctx.proc.proven(ref), ctx.proof_wait, interval=0.02):
+        ctx.termed.discard(gen.uuid)
         return None
     ctx.on_proof_failed()
     left = ctx.proc.live_members(ref)

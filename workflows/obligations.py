@@ -200,7 +200,7 @@ def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
             refuse_if_impossible(ctx, kind.model, kind.key, item.id, item.host)
         result, error = kind.drive(ctx, item.id), None
     except Until as exc:  # due again at a time of the row's own, not after a backoff
-        result, error, until = Result.poked, str(exc), exc.at
+        result, error, until = Result.waiting, str(exc), exc.at
     except Poke as exc:
         result, error = Result.poked, str(exc)
     except Exception as exc:  # a step lost a race or the store failed: retry later

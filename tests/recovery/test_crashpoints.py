@@ -323,6 +323,9 @@ FAILED_WAKE = Flow("failed-wake", cli_wake, end="failed", build=FIXTURES / "bad_
                    host={"health_timeout": 1.0})
 STOP = Flow("stop", cli_stop, end="asleep", build=STUBBORN, host={"drain_timeout": 1.0},
             pre_awake=True, target_fate="ended")
+# A drain past the drive's hold (workflows/ending.HOLD): the stop gives its slot back.
+LONG_STOP = Flow("long-stop", cli_stop, end="asleep", build=STUBBORN,
+                 host={"drain_timeout": 3.5}, pre_awake=True, target_fate="ended")
 MEMBER = Flow("member", kill_leader, end="awake", pre_awake=True, target_fate="ended")
 ADOPT = Flow("adopt", None, end="awake", pre_awake=True, setup_signal=signal.SIGKILL,
              target_fate="kept")
@@ -464,6 +467,7 @@ SCENARIOS: dict[str, Scenario] = {
     "stop.termed": Scenario(STOP),
     "stop.killed": Scenario(STOP),
     "stop.proven": Scenario(STOP),
+    "obligation.waiting": Scenario(LONG_STOP),
     "release.done": Scenario(STOP),
     # the app's leader dies while the agent runs
     "member.exited": Scenario(MEMBER),
