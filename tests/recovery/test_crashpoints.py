@@ -324,7 +324,7 @@ FAILED_WAKE = Flow("failed-wake", cli_wake, end="failed", build=FIXTURES / "bad_
 STOP = Flow("stop", cli_stop, end="asleep", build=STUBBORN, host={"drain_timeout": 1.0},
             pre_awake=True, target_fate="ended")
 # A drain past the drive's hold (workflows/ending.HOLD): the stop gives its slot back.
-LONG_STOP = Flow("long-stop", cli_stop, end="asleep", build=STUBBORN,
+LONG_STOP = Flow("long-stop", cli_stop, end="asleep", build=FIXTURES / "serve_ignore_term.py",
                  host={"drain_timeout": 3.5}, pre_awake=True, target_fate="ended")
 MEMBER = Flow("member", kill_leader, end="awake", pre_awake=True, target_fate="ended")
 ADOPT = Flow("adopt", None, end="awake", pre_awake=True, setup_signal=signal.SIGKILL,
