@@ -50,7 +50,11 @@ class Vigil:
         self.home = tmp / "vigil"
         self.agent = None
         vigil(self.home, "db", "upgrade")
-        vigil(self.home, "host", "add", "hello", "--build", str(HELLO), "--drain-timeout", "5")
+        # Each run's kill is a single crash, not a crash loop: a run that stayed up 0.5 s
+        # restarts at once (the default, 60 s, would back the later runs off as a loop,
+        # as supervisord's startsecs/backoff would for exits within startsecs).
+        vigil(self.home, "host", "add", "hello", "--build", str(HELLO), "--drain-timeout", "5",
+              "--restart-reset", "0.5")
         self.agent = start_agent(self.home, tmp / "agent.log")
         vigil(self.home, "wake", "hello", "--wait")
         self.sock = str(self.home / "run" / "hello.sock")
