@@ -21,7 +21,7 @@ on disk trouble: a write that fails (disk full) drops that output.
 Messages are one JSON object, with the fds it carries in the same datagram:
 
     {"op": "put", "key": UUID, "path": P, "max_bytes": N, "files": K} + [fd]
-    {"op": "list"}                     -> {"keys": {UUID: {"path": P, ...}, ...}}
+    {"op": "list", "after": K}         -> {"keys": {UUID: {"path": P, ...}, ...}, "more": B}
     {"op": "get", "keys": [UUID, ...]} -> {"keys": [found, ...]} + copies of their fds
 
 It exits once it writes for no pipe and nobody has talked to it for IDLE seconds. One per
@@ -52,6 +52,7 @@ KEEP = 5  # generations' files kept per host
 CHUNK = 1 << 16
 MAX_FDS = 200  # per message (the kernel takes at most 253: SCM_MAX_FD)
 MAX_MESSAGE = 1 << 16
+LIST_PAGE = 100  # keys per list reply (a path of up to ~400 bytes each fits a datagram)
 IDLE = 5.0
 START_BOUND = 10.0  # seconds for a new keeper to answer
 ROOT = str(Path(__file__).resolve().parent.parent)
@@ -161,10 +162,14 @@ class Keeper:
             self.sel.register(fd, selectors.EVENT_READ, key)
             prune(os.path.dirname(path))
             return {"ok": True}, []
-        if op == "list":
-            return {"ok": True, "keys": {k: {"path": out.path, "max_bytes": out.max_bytes,
-                                             "files": out.files}
-                                         for k, (_, out) in self.pipes.items()}}, []
+        if op == "list":  # a page of LIST_PAGE: a datagram holds 64 KiB
+            after = str(request.get("after", ""))  # a cursor: pipes may end between pages
+            keys = sorted(k for k in self.pipes if k > after)
+            page = keys[:LIST_PAGE]
+            return {"ok": True, "more": len(keys) > LIST_PAGE,
+                    "keys": {k: {"path": self.pipes[k][1].path,
+                                 "max_bytes": self.pipes[k][1].max_bytes,
+                                 "files": self.pipes[k][1].files} for k in page}}, []
         if op == "get":
             found = [k for k in request.get("keys", [])[:MAX_FDS] if k in self.pipes]
             return {"ok": True, "keys": found}, [self.pipes[k][0] for k in found]
@@ -302,10 +307,15 @@ class LogPipes:
         nothing to take). Returns how many."""
         with self._lock:
             try:
-                reply = self._ask({"op": "list"}, start=False)
-                if reply is None:
-                    return 0
-                known = reply[0]["keys"]
+                known: dict[str, dict] = {}
+                while True:
+                    reply = self._ask({"op": "list", "after": max(known, default="")},
+                                      start=False)
+                    if reply is None:
+                        return 0
+                    known.update(reply[0]["keys"])
+                    if not reply[0].get("more") or not reply[0]["keys"]:
+                        break
                 keys = [k for k in known if k not in self.ends]
                 taken = 0
                 for i in range(0, len(keys), MAX_FDS):
@@ -317,7 +327,7 @@ class LogPipes:
                         self.ends[k] = (fd, {"op": "put", "key": k, **known[k]})
                         taken += 1
                 return taken
-            except OSError:
+            except (OSError, ValueError, KeyError):  # a keeper it cannot read: none taken
                 return 0
 
     def ensure(self) -> None:
