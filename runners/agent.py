@@ -553,9 +553,11 @@ class AgentDaemon:
         main = threading.current_thread() is threading.main_thread()
         if main:
             signal.set_wakeup_fd(wake_w)  # a signal makes select() return at once
+        poller = select.poll()  # not select(): with 1,000 hosts the fd is above FD_SETSIZE
+        poller.register(wake_r, select.POLLIN)
         try:
             while not self._signalled and not self.stop.is_set():
-                select.select([wake_r], [], [], 5.0 if main else 0.2)
+                poller.poll((5.0 if main else 0.2) * 1000)
                 try:
                     os.read(wake_r, 512)
                 except BlockingIOError:
