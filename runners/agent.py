@@ -49,7 +49,6 @@ from workflows.workers import sweep as sweep_workers
 
 log = logging.getLogger("vigil.agent")
 
-PROBE_TICK = 0.5  # seconds between looks at which health probes are due
 BACKSTOP = 30.0  # seconds between full liveness checks when exits arrive by pidfd
 SCHEMA_EVERY = 2.0  # seconds between checks that the schema is still the one it knows
 PRUNE_FIRST, PRUNE_EVERY = 5.0, 600.0  # seconds: the history prune after start, then between
@@ -520,10 +519,12 @@ class AgentDaemon:
                 log.warning("log keeper: %s; the next backstop tries again", exc)
 
     def _probe_loop(self, prober: Prober) -> None:
-        """The ongoing health probes that are due (workflows/probe.py), every PROBE_TICK;
-        nothing while the agent is halted."""
-        while not self.stop.wait(PROBE_TICK):
-            if not self.may_act() or self.ctx.shutting_down.is_set():
+        """The ongoing health probes that are due (workflows/probe.py), every tick while a
+        host is probed (else a read every few seconds); nothing while the agent is halted."""
+        while not self.stop.is_set():
+            prober.wake.wait(prober.pause())
+            prober.wake.clear()
+            if self.stop.is_set() or not self.may_act() or self.ctx.shutting_down.is_set():
                 continue
             try:
                 prober.round()
@@ -656,6 +657,7 @@ class AgentDaemon:
         notify("READY=1", f"STATUS=ready: adopted {counts['adopted']}, retired {counts['retired']}")
         self._wait_for_stop()
         self.stop.set()
+        prober.wake.set()  # its thread ends
         control.close()  # from here the CLI works on the store itself
         ring_doorbell(self.ctx.state_dir)  # its thread blocks in recv until a ring
         log.info("stopping agent=%s", self.ctx.agent_id)

@@ -13,6 +13,7 @@ no probed host pays one cheap read every few seconds."""
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from workflows.context import Context
 from workflows.members import retire
 
 REREAD = 5.0  # seconds between reads of what is probed
+TICK = 0.5  # seconds between looks at which probes are due, while any host is probed
 PROBE_TIMEOUT = 2.0  # one probe's bound (and at most the interval)
 MAX_AFTER = 1000
 PARALLEL = 8  # probes at once (a hung app costs its own timeout, not the others' turn)
@@ -76,9 +78,25 @@ class Prober:
         self.targets: dict[int, Probed] = {}
         self.read_at = 0.0
         self.pool: ThreadPoolExecutor | None = None
+        self.wake = threading.Event()  # set by refresh() and at the agent's stop
+        self.dirty = False
+        self.last_read = -TICK
 
     def refresh(self) -> None:
-        self.read_at = 0.0
+        """What is probed may have changed (a drive made progress): read it again soon, at
+        most once a TICK however many drives report (a wake storm is one read a tick)."""
+        self.dirty = True
+        self.wake.set()
+
+    def pause(self) -> float:
+        """Seconds until the next look: the tick while something is probed or a re-read is
+        asked for, else until the next read."""
+        now = time.monotonic()
+        if self.targets:
+            return TICK
+        if self.dirty:
+            return max(0.0, self.last_read + TICK - now)
+        return max(TICK, self.read_at - now)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -104,9 +122,10 @@ class Prober:
     def round(self) -> int:
         """Probe what is due; returns how many were probed."""
         now = time.monotonic()
-        if now >= self.read_at:
+        if now >= self.read_at or (self.dirty and now - self.last_read >= TICK):
+            self.dirty = False
             self._read()
-            self.read_at = now + REREAD
+            self.last_read, self.read_at = now, now + REREAD
         due = [t for t in self.targets.values() if t.next_at <= now]
         if not due:
             return 0
