@@ -410,7 +410,7 @@ def test_the_pause_between_waves_is_a_due_time_on_the_row(store: Store, builds: 
     ctx = Context(store=store, agent_id="a", state_dir=tmp_path, proc=None, health=None,  # type: ignore[arg-type]
                   files=None)  # type: ignore[arg-type]
     result, error = run_one(ctx, Due("rollout", rid, f"rollout #{rid}", utcnow(), 0, None, True))
-    assert result is Result.poked and "pausing before wave 2" in (error or "")
+    assert result is Result.waiting and "pausing before wave 2" in (error or "")
     r = the(store, rid)
     assert r.next_attempt_at == due and r.attempts == 0
 
