@@ -20,7 +20,7 @@ import psutil
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import update
 
-from models.errors import Refused, StoreNotReady, StoreTrouble
+from models.errors import BrokenInvariant, Refused, StoreNotReady, StoreTrouble
 from models.schema import require_head
 from models.store import emit, utcnow
 from models.tables import Agent as AgentRow
@@ -393,7 +393,8 @@ class AgentDaemon:
         return self.watch.acting
 
     def _files_replaced(self, which: str) -> None:
-        assert self.watch is not None and self.files is not None
+        if self.watch is None or self.files is None:
+            raise BrokenInvariant("the store watch runs before the store's files are checked")
         db, pid = self.files.db, os.getpid()
         restart = f"restart the agent (`kill {pid}`, then start it again)"
         if which == "wal":
@@ -440,8 +441,8 @@ class AgentDaemon:
         Dead currents too, unless exits arrive as events (then the scan is their backstop)."""
         self._check_schema()
         if not self.may_act():
-            assert self.watch is not None
-            self.watch.remind()
+            if self.watch is not None:  # may_act() is False only through the watch
+                self.watch.remind()
             if self.ctx.store.dialect == "postgresql":
                 try:  # other boxes must not take over apps that still run here
                     self._beat()

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from models.errors import VigilError
+from models.errors import BrokenInvariant, VigilError
 from runners import ops
 from workflows.context import Context
 from workflows.paths import CONTROL
@@ -83,7 +83,8 @@ class ControlServer:
             pass
 
     def _accept(self) -> None:
-        assert self.sock is not None
+        if self.sock is None:
+            raise BrokenInvariant("the control socket accepts only once it is bound")
         while not self._closed.is_set():
             try:
                 conn, _ = self.sock.accept()

@@ -30,6 +30,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 from runners.doorbell import lock_holder
 
@@ -125,7 +126,7 @@ def run(state_dir: Path) -> int:
                 client, _ = server.accept()
                 sel.register(client, selectors.EVENT_READ)
                 continue
-            assert isinstance(conn, socket.socket)
+            conn = cast(socket.socket, conn)  # every other registered object is one
             try:
                 data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, MAX_FDS)
             except OSError:

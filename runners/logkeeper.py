@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import cast
 
 from runners.doorbell import lock_holder
 
@@ -241,7 +242,7 @@ def run(state_dir: Path) -> int:
                 sel.register(client, selectors.EVENT_READ)
                 clients.add(client)
                 continue
-            assert isinstance(conn, socket.socket)
+            conn = cast(socket.socket, conn)  # every other registered object is one
             try:
                 data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, MAX_FDS)
             except OSError:
@@ -323,7 +324,7 @@ class LogPipes:
                                     maxfds=MAX_FDS)
                     if got is None:
                         break
-                    for k, fd in zip(got[0]["keys"], got[1]):
+                    for k, fd in zip(got[0]["keys"], got[1], strict=True):
                         self.ends[k] = (fd, {"op": "put", "key": k, **known[k]})
                         taken += 1
                 return taken

@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid as uuidlib
@@ -358,7 +357,8 @@ class ProcessBackend:
 
     def _log_pipe(self, spec: SpawnSpec) -> int:
         """The pipe end the app writes to; the box's log keeper reads the other end."""
-        assert spec.log_path is not None
+        if spec.log_path is None:
+            raise ValueError("a log pipe needs the generation's log path")
         if self.logs is None:  # the agent passes its own; <state>/logs/<host>/g<N>.log
             log = Path(spec.log_path)
             self.logs = LogPipes(log.parents[2] if log.parents[1].name == "logs"

@@ -22,8 +22,8 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from models.errors import BadInput
 from models.durations import check_seconds
+from models.errors import BadInput
 from models.states import GenState, HostKind
 from models.store import emit, utcnow
 from models.tables import Generation, Host, Lease
@@ -133,7 +133,7 @@ class Prober:
             self.pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="probe")
         problems = list(self.pool.map(
             lambda t: self.ctx.health.probe(t.socket, min(PROBE_TIMEOUT, t.interval)), due))
-        for t, problem in zip(due, problems):
+        for t, problem in zip(due, problems, strict=True):
             t.next_at = time.monotonic() + t.interval
             if problem is None and t.failures == 0:
                 continue  # healthy, as it was: nothing written
