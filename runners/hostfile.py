@@ -29,7 +29,7 @@ from models.states import HostKind
 from runners.sockets import check_group, parse_mode
 from workflows.hosts import NAME, check_args, check_env
 from workflows.listeners import Listen, check_set, default_ready, parse_listen, parse_ready
-from workflows.probe import check_probe
+from workflows.probe import MAX_AFTER, check_probe
 
 
 class Invalid(ValueError):
@@ -125,8 +125,8 @@ def _flag(v: Any, _: Path) -> bool:
 
 
 def _count(v: Any, _: Path) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1000:
-        raise Invalid(f"must be a count from 1 to 1000, not {json.dumps(v)}",
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_AFTER:
+        raise Invalid(f"must be a count from 1 to {MAX_AFTER}, not {json.dumps(v)}",
                       "write unhealthy_after = 3")
     return v
 
