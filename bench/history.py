@@ -42,9 +42,9 @@ from common import loadavg  # noqa: E402
 
 from models import schema  # noqa: E402
 from models.store import Store, prepare_state_dir, sqlite_url, utcnow  # noqa: E402
-from runners.setup import make_context  # noqa: E402
-from workflows.members import current_leaders  # noqa: E402
-from workflows.obligations import drain_batches, due, next_due  # noqa: E402
+from runners.wiring import make_context  # noqa: E402
+from workflows.engine.obligations import drain_batches, due, next_due  # noqa: E402
+from workflows.lifecycle.members import current_leaders  # noqa: E402
 
 DIGEST = "ab" * 32
 

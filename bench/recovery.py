@@ -58,11 +58,11 @@ def setup(home: Path, tmp: Path, n: int) -> None:
     """N worker hosts, each woken: intents written in-process (what `vigil host add` and
     `vigil wake` write, without N interpreter start-ups)."""
     from models.states import HostKind
-    from runners.doorbell import ring
-    from runners.files import stage_build
-    from runners.setup import open_store
-    from workflows.hosts import add_host
-    from workflows.wake import request_wake
+    from runners.backend.files import stage_build
+    from runners.base.doorbell import ring
+    from runners.wiring import open_store
+    from workflows.config.hosts import add_host
+    from workflows.lifecycle.wake import request_wake
 
     build = tmp / "worker.sh"
     build.write_text("#!/bin/sh\nexec sleep 100000\n")

@@ -34,9 +34,9 @@ from models import schema  # noqa: E402
 from models.states import StopState  # noqa: E402
 from models.store import Store, sqlite_url  # noqa: E402
 from models.tables import Stop  # noqa: E402
-from runners.doorbell import ring  # noqa: E402
-from runners.wakeup import notify  # noqa: E402
-from workflows.stop import request_stop  # noqa: E402
+from runners.base.doorbell import ring  # noqa: E402
+from runners.base.wakeup import notify  # noqa: E402
+from workflows.lifecycle.stop import request_stop  # noqa: E402
 
 HELLO = ROOT / "examples" / "hello" / "hello.py"
 

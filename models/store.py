@@ -155,7 +155,7 @@ def _prepare_state_dir(state_dir: Path) -> Path:
             )
     else:
         private_dirs(state_dir)
-    # 0710/0711: opened for traversal to a socket group by the agent (runners/sockets.py).
+    # 0710/0711: opened for traversal to a socket group by the agent (runners/backend/sockets.py).
     if stat.S_IMODE(state_dir.stat().st_mode) not in (0o700, 0o710, 0o711):
         os.chmod(state_dir, 0o700)
     return state_dir
@@ -177,10 +177,10 @@ class Store:
         self.url = normalize_url(url)
         self.lock_wait = lock_wait
         # Who holds the write lock when a transaction gave up waiting for it (set by the
-        # runners, which know the box: runners/setup.py); None: not known.
+        # runners, which know the box: runners/wiring.py); None: not known.
         self.lock_holder: Callable[[], str | None] = lambda: None
         # Told of every transaction that committed (readonly or not): the agent's store
-        # watch hears from it that a store in trouble works again (runners/storewatch.py).
+        # watch hears from it that a store in trouble works again (runners/base/storewatch.py).
         self.on_success: Callable[[bool], None] | None = None
         self.engine: Engine = make_engine(self.url, synchronous, busy_timeout_ms)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)

@@ -120,7 +120,7 @@ class Host(Base):
     fence_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     box: Mapped[str | None] = mapped_column(String(255))  # placement (several boxes)
     created_at: Mapped[datetime] = mapped_column(DateTime)
-    # Workers (workflows/workers.py): restart policy, recycling, converging.
+    # Workers (workflows/lifecycle/workers.py): restart policy, recycling, converging.
     one_shot: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     max_run: Mapped[float | None] = mapped_column(Float)  # recycle after this many seconds up
     restart_floor: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")
@@ -129,13 +129,13 @@ class Host(Base):
     converge_grace: Mapped[float] = mapped_column(Float, default=60.0, server_default="60.0")
     restart_streak: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     drift_since: Mapped[datetime | None] = mapped_column(DateTime)  # live build != running one
-    # Who may connect to its socket (None: the agent-wide setting); see runners/sockets.py.
+    # Who may connect to its socket (None: the agent-wide setting); see runners/backend/sockets.py.
     socket_group: Mapped[str | None] = mapped_column(String(32))
     socket_mode: Mapped[int | None] = mapped_column(Integer)
-    # How a generation says it is ready (workflows/readiness.py): NULL or "http" (GET / on
+    # How a generation says it is ready (workflows/generations/readiness.py): NULL or "http" (GET / on
     # its own socket), "notify" (READY=1 on its own NOTIFY_SOCKET), "exec:CMD".
     ready: Mapped[str | None] = mapped_column(Text)
-    # The ongoing health probe of an instance (workflows/probe.py): NULL interval, none.
+    # The ongoing health probe of an instance (workflows/lifecycle/probe.py): NULL interval, none.
     health_interval: Mapped[float | None] = mapped_column(Float)
     unhealthy_after: Mapped[int] = mapped_column(Integer, default=3, server_default="3")
     unhealthy_restart: Mapped[bool] = mapped_column(Boolean, default=False,
@@ -195,7 +195,7 @@ class Generation(Base):
             sqlite_where=text("state = 'current'"),
             postgresql_where=text("state = 'current'"),
         ),
-        # A host's generations newest first (its history, kept or pruned: workflows/history.py);
+        # A host's generations newest first (its history, kept or pruned: workflows/engine/history.py);
         # the live ones by state (the exit watcher, the backstop, the sanity check), so
         # neither read grows with the history (migration 0008).
         Index("ix_generations_host_id", "host", "id"),
@@ -314,7 +314,7 @@ class Member(RetryColumns, Base):
 
 
 class Rollout(RetryColumns, Base):
-    """One build to many hosts in waves (workflows/rollout.py): an obligation until it ends,
+    """One build to many hosts in waves (workflows/rollouts/rollout.py): an obligation until it ends,
     advanced by whichever agent claims it; its attempts are ordinary attempts."""
 
     __tablename__ = "rollouts"

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from models.store import Store, sqlite_url
-from workflows.hosts import status
+from workflows.config.hosts import status
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -201,14 +201,14 @@ def marked_pids(state_dir: Path) -> list[int]:
 
 
 def end_holder(state_dir: Path) -> None:
-    """The fd holder (runners/fdholder.py) and the log keeper (runners/logkeeper.py) of
+    """The fd holder (runners/keepers/fdholder.py) and the log keeper (runners/keepers/logkeeper.py) of
     this state dir outlive every agent while they hold something: end each by the pid its
     lock names, if it is that very process."""
-    from runners.fdholder import holder_pid
-    from runners.logkeeper import keeper_pid
+    from runners.keepers.fdholder import holder_pid
+    from runners.keepers.logkeeper import keeper_pid
 
-    for module, pid in (("runners.fdholder", holder_pid(state_dir)),
-                        ("runners.logkeeper", keeper_pid(state_dir))):
+    for module, pid in (("runners.keepers.fdholder", holder_pid(state_dir)),
+                        ("runners.keepers.logkeeper", keeper_pid(state_dir))):
         if pid is None or pid <= 0:
             continue
         try:

@@ -14,7 +14,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from models.tables import Listener
-from runners.listen import Listeners
+from runners.backend.listen import Listeners
 from tests.conftest import ROOT, Vigil, wait_for
 
 GUNICORN_DIR = ROOT / "examples" / "gunicorn"

@@ -1,5 +1,5 @@
 """Indexes that keep a round's cost flat as history grows, and let retention find what it
-may prune (workflows/history.py):
+may prune (workflows/engine/history.py):
 
 - open rows by due time: wakes and stops (state, next_attempt_at), attempts (outcome,
   next_attempt_at). A round's read of the earliest due row of each host walked every past

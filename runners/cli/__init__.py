@@ -14,7 +14,7 @@ import click
 from models.errors import VigilError
 from runners.cli import agent, db, hosts, inspect, lifecycle, logs, schedule
 from runners.cli.common import Env, opened
-from runners.cli_rollout import rollout
+from runners.cli.rollout import rollout
 
 
 @click.group()

@@ -12,8 +12,8 @@ import click
 
 from models.errors import BadInput, VigilError
 from runners.cli.common import SECONDS, Env, echo_json, socket_options
-from runners.retention import keep_of, keep_options
-from workflows.paths import AGENT_LOG
+from runners.cli.retention import keep_of, keep_options
+from workflows.base.paths import AGENT_LOG
 
 
 class Bytes(click.ParamType):
@@ -102,13 +102,13 @@ def run(env: Env, safety_interval: float, log_level: str, box: str | None,
     from models.states import HostKind
     from models.store import LOCK_WAIT
     from models.tables import Host
-    from runners import logs
-    from runners.agent import AgentDaemon
-    from runners.doorbell import agent_id
-    from runners.setup import make_context
-    from runners.sockets import SocketAccess
-    from workflows.hosts import check_socket_room
-    from workflows.placement import check_box
+    from runners.agent import agent_log as logs
+    from runners.agent.daemon import AgentDaemon
+    from runners.backend.sockets import SocketAccess
+    from runners.base.doorbell import agent_id
+    from runners.wiring import make_context
+    from workflows.config.hosts import check_socket_room
+    from workflows.leases.placement import check_box
 
     group, mode = socket_options(socket_group, socket_mode)
     if box is not None:
@@ -120,7 +120,7 @@ def run(env: Env, safety_interval: float, log_level: str, box: str | None,
         raise BadInput(f"--lease-ttl {lease_ttl:g} is out of range",
                        "give between 1 and 3600 seconds (default 30)")
     if metrics_listen is not None:
-        from runners.metrics import parse_listen
+        from runners.agent.metrics import parse_listen
 
         parse_listen(metrics_listen)  # a bad value is refused before anything starts
     logs.configure(log_level, log_format)
@@ -149,7 +149,7 @@ def agent_start(env: Env, ready_timeout: float, options: tuple[str, ...]) -> Non
     import subprocess
     import uuid
 
-    from runners.doorbell import running_agent_pid
+    from runners.base.doorbell import running_agent_pid
 
     running = running_agent_pid(env.state_dir)
     if running is not None:
@@ -157,7 +157,7 @@ def agent_start(env: Env, ready_timeout: float, options: tuple[str, ...]) -> Non
         return
     env.store()  # no state dir, no store, a store not at head: one line, nothing started
     log_path = env.state_dir / AGENT_LOG
-    # The agent says READY=1 once recovered, as it does to systemd (runners/notify.py).
+    # The agent says READY=1 once recovered, as it does to systemd (runners/agent/sd_notify.py).
     name = f"vigil-start-{uuid.uuid4().hex}"
     bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
     bell.bind("\0" + name)
@@ -214,7 +214,7 @@ def agent_stop(env: Env, wait: bool, timeout: float) -> None:
     """Stop the agent (SIGTERM); the apps keep running, and the next agent adopts them."""
     import signal
 
-    from runners.doorbell import running_agent_pid
+    from runners.base.doorbell import running_agent_pid
 
     pid = running_agent_pid(env.state_dir)
     if pid is None:
@@ -256,7 +256,7 @@ def _gone(pid: int) -> bool:
 def agent_status(env: Env, as_json: bool) -> None:
     """Whether an agent runs on the state dir: pid, box, version, up since, last round and
     open obligations. Exit 3 when none runs."""
-    from runners.output import age
+    from runners.cli.output import age
 
     info = env.quick().call("agent")
     if as_json:

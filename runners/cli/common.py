@@ -66,7 +66,7 @@ class Env:
         if self._store is None:
             from models import schema
             from models.errors import StoreNotReady
-            from runners.setup import CLI_LOCK_WAIT, open_store
+            from runners.wiring import CLI_LOCK_WAIT, open_store
 
             try:
                 self._store = open_store(self.state_dir, self.db, create=create,
@@ -90,7 +90,7 @@ class Env:
 class Quick:
     """Where a quick command runs: through the agent's control socket when an agent on
     this state dir answers for the same store, else on the store itself. Either way the
-    same function of runners/ops.py does the work."""
+    same function of runners/quick/ops.py does the work."""
 
     def __init__(self, env: Env) -> None:
         self.env = env
@@ -103,7 +103,7 @@ class Quick:
 
     def _connect(self) -> Any:
         if not self._tried:
-            from runners.client import Client
+            from runners.quick.client import Client
 
             self._tried = True
             self._client = Client.connect(self.env.state_dir, self.env.db)
@@ -117,7 +117,7 @@ class Quick:
         self._client, self._tried = None, True
 
     def call(self, op: str, **args: Any) -> Any:
-        from runners import client
+        from runners.quick import client
 
         c = self._connect()
         if c is not None and op in client.INTENTS and not self._answers(c):
@@ -148,7 +148,7 @@ class Quick:
     def _answers(self, c: Any) -> bool:
         """Before an intent is sent: the agent answers at all (a SIGSTOPped agent's socket
         still takes connections). Otherwise the intent goes to the store, never in doubt."""
-        from runners import client
+        from runners.quick import client
 
         try:
             c.call("hello", client.CONNECT_TIMEOUT)
@@ -158,7 +158,7 @@ class Quick:
             return False
 
     def direct(self, op: str, **args: Any) -> Any:
-        from runners import ops
+        from runners.quick import ops
 
         out = ops.run(self.env.store(), self.env.state_dir, op, args)
         if op in ops.INTENTS:
@@ -175,7 +175,7 @@ class Quick:
             if self.via_agent or elapsed - checked[0] < 0.25:
                 return
             checked[0] = elapsed
-            from runners import ops
+            from runners.quick import ops
 
             if ops.agent_acting(self.env.store(), self.env.state_dir):
                 absent.clear()
@@ -193,8 +193,8 @@ class Quick:
 
 def ring(env: Env) -> None:
     """A new intent is in the store: ring this box's agent, and every box's on PostgreSQL."""
-    from runners.doorbell import ring as ring_doorbell
-    from runners.wakeup import notify
+    from runners.base.doorbell import ring as ring_doorbell
+    from runners.base.wakeup import notify
 
     ring_doorbell(env.state_dir)
     notify(env.store())
@@ -207,7 +207,7 @@ def echo_json(data: Any) -> None:
 
 
 def table(*columns: str) -> Any:
-    from runners.output import table as make
+    from runners.cli.output import table as make
 
     return make(*columns)
 
@@ -219,7 +219,7 @@ def show(t: Any) -> None:
 
 
 def socket_options(group: str | None, mode: str | None) -> tuple[str | None, int | None]:
-    from runners.sockets import check_group, parse_mode
+    from runners.backend.sockets import check_group, parse_mode
 
     try:
         if group is not None:

@@ -59,12 +59,18 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
              listens: tuple[str, ...], ready: str | None, health_interval: float | None,
              unhealthy_after: int | None, unhealthy_restart: bool, **policy: Any) -> None:
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
-    from runners.files import stage_build
-    from runners.listen_cli import checked_listeners
-    from workflows.hosts import add_host, check_args, check_env, check_name, check_socket_room
-    from workflows.placement import encode
-    from workflows.probe import check_probe
-    from workflows.workers import check_policy
+    from runners.backend.files import stage_build
+    from runners.cli.listeners import checked_listeners
+    from workflows.config.hosts import (
+        add_host,
+        check_args,
+        check_env,
+        check_name,
+        check_socket_room,
+    )
+    from workflows.leases.placement import encode
+    from workflows.lifecycle.probe import check_probe
+    from workflows.lifecycle.workers import check_policy
 
     check_name(name)
     listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready)
@@ -100,7 +106,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
 @click.pass_obj
 def host_list(env: Env, as_json: bool) -> None:
     """Every host: kind, state and build."""
-    from workflows.hosts import status
+    from workflows.config.hosts import status
 
     rows = env.store().read(lambda s: status(s))
     if as_json:
@@ -117,10 +123,10 @@ def host_list(env: Env, as_json: bool) -> None:
 @click.pass_obj
 def host_rm(env: Env, name: str) -> None:
     """Remove a host that does not run (and its restart schedule)."""
-    from runners.doorbell import ring
-    from runners.listen_cli import close_removed
-    from runners.schedules import forget
-    from workflows.hosts import remove_host
+    from runners.agent.schedules import forget
+    from runners.base.doorbell import ring
+    from runners.cli.listeners import close_removed
+    from workflows.config.hosts import remove_host
 
     rows = env.store().write(lambda s: remove_host(s, name))
     forget(env.store(), name)
@@ -136,18 +142,18 @@ def host_rm(env: Env, name: str) -> None:
 @click.pass_obj
 def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
     """Create, update and remove hosts to match a TOML file (see README: Operating vigil)."""
-    from runners.doorbell import ring as ring_doorbell
-    from runners.files import LocalFiles, stage_build, staging_root
-    from runners.hostfile import load
-    from workflows.apply import Wanted, apply_host, plan, remove_absent
-    from workflows.hosts import check_socket_room
+    from runners.backend.files import LocalFiles, stage_build, staging_root
+    from runners.base.doorbell import ring as ring_doorbell
+    from runners.cli.hostfile import load
+    from workflows.config.apply import Wanted, apply_host, plan, remove_absent
+    from workflows.config.hosts import check_socket_room
 
     specs = load(file)  # every key checked first: a bad file changes nothing
     for spec in specs:
         if spec.fields["kind"] is HostKind.instance:
             check_socket_room(env.state_dir, spec.name)
     store = env.store()
-    from runners.listen_cli import probe_all, stored_listens
+    from runners.cli.listeners import probe_all, stored_listens
 
     for spec in specs:  # each new address free now (a port in use, ...): nothing written
         probe_all(spec.listens, stored_listens(store, spec.name), label=f"{file}: {spec.name}: ")
@@ -179,6 +185,6 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
         ring_doorbell(env.state_dir)
 
 
-from runners.listen_cli import attach as _attach_listen  # noqa: E402  (vigil host reopen)
+from runners.cli.listeners import attach as _attach_listen  # noqa: E402  (vigil host reopen)
 
 _attach_listen(host)

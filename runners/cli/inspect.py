@@ -12,7 +12,7 @@ import click
 
 from models.errors import NotFound
 from runners.cli.common import Env, echo_json, show
-from runners.retention import keep_of, keep_options, summary
+from runners.cli.retention import keep_of, keep_options, summary
 
 
 @click.command("status")
@@ -24,7 +24,7 @@ def status_cmd(env: Env, name: str | None, as_json: bool) -> None:
     saying whether an agent runs."""
     quick = env.quick()
     rows = quick.call("status", name=name)
-    from runners.doorbell import halted_line
+    from runners.base.doorbell import halted_line
 
     halted = halted_line(env.state_dir)
     if halted is not None:  # on stderr: --json keeps its shape
@@ -32,7 +32,7 @@ def status_cmd(env: Env, name: str | None, as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
-    from runners.output import agent_line, status_table
+    from runners.cli.output import agent_line, status_table
 
     click.echo(agent_line(quick.call("agent")))
     show(status_table(rows))
@@ -47,7 +47,7 @@ def obligations(env: Env, as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
-    from runners.output import obligations_table
+    from runners.cli.output import obligations_table
 
     show(obligations_table(rows))
 
@@ -62,7 +62,7 @@ def obligations(env: Env, as_json: bool) -> None:
 def events(env: Env, name: str | None, as_json: bool, follow: bool, limit: int) -> None:
     """Recent event rows, oldest first: time, host, generation, kind, detail."""
     from models.tables import Host
-    from runners import output
+    from runners.cli import output
 
     store = env.store()
     data = output.events_after(store, name, -1, limit)
@@ -89,8 +89,8 @@ def events(env: Env, name: str | None, as_json: bool, follow: bool, limit: int) 
 def gc(env: Env, keep_history: Any, keep_last: int, dry_run: bool) -> None:
     """Delete staged builds that no host, live generation or open attempt references, and
     history nothing needs (see --keep-history)."""
-    from workflows import history
-    from workflows.builds import collect, unreferenced
+    from workflows.builds.staged import collect, unreferenced
+    from workflows.engine import history
 
     keep = keep_of(keep_history, keep_last)
     if dry_run:
@@ -122,7 +122,7 @@ def check(env: Env, as_json: bool) -> None:
     """Exit 0 when every invariant holds (one current generation per host, no stray
     process, every obligation visible, leases held iff needed, referenced builds kept, an
     agent running while obligations are open); else print each violation and exit 1."""
-    from runners.check import run_checks
+    from runners.cli.check import run_checks
 
     store = env.store()
     violations = run_checks(store, env.state_dir)
@@ -139,9 +139,9 @@ def check(env: Env, as_json: bool) -> None:
 @click.command()
 def crashpoints() -> None:
     """Every registered crash point, one a line."""
-    import workflows.obligations  # noqa: F401  (imports every workflow, registering its points)
-    import workflows.recovery  # noqa: F401
-    from workflows import crash
+    import workflows.engine.obligations  # noqa: F401  (imports every workflow, registering its points)
+    import workflows.engine.recovery  # noqa: F401
+    from workflows.base import crash
 
     for name in sorted(crash.REGISTERED):
         click.echo(name)

@@ -1,7 +1,7 @@
 """`vigil logs HOST`: an app's output, each line prefixed by the generation that wrote it.
 
 Each generation writes its own file, `<state>/logs/<host>/g<N>.log` (rotated to .1, .2, ...
-by the box's log keeper, runners/logkeeper.py): two generations run at once during an overlap
+by the box's log keeper, runners/keepers/logkeeper.py): two generations run at once during an overlap
 deploy, and with a file each neither can tear the other's lines nor race its rotation."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ def schedule() -> None:
 @click.pass_obj
 def schedule_add(env: Env, name: str, expr: str) -> None:
     """Restart HOST on a cron schedule: an overlap deploy of the build it runs (cause restart)."""
-    from runners import schedules
+    from runners.agent import schedules
 
     job = schedules.add(env.store(), name, expr)
     click.echo(f"restart of {name} scheduled ({expr}); next run {job['next_run']}")
@@ -31,7 +31,8 @@ def schedule_list(env: Env, as_json: bool) -> None:
     """Every restart schedule and its next run."""
     from datetime import datetime
 
-    from runners import output, schedules
+    from runners.agent import schedules
+    from runners.cli import output
 
     rows = schedules.listing(env.store())
     if as_json:
@@ -49,7 +50,7 @@ def schedule_list(env: Env, as_json: bool) -> None:
 @click.pass_obj
 def schedule_rm(env: Env, name: str) -> None:
     """Remove HOST's restart schedule."""
-    from runners import schedules
+    from runners.agent import schedules
 
     schedules.remove(env.store(), name)
     click.echo(f"restart schedule of {name} removed")

@@ -28,17 +28,17 @@ from sqlalchemy.exc import OperationalError
 from models.states import Cause, GenState, Mode, Outcome, StopState, WakeState
 from models.store import utcnow
 from models.tables import Attempt, Build, Event, Generation, Lease, Member, Release, Stop, Wake
-from runners.check import run_checks
-from runners.process import CTIME_TOLERANCE
+from runners.base.pids import CTIME_TOLERANCE
+from runners.cli.check import run_checks
 from tests.conftest import pid_dead, wait_for
 from tests.model.apps import write_app
 from tests.model.box import Box
-from workflows.context import Result
-from workflows.deploy import request_deploy
-from workflows.obligations import KINDS, Due, backoff, due
-from workflows.ports import ProcessPort, ProcRef
-from workflows.stop import request_stop
-from workflows.wake import request_wake
+from workflows.base.context import Result
+from workflows.base.ports import ProcessPort, ProcRef
+from workflows.deploys.driver import request_deploy
+from workflows.engine.obligations import KINDS, Due, backoff, due
+from workflows.lifecycle.stop import request_stop
+from workflows.lifecycle.wake import request_wake
 
 pytestmark = pytest.mark.timeout(120)
 

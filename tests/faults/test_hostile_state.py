@@ -26,16 +26,16 @@ from sqlalchemy import select, text, update
 
 from models.states import GenState, HostKind, StopState
 from models.tables import Event, Generation, Lease, Stop
-from runners.check import run_checks
-from runners.files import stage_build
-from runners.process import CTIME_TOLERANCE
+from runners.backend.files import stage_build
+from runners.base.pids import CTIME_TOLERANCE
+from runners.cli.check import run_checks
 from tests.conftest import Vigil, pid_dead, wait_for
 from tests.model.apps import write_app
 from tests.model.box import Box
-from workflows import hosts
-from workflows.ending import ref_of
-from workflows.stop import drive_stop, request_stop
-from workflows.wake import request_wake
+from workflows.config import hosts
+from workflows.generations.ending import ref_of
+from workflows.lifecycle.stop import drive_stop, request_stop
+from workflows.lifecycle.wake import request_wake
 
 pytestmark = pytest.mark.timeout(120)
 

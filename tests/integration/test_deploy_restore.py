@@ -18,17 +18,17 @@ from sqlalchemy import select, update
 from models.states import Cause, GenState, Mode, Outcome
 from models.store import Store, utcnow
 from models.tables import Attempt, Event, Generation, Host, Member, Restore
-from runners.files import LocalFiles, stage_build
-from runners.health import HttpHealth
-from runners.process import ProcessBackend
-from runners.setup import open_store
+from runners.backend.files import LocalFiles, stage_build
+from runners.backend.health import HttpHealth
+from runners.backend.process import ProcessBackend
+from runners.wiring import open_store
 from tests.conftest import HELLO, Vigil, pid_dead
-from workflows.context import Context, Result
-from workflows.deploy import drive_attempt, request_deploy
-from workflows.hosts import record_build
-from workflows.obligations import Due, run_one
-from workflows.stop import drive_stop, request_stop
-from workflows.wake import drive_wake, request_wake
+from workflows.base.context import Context, Result
+from workflows.config.hosts import record_build
+from workflows.deploys.driver import drive_attempt, request_deploy
+from workflows.engine.obligations import Due, run_one
+from workflows.lifecycle.stop import drive_stop, request_stop
+from workflows.lifecycle.wake import drive_wake, request_wake
 
 TIER = 64  # MB
 

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, text
 from models.store import utcnow
 from tests.conftest import Vigil, wait_for
 from tests.migration.test_migrations import raw_insert
-from workflows.history import Keep, prune
+from workflows.engine.history import Keep, prune
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import update
 
 from models.tables import Host
-from runners.fdholder import holder_pid
+from runners.keepers.fdholder import holder_pid
 from tests.conftest import HELLO, Vigil, pid_dead, wait_for
 from tests.listening import (
     Client,

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from models.tables import Attempt
-from runners import schedules
+from runners.agent import schedules
 from tests.conftest import HELLO, ROOT, Vigil, wait_for
 from tests.integration.test_cli_bad_input import dump, refused
 

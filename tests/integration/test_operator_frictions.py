@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from runners.output import event_line
+from runners.cli.output import event_line
 from tests.conftest import FIXTURES, HELLO, Vigil
 
 

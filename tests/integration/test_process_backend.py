@@ -18,9 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runners.health import HttpHealth, get_status
-from runners.process import ProcessBackend, SpawnError, detect_cgroup_base
-from workflows.ports import ProcRef, SpawnSpec
+from runners.backend.health import HttpHealth, get_status
+from runners.backend.process import ProcessBackend, SpawnError, detect_cgroup_base
+from workflows.base.ports import ProcRef, SpawnSpec
 
 # The process backend alone: no database, so nothing to repeat on PostgreSQL.
 pytestmark = [pytest.mark.timeout(60), pytest.mark.no_db]
@@ -268,8 +268,8 @@ def test_unreaped_zombie_leader_counts_as_exited(h: Harness) -> None:
 
 _ORPHANER = """
 import json, sys
-from runners.process import ProcessBackend
-from workflows.ports import SpawnSpec
+from runners.backend.process import ProcessBackend
+from workflows.base.ports import SpawnSpec
 b = ProcessBackend(sys.argv[1])
 cg = b.containment_for(sys.argv[2])
 s = b.spawn(SpawnSpec(generation_uuid=sys.argv[2], host="t", argv=[sys.argv[3]], cgroup=cg))
@@ -348,7 +348,7 @@ def test_build_that_joins_its_cgroup_and_exits_at_once_counts_as_run(
     build that ran, never "could not join". The pause is widened here to make it certain."""
     if h.b.mode != "cgroup":
         pytest.skip("the join is a cgroup matter")
-    import runners.process as process
+    import runners.backend.process as process
 
     real = process.pid_status
 

@@ -19,11 +19,11 @@ import pytest
 from sqlalchemy import select
 
 from models.tables import Attempt, Stop, Wake
-from runners.client import CONTROL, Client
-from runners.doorbell import running_agent_pid
-from runners.logkeeper import keeper_pid
+from runners.base.doorbell import running_agent_pid
+from runners.keepers.logkeeper import keeper_pid
+from runners.quick.client import CONTROL, Client
 from tests.conftest import FIXTURES, HELLO, ROOT, Vigil, pid_dead, wait_for
-from workflows import paths
+from workflows.base import paths
 
 CHATTY = FIXTURES / "chatty.py"
 TICKER = FIXTURES / "ticker.py"
@@ -43,7 +43,7 @@ def imported(v: Vigil, *args: str) -> tuple[subprocess.CompletedProcess[str], se
 
 def heavy(mods: set[str]) -> set[str]:
     return {m for m in mods if m.split(".")[0] == "sqlalchemy" or m.startswith(
-        ("models.tables", "models.store", "workflows.hosts", "runners.ops"))}
+        ("models.tables", "models.store", "workflows.config.hosts", "runners.quick.ops"))}
 
 
 def stop_started_agent(v: Vigil) -> None:

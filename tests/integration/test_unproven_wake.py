@@ -14,9 +14,9 @@ from models.store import utcnow
 from models.tables import Generation, Lease, Wake
 from tests.conftest import Vigil, pid_dead, wait_for
 from tests.integration.unproven_double import in_process, leave_unproven_wake
-from workflows.context import Result
-from workflows.obligations import backoff, due, run_one
-from workflows.wake import request_wake
+from workflows.base.context import Result
+from workflows.engine.obligations import backoff, due, run_one
+from workflows.lifecycle.wake import request_wake
 
 FAILS = 8  # the first drive reads the proof twice, then each sweep twice: 3 fruitless sweeps
 

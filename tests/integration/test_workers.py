@@ -228,7 +228,7 @@ def test_a_bad_staged_build_is_refused_until_fixed(vigil: Vigil) -> None:
 
 
 def test_restart_delay_doubles_from_the_floor_to_the_cap() -> None:
-    from workflows.workers import restart_delay
+    from workflows.lifecycle.workers import restart_delay
 
     h = Host(restart_floor=0.5, restart_cap=3.0)
     assert [restart_delay(h, n) for n in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
@@ -251,7 +251,7 @@ def test_bad_worker_options_change_nothing(vigil: Vigil, args: tuple[str, ...], 
 
 def test_a_run_that_stayed_up_restarts_from_the_floor(vigil: Vigil) -> None:
     """restart_reset: the streak (persisted on the host) starts again after a long run."""
-    from workflows.workers import queue_restart
+    from workflows.lifecycle.workers import queue_restart
 
     vigil.add_host("w", WORKER, "--kind", "worker", "--restart-floor", "0.5",
                    "--restart-reset", "10")

@@ -13,11 +13,11 @@ import pytest
 
 from models.store import Store
 from models.tables import Wake
-from runners.setup import make_context, open_store
+from runners.wiring import make_context, open_store
 from tests.conftest import FIXTURES
-from workflows.context import Context, Poke
-from workflows.ports import ProcessPort, ProcRef
-from workflows.wake import drive_wake, request_wake
+from workflows.base.context import Context, Poke
+from workflows.base.ports import ProcessPort, ProcRef
+from workflows.lifecycle.wake import drive_wake, request_wake
 
 
 class FlakyProof:

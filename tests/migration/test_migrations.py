@@ -243,6 +243,24 @@ def seed_0012(conn: Connection) -> None:
                                      "unhealthy_since": None})
 
 
+def seed_0013(conn: Connection) -> None:
+    """A scheduled restart stored by the code after the move (0013: the job's function
+    reference is runners.agent.schedules:fire)."""
+    raw_insert(conn, "apscheduler_jobs", {"id": "restart:moved", "next_run_time": 1767323045.6,
+                                          "job_state": _job_state("runners.agent.schedules:fire")})
+
+
+def _job_state(func: str) -> bytes:
+    """A job's state as APScheduler 3 pickles it: a dict whose `func` is a textual reference."""
+    import pickle
+
+    from apscheduler.triggers.cron import CronTrigger
+    return pickle.dumps({"version": 1, "id": "x", "func": func, "trigger": CronTrigger.from_crontab(
+        "30 4 * * *", timezone="UTC"), "executor": "default", "args": ("web",), "kwargs": {},
+        "name": "fire", "misfire_grace_time": None, "coalesce": True, "max_instances": 1,
+        "next_run_time": None}, pickle.HIGHEST_PROTOCOL)
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -256,6 +274,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0009": seed_0009,
     "0011": seed_0011,
     "0012": seed_0012,
+    "0013": seed_0013,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
@@ -378,7 +397,8 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         assert tuple(conn.execute(text(
             "SELECT one_shot, restart_floor, restart_streak FROM hosts WHERE name = 'web'"
         )).one()) in ((False, 1.0, 0), (0, 1.0, 0))
-        assert tuple(conn.execute(text("SELECT id, next_run_time FROM apscheduler_jobs")).one()) \
+        assert tuple(conn.execute(text("SELECT id, next_run_time FROM apscheduler_jobs"
+                                       " WHERE id = 'restart:web'")).one()) \
             == ("restart:web", 1767323045.6)
         assert tuple(conn.execute(text(
             "SELECT socket_group, socket_mode FROM hosts WHERE name = 'edge'")).one()) == \
@@ -386,6 +406,28 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         assert ("rollout", "rollout #9", None) in open_kinds
         assert conn.execute(text("SELECT cause FROM attempts WHERE id = 90")).scalar() == "rollout"
         assert conn.execute(text("SELECT count(*) FROM rollout_targets")).scalar() == 3
+
+
+def test_stored_schedules_follow_the_move(store: Store) -> None:
+    """A job stored by the code before the move names runners.schedules:fire; after 0013 it
+    names runners.agent.schedules:fire (APScheduler drops a job it cannot import), and a
+    downgrade puts the old name back. An unreadable row is left as it was."""
+    import pickle
+    schema.upgrade(store.engine, "0012")
+    with store.engine.begin() as conn:
+        raw_insert(conn, "apscheduler_jobs", {"id": "restart:web", "next_run_time": 1.0,
+                                              "job_state": _job_state("runners.schedules:fire")})
+        raw_insert(conn, "apscheduler_jobs", {"id": "restart:odd", "next_run_time": 1.0,
+                                              "job_state": b"not a pickle"})
+
+    def funcs() -> dict[str, Any]:
+        with store.engine.connect() as conn:
+            rows = conn.execute(text("SELECT id, job_state FROM apscheduler_jobs")).all()
+        return {i: (pickle.loads(b)["func"] if i != "restart:odd" else bytes(b)) for i, b in rows}
+    schema.upgrade(store.engine)
+    assert funcs() == {"restart:web": "runners.agent.schedules:fire", "restart:odd": b"not a pickle"}
+    schema.downgrade(store.engine, "0012")
+    assert funcs()["restart:web"] == "runners.schedules:fire"
 
 
 # -- models == migrated schema -----------------------------------------------------------

@@ -1,7 +1,7 @@
 """An in-process agent on a private state dir, for tests that need many workflow runs fast.
 
 What the agent does, without its scheduler threads: the real SQLite store, the real process
-backend, health and files (`runners.setup.make_context`), `recover` on start, and a sweep
+backend, health and files (`runners.wiring.make_context`), `recover` on start, and a sweep
 that mirrors the reconciler (drain the batches, take `due()` rows, `run_one` each, run the liveness sweep)
 until no obligation is open.
 
@@ -34,18 +34,26 @@ from models import schema
 from models.states import GenState, HostKind
 from models.store import Store, prepare_state_dir, utcnow
 from models.tables import OBLIGATION_TABLES, Event, Generation
-from runners.files import stage_build
-from runners.process import ProcessBackend
-from runners.setup import make_context
+from runners.backend.files import stage_build
+from runners.backend.process import ProcessBackend
+from runners.wiring import make_context
 from tests.conftest import drop_db, marked_pids, new_db, pid_dead
-from workflows import crash as crash_mod
-from workflows.context import Context, Result
-from workflows.ending import ref_of
-from workflows.hosts import add_host, record_build
-from workflows.lease import renew
-from workflows.members import retire_dead_currents
-from workflows.obligations import KINDS, Due, drain_batches, due, next_due, open_count, run_one
-from workflows.recovery import recover
+from workflows.base import crash as crash_mod
+from workflows.base.context import Context, Result
+from workflows.config.hosts import add_host, record_build
+from workflows.engine.obligations import (
+    KINDS,
+    Due,
+    drain_batches,
+    due,
+    next_due,
+    open_count,
+    run_one,
+)
+from workflows.engine.recovery import recover
+from workflows.generations.ending import ref_of
+from workflows.leases.lease import renew
+from workflows.lifecycle.members import retire_dead_currents
 
 
 class Crash(BaseException):
@@ -75,8 +83,8 @@ class CrashTrap:
 
     @contextmanager
     def installed(self) -> Iterator[CrashTrap]:
-        import workflows.obligations  # noqa: F401  (imports every workflow module)
-        import workflows.recovery  # noqa: F401
+        import workflows.engine.obligations  # noqa: F401  (imports every workflow module)
+        import workflows.engine.recovery  # noqa: F401
 
         real = crash_mod.crashpoint
         patched = [mod for mod in list(sys.modules.values())

@@ -2,7 +2,7 @@
 box events against the real workflows, in-process (tests/model/box.py: the real SQLite
 store, process backend, health and files; no agent subprocess, so that hundreds of
 examples fit in CI), and after every rule, once the agent is quiescent, checks `vigil
-check`'s invariants (runners.check.run_checks) plus a model of each host: the build it
+check`'s invariants (runners.cli.check.run_checks) plus a model of each host: the build it
 serves (or none), the build it is configured with, whether it should be up, and that a
 serving leader no rule replaced kept its pid (adopted, never restarted needlessly).
 
@@ -45,20 +45,20 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import select, update
 
-import workflows.obligations  # noqa: F401  (registers every crash point)
-import workflows.recovery  # noqa: F401
+import workflows.engine.obligations  # noqa: F401  (registers every crash point)
+import workflows.engine.recovery  # noqa: F401
 from models.states import Cause, Mode
 from models.store import utcnow
 from models.tables import Attempt, Build, Host, Lease
-from runners.check import run_checks
-from runners.files import LocalFiles
+from runners.backend.files import LocalFiles
+from runners.cli.check import run_checks
 from tests.conftest import drop_db, on_postgresql, pid_dead, wait_for
 from tests.model.apps import write_app
 from tests.model.box import Box, CrashTrap, template_db
-from workflows import crash as crash_mod
-from workflows.deploy import request_deploy
-from workflows.stop import request_stop
-from workflows.wake import request_wake
+from workflows.base import crash as crash_mod
+from workflows.deploys.driver import request_deploy
+from workflows.lifecycle.stop import request_stop
+from workflows.lifecycle.wake import request_wake
 
 LONG = os.environ.get("VIGIL_LONG") == "1"
 # CI does not shrink a failure (a shrink of real process runs can take many minutes); the
@@ -92,7 +92,7 @@ CANARY_PRE_SWITCH = {"swap.admitted", "swap.raised", "swap.published", "swap.spa
                      "swap.execd", "swap.spawned", "swap.healthy", "swap.settled"}
 PRE_SWITCH = CANARY_PRE_SWITCH - {"swap.healthy", "swap.settled"}
 ALL_POINTS = sorted(crash_mod.REGISTERED)
-assert len(ALL_POINTS) > 30, "workflows.obligations/recovery register them at import"
+assert len(ALL_POINTS) > 30, "workflows.engine.obligations/recovery register them at import"
 WAKE_POINTS = [p for p in ALL_POINTS if p.startswith(("wake.", "release."))]
 STOP_POINTS = [p for p in ALL_POINTS if p.startswith(("stop.", "release."))]
 DEPLOY_POINTS = [p for p in ALL_POINTS if p.startswith(("swap.", "member.", "wake."))]

@@ -23,11 +23,11 @@ from sqlalchemy.exc import OperationalError
 
 from models import schema
 from models.store import Store
-from runners.fencekeeper import keeper_pid
+from runners.keepers.fencekeeper import keeper_pid
 from tests.conftest import Vigil
 
 PG_ADMIN = os.environ.get("VIGIL_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
-LEASE_TTL = 6.0  # renewal every 1 s, self-fence 4 s after the last renewal (runners/fencing.py)
+LEASE_TTL = 6.0  # renewal every 1 s, self-fence 4 s after the last renewal (runners/agent/fencing.py)
 
 
 @pytest.fixture

@@ -16,12 +16,12 @@ from sqlalchemy import insert, select
 from models.states import GenState, HostKind, StopState
 from models.store import utcnow
 from models.tables import Agent, Build, Event, Generation, Host, Lease, Stop
-from runners.files import stage_build
-from runners.wakeup import notify
+from runners.backend.files import stage_build
+from runners.base.wakeup import notify
 from tests.conftest import HELLO, wait_for
 from tests.multibox.conftest import LEASE_TTL, Box, Sampler
-from workflows.hosts import add_host
-from workflows.wake import request_wake
+from workflows.config.hosts import add_host
+from workflows.lifecycle.wake import request_wake
 
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.postgresql_only("several boxes share one PostgreSQL store")]

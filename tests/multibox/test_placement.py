@@ -10,10 +10,10 @@ from sqlalchemy import select, update
 
 from models.store import utcnow
 from models.tables import Host, Lease
-from runners.setup import make_context
+from runners.wiring import make_context
 from tests.conftest import HELLO, Vigil
-from workflows.context import Poke
-from workflows.lease import acquire
+from workflows.base.context import Poke
+from workflows.leases.lease import acquire
 
 pytestmark = pytest.mark.postgresql_only("several boxes share one PostgreSQL store")
 

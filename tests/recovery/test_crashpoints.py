@@ -43,16 +43,16 @@ from models import schema
 from models.states import LIVE_GEN, Cause, GenState, HostKind, Outcome, RolloutState, WakeState
 from models.store import utcnow
 from models.tables import Attempt, Build, Event, Generation, HeldBuild, Host, Lease, Rollout, Wake
-from runners.doorbell import ring
-from runners.files import stage_build
-from runners.process import CTIME_TOLERANCE
-from runners.setup import open_store
+from runners.backend.files import stage_build
+from runners.base.doorbell import ring
+from runners.base.pids import CTIME_TOLERANCE
+from runners.wiring import open_store
 from tests.conftest import FIXTURES, HELLO, Vigil, marked_pids, wait_for
 from tests.listening import app_has, holder_inodes
-from workflows import hosts
-from workflows.listeners import Listen
-from workflows.recovery import ADOPTED
-from workflows.wake import request_wake
+from workflows.config import hosts
+from workflows.engine.recovery import ADOPTED
+from workflows.generations.listeners import Listen
+from workflows.lifecycle.wake import request_wake
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -262,7 +262,7 @@ class Flow:
     target_fate: str | None = None
     raised: bool = False
     attempt: tuple[str, bool | None] | None = None
-    # Workers: the kind, its args and policy (workflows/workers.py), the settle window,
+    # Workers: the kind, its args and policy (workflows/lifecycle/workers.py), the settle window,
     # a step run after the crashes and before the clean agent, and which build the target
     # must run at the end ("live": the host's build; "first": the one it was added with).
     kind: HostKind = HostKind.instance
@@ -272,7 +272,7 @@ class Flow:
     between: Callable[[Vigil], None] | None = None
     on_build: str | None = None
     until: Callable[[Vigil], bool] | None = None  # what the clean agent does without an obligation
-    listen: bool = False  # the target is on a listener vigil holds (workflows/listeners.py)
+    listen: bool = False  # the target is on a listener vigil holds (workflows/generations/listeners.py)
     verify: Callable[[Vigil], None] | None = None  # more invariants of this workflow, checked last
 
     def but(self, **changes: Any) -> Flow:
@@ -346,7 +346,7 @@ HOLD = Flow("hold", cli_deploy("hold"), **_DEPLOY, target_fate="ended", attempt=
 TAKEOVER = Flow("takeover", orphan_target, end="awake", pre_awake=True, target_fate="ended")
 
 
-# Workers (workflows/workers.py).
+# Workers (workflows/lifecycle/workers.py).
 def cli_converge(v: Vigil) -> None:
     v.run("deploy", TARGET, str(new_build(v, WORKER)), "--converge")
 
@@ -394,7 +394,7 @@ ONE_SHOT_DEPLOY = Flow("one-shot-deploy", cli_deploy("hold", JOB), end="ran",
 LISTEN_WAKE = WAKE.but(name="listen-wake", listen=True)
 
 
-# Rollouts (workflows/rollout.py) of the target alone: a good build (done), a build whose
+# Rollouts (workflows/rollouts/rollout.py) of the target alone: a good build (done), a build whose
 # health fails (halted; the old generation keeps serving, the build is held down there), and
 # a hold rollout of that build with --auto-revert (the host went down; the revert wakes it on
 # the build it ran before).
@@ -573,9 +573,9 @@ MARKER_POINTS = ["wake.spawned", "wake.reaping", "stop.killed", "swap.execd"]
 
 
 def registered() -> set[str]:
-    import workflows.obligations  # noqa: F401  (imports every workflow, registering its points)
-    import workflows.recovery  # noqa: F401
-    from workflows import crash
+    import workflows.engine.obligations  # noqa: F401  (imports every workflow, registering its points)
+    import workflows.engine.recovery  # noqa: F401
+    from workflows.base import crash
 
     return set(crash.REGISTERED)
 
@@ -605,7 +605,7 @@ def finished(v: Vigil, p: subprocess.Popen[bytes], offset: int) -> bool:
 def adoptions(v: Vigil) -> int:
     """How many times the next agent reaches recover.adopted before anything else: its
     recovery passes it once, after the one transaction that adopts or retires every current
-    generation on a leased host, when there is any (workflows/recovery.py; every agent of a
+    generation on a leased host, when there is any (workflows/engine/recovery.py; every agent of a
     state dir has the same id, so every lease is its own)."""
     return min(1, v.store.read(lambda s: s.execute(
         select(func.count()).select_from(Generation).join(Lease, Lease.host == Generation.host)

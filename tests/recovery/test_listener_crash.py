@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.fdholder import holder_pid
+from runners.keepers.fdholder import holder_pid
 from tests.conftest import Vigil, pid_dead, wait_for
 from tests.listening import (
     Client,

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from models import schema
 from models.states import Cause, Outcome, RolloutOutcome, RolloutState
 from models.tables import Attempt, Event, Rollout
-from runners.setup import open_store
+from runners.wiring import open_store
 from tests.conftest import HELLO, Vigil, wait_for
 from tests.integration.test_rollouts import build_variant, digest, serving
 from tests.recovery.test_crashpoints import expect_sigkill, ready, start, tail

@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 CHILD = """
 import logging, sys
 logging.basicConfig(stream=sys.stderr, format="logger=%(name)s %(message)s")
-from workflows.crash import crashpoint, define
+from workflows.base.crash import crashpoint, define
 for name in ("t.a", "t.b"):
     define(name, "a test point")
 for name in ("t.a", "t.b", "t.a", "t.b"):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.fencekeeper import read_fence, write_fence
+from runners.keepers.fencekeeper import read_fence, write_fence
 
 pytestmark = pytest.mark.no_db
 

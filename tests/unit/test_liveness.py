@@ -13,8 +13,8 @@ import pytest
 from tests.conftest import pid_dead, wait_for
 from tests.model.apps import write_app
 from tests.model.box import Box
-from workflows.members import retire_dead_currents
-from workflows.wake import request_wake
+from workflows.lifecycle.members import retire_dead_currents
+from workflows.lifecycle.wake import request_wake
 
 
 @pytest.fixture

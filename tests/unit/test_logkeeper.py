@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.logkeeper import LogPipes, keeper_pid
+from runners.keepers.logkeeper import LogPipes, keeper_pid
 from tests.conftest import pid_dead, wait_for
 
 pytestmark = pytest.mark.no_db

@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from runners.logs import TEXT, JsonFormatter, split_message
+from runners.agent.agent_log import TEXT, JsonFormatter, split_message
 
 
 def record(msg: str, *args: object, exc: bool = False) -> logging.LogRecord:

@@ -2,7 +2,7 @@
 one due row per host per round, a rotating first host, at most 8 hosts in flight, and a
 host that never succeeds does not hold the others back.
 
-Real store (SQLite file), real Context, real runners.agent.Reconciler. The obligation kind
+Real store (SQLite file), real Context, real runners.agent.daemon.Reconciler. The obligation kind
 driven is the owed lease release (store-only: nothing is spawned); its drive is the real
 drive_release wrapped by a probe that records who ran when, or a stand-in where a test
 needs a drive that pokes or progresses on demand."""
@@ -23,20 +23,20 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-import workflows.obligations as obligations
+import workflows.engine.obligations as obligations
 from models import schema
 from models.errors import LostRace
 from models.states import HostKind
 from models.store import Store, prepare_state_dir, utcnow
 from models.tables import Build, Event, Host, Lease, Release
-from runners.agent import Reconciler
-from runners.files import LocalFiles
-from runners.health import HttpHealth
-from runners.process import ProcessBackend
+from runners.agent.daemon import Reconciler
+from runners.backend.files import LocalFiles
+from runners.backend.health import HttpHealth
+from runners.backend.process import ProcessBackend
 from tests.conftest import drop_db, new_db, wait_for
-from workflows.context import Context, Poke, Result
-from workflows.lease import drive_release, give_back
-from workflows.obligations import Due, backoff, due, run_one
+from workflows.base.context import Context, Poke, Result
+from workflows.engine.obligations import Due, backoff, due, run_one
+from workflows.leases.lease import drive_release, give_back
 
 AGENT = "agent-1"
 
@@ -279,7 +279,7 @@ def test_a_capped_drain_asks_for_another_round(monkeypatch: pytest.MonkeyPatch, 
     them); when rows are still due it asks for the next round at once, not at the scan."""
     import functools
 
-    import runners.agent
+    import runners.agent.daemon
 
     for i in range(5):
         owe(store, f"h{i}")
@@ -287,7 +287,7 @@ def test_a_capped_drain_asks_for_another_round(monkeypatch: pytest.MonkeyPatch, 
     assert obligations.drain_batches(ctx, limit=2, rounds=2) == (3, False)
     for i in range(5, 10):
         owe(store, f"h{i}")
-    monkeypatch.setattr(runners.agent, "drain_batches",
+    monkeypatch.setattr(runners.agent.daemon, "drain_batches",
                         functools.partial(obligations.drain_batches, limit=2, rounds=2))
     sched = FakeScheduler()
     rec = reconciler(sched)
@@ -542,7 +542,7 @@ def test_a_release_given_back_meanwhile_is_gone_not_released_twice(
     """The per-host release and the batch race for one row: the batch gives the lease back
     after the drive has read it. The drive's delete then matches nothing: the row is gone,
     with no second `released` event (and no ORM warning of a delete that matched 0 rows)."""
-    import workflows.lease as lease_mod
+    import workflows.leases.lease as lease_mod
 
     (rid,) = owe(store, "raced")
     real = lease_mod.still_needed

@@ -1,5 +1,5 @@
 """Rollouts step by step on a real store (SQLite file or PostgreSQL): each `advance` is one
-transaction of the workflow (workflows/rollout.py); the attempts it writes are ended by
+transaction of the workflow (workflows/rollouts/rollout.py); the attempts it writes are ended by
 hand here, as their drivers would end them. Processes and agents: tests/integration,
 tests/recovery, tests/multibox."""
 
@@ -42,11 +42,15 @@ from models.tables import (
 )
 from models.transition import Unfenced, move
 from tests.conftest import drop_db, new_db
-from workflows import book, rollout
-from workflows.context import Context, Result
-from workflows.deploy import request_deploy
-from workflows.obligations import Due, run_one
-from workflows.rollout import (
+from workflows.base.context import Context, Result
+from workflows.builds import book
+from workflows.deploys.driver import request_deploy
+from workflows.deploys.schedules import request_restart
+from workflows.engine.obligations import Due, run_one
+from workflows.lifecycle.stop import request_stop
+from workflows.lifecycle.workers import queue_restart
+from workflows.rollouts import rollout
+from workflows.rollouts.rollout import (
     ENDED,
     HALTED,
     REISSUED,
@@ -57,9 +61,6 @@ from workflows.rollout import (
     Wait,
     wave_ends,
 )
-from workflows.schedules import request_restart
-from workflows.stop import request_stop
-from workflows.workers import queue_restart
 
 HOSTS = ["web1", "web2", "web3", "web4"]
 BY_HAND = Unfenced("the test ends attempts as their drivers would")
@@ -416,7 +417,7 @@ def test_the_pause_between_waves_is_a_due_time_on_the_row(store: Store, builds: 
 
 
 def test_gc_keeps_the_builds_an_open_rollout_may_deploy(store: Store, builds: tuple[int, int]) -> None:
-    from workflows.builds import referenced_ids
+    from workflows.builds.staged import referenced_ids
 
     old, new = builds
     store.write(lambda s: s.execute(Host.__table__.update().values(build_id=old)))
@@ -430,7 +431,7 @@ def test_gc_keeps_the_builds_an_open_rollout_may_deploy(store: Store, builds: tu
 def test_check_names_a_target_left_in_flight_by_an_ended_rollout(store: Store,
                                                                  builds: tuple[int, int],
                                                                  tmp_path: Path) -> None:
-    from runners.check import run_checks
+    from runners.cli.check import run_checks
 
     _, new = builds
     rid = start(store, new)

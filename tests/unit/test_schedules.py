@@ -17,8 +17,8 @@ from models.states import GenState, HostKind
 from models.store import Store, prepare_state_dir, utcnow
 from models.tables import Attempt, Event, Generation
 from tests.conftest import drop_db, new_db
-from workflows.hosts import add_host
-from workflows.schedules import request_restart
+from workflows.config.hosts import add_host
+from workflows.deploys.schedules import request_restart
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.sockets import SocketAccess, parse_mode
+from runners.backend.sockets import SocketAccess, parse_mode
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chgrp to another group needs root")
 

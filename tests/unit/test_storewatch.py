@@ -1,4 +1,4 @@
-"""The agent's store watch (runners/storewatch.py) and the store failure classifier
+"""The agent's store watch (runners/base/storewatch.py) and the store failure classifier
 (models/trouble.py), on a clock of the test's own: a failure is said once, then once a
 minute while it lasts, and once when it is over; a store that takes a write now and then
 between failures is not over."""
@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from models.trouble import diagnose, explain
-from runners.storewatch import HALTED, StoreWatch
+from runners.base.storewatch import HALTED, StoreWatch
 
 pytestmark = pytest.mark.no_db
 

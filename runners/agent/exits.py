@@ -1,0 +1,192 @@
+"""Exits as events: every current generation's leader is watched through a pidfd, and an
+exit is handed to the agent the moment the kernel reports it, so the work of an idle
+second does not grow with the number of hosts. The agent's periodic scan stays as the
+backstop (a pid this watcher could not open, a kernel without pidfds)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import select
+import threading
+import time
+from collections.abc import Callable
+
+from runners.base.pids import CTIME_TOLERANCE, pid_status
+
+log = logging.getLogger("vigil.watch")
+
+
+def pidfds_supported() -> bool:
+    """True when this kernel and Python open pidfds (Linux 5.3+, Python 3.9+)."""
+    if not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    return True
+
+
+def make_room_for(fds: int) -> None:
+    """One fd per watched leader: lift the soft limit (1,024 is common) toward the hard one
+    when `fds` more would not fit. Only then: apps spawned later inherit the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = len(os.listdir("/proc/self/fd")) + fds + 64
+    if want <= soft or soft == hard:
+        return
+    new = hard if hard == resource.RLIM_INFINITY else min(hard, max(want, 2 * soft))
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    except (ValueError, OSError):
+        pass
+
+
+class ExitWatcher:
+    """Watches leaders by (generation id, pid, create time); calls `on_exit(ids)` from its
+    own thread with the generations whose leader exited (or was already gone, or whose pid
+    now names another process). `refresh()` asks it to re-read what to watch from
+    `leaders()` (one query); it does so at most every `settle` seconds, so a burst of
+    drives costs one read, and at most every `per_leader` seconds per leader watched, so
+    a storm of wakes does not re-read a thousand rows four times a second."""
+
+    def __init__(self, leaders: Callable[[], dict[int, tuple[int, float]]],
+                 on_exit: Callable[[set[int]], None], settle: float = 0.25,
+                 per_leader: float = 0.001, settle_max: float = 2.0,
+                 on_error: Callable[[BaseException], bool] = lambda exc: False) -> None:
+        self.leaders = leaders
+        self.on_exit = on_exit
+        self.on_error = on_error  # True: the store failed and the agent has said so
+        self.settle = settle
+        self.per_leader = per_leader
+        self.settle_max = settle_max
+        self._dirty = True
+        self._poll = select.epoll()
+        self._fd_of: dict[int, int] = {}  # generation id -> pidfd
+        self._gen_of: dict[int, int] = {}  # pidfd -> generation id
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._bell_r, self._bell_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._poll.register(self._bell_r, select.EPOLLIN)
+        self._thread = threading.Thread(target=self._run, name="exit-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def refresh(self) -> None:
+        """The set of current generations may have changed: re-read it soon."""
+        self._dirty = True
+        self._ring()
+
+    def watched(self) -> set[int]:
+        with self._lock:
+            return set(self._fd_of)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._ring()
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            os.close(self._bell_r)
+            os.close(self._bell_w)
+
+    def _ring(self) -> None:
+        try:
+            os.write(self._bell_w, b"x")
+        except BlockingIOError:
+            pass  # already rung
+
+    def _run(self) -> None:
+        last_sync = 0.0
+        try:
+            while not self._stop.is_set():
+                timeout = -1.0
+                settle = min(self.settle_max, max(self.settle, self.per_leader * len(self._fd_of)))
+                if self._dirty:
+                    timeout = max(0.0, last_sync + settle - time.monotonic())
+                exited: set[int] = set()
+                for fd, _ in self._poll.poll(timeout):
+                    if fd == self._bell_r:
+                        self._drain_bell()
+                        continue
+                    gen = self._forget_fd(fd)
+                    if gen is not None:
+                        exited.add(gen)
+                if self._stop.is_set():
+                    break
+                if self._dirty and time.monotonic() >= last_sync + settle:
+                    self._dirty = False
+                    last_sync = time.monotonic()
+                    try:
+                        exited |= self._sync(self.leaders())
+                    except Exception as exc:  # the store is busy or down: try again shortly
+                        if not self.on_error(exc):
+                            log.exception("reading the leaders to watch failed; retrying")
+                        self._dirty = True
+                if exited:
+                    try:
+                        self.on_exit(exited)
+                    except Exception as exc:
+                        if not self.on_error(exc):
+                            log.exception("handling the exit of %s failed; the scan retries it",
+                                          sorted(exited))
+        finally:
+            for fd in list(self._gen_of):
+                self._forget_fd(fd)
+            self._poll.close()
+            # The bell stays open: close() rings it after setting stop, and this loop may
+            # have seen stop (woken by an exit) before that ring; close() closes it.
+
+    def _drain_bell(self) -> None:
+        try:
+            while os.read(self._bell_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _forget_fd(self, fd: int) -> int | None:
+        with self._lock:
+            gen = self._gen_of.pop(fd, None)
+            if gen is not None:
+                self._fd_of.pop(gen, None)
+        try:
+            self._poll.unregister(fd)
+        except (OSError, ValueError):
+            pass
+        os.close(fd)
+        return gen
+
+    def _sync(self, wanted: dict[int, tuple[int, float]]) -> set[int]:
+        """Watch exactly `wanted` (id -> leader pid, create time): open pidfds for new
+        leaders, close the ones no longer wanted. Returns the new ones already gone."""
+        with self._lock:
+            have = dict(self._fd_of)
+        for gen, fd in have.items():
+            if gen not in wanted:
+                self._forget_fd(fd)
+        make_room_for(len(wanted) - len(have))
+        gone = set()
+        for gen, (pid, ctime) in wanted.items():
+            if gen in have:
+                continue
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                gone.add(gen)
+                continue
+            except OSError as exc:  # out of fds, say: the backstop scan still covers it
+                log.warning("cannot watch g%d (pid %d): %s", gen, pid, exc)
+                continue
+            # The fd names whatever holds the pid now; only the same start time is our leader.
+            st = pid_status(pid)
+            same = st is not None and abs(st[0] - ctime) <= CTIME_TOLERANCE
+            if not same:
+                os.close(fd)
+                gone.add(gen)
+                continue
+            with self._lock:
+                self._fd_of[gen] = fd
+                self._gen_of[fd] = gen
+            self._poll.register(fd, select.EPOLLIN)
+        return gone

@@ -1,0 +1,229 @@
+"""Leases across boxes, on the agent's side: renewal, the self-fence deadline, and the
+spawn guard. The killing itself is the fence keeper's (runners/keepers/fencekeeper.py).
+
+Timing (TTL = `--lease-ttl`, default 30 s):
+
+- renewal every TTL/6 (5 s), on a thread of its own, so a busy scheduler cannot delay it;
+- each renewal that commits moves the self-fence deadline to `t0 + TTL - margin`, with t0
+  read on the monotonic clock *before* the renewal was sent (so the deadline never lies
+  past the expiry the store records) and margin = TTL/3 (10 s);
+- at the deadline the keeper SIGKILLs every generation another box could take over (within
+  POLL = 50 ms), and the spawn guard refuses new spawns from `deadline - slack` on (a
+  Poke: the spawn is retried as an interrupted one once a renewal commits again);
+- another box takes over only once the stored expiry (>= t0 + TTL) has passed on its own
+  clock: at least `margin` after the old owner's generations were killed. The margin
+  covers the keeper's poll, the kill and its proof (milliseconds: SIGKILL of the
+  containment) and the clock skew between boxes (NTP: well under a second); four renewals
+  in a row may fail before the owner fences itself.
+
+Active only on PostgreSQL (several boxes); on SQLite no other box exists and nothing here
+runs, so a single box behaves exactly as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+from sqlalchemy import select
+
+from models.states import LIVE_GEN
+from models.store import emit
+from models.tables import Generation, Host, Lease
+from runners.keepers.fencekeeper import keeper_pid, write_fence
+from workflows.base.context import Context, Poke
+from workflows.base.ports import ProcRef, Spawned, SpawnSpec
+from workflows.leases import placement
+
+log = logging.getLogger("vigil.fencing")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Timing:
+    ttl: float
+
+    @property
+    def renew_every(self) -> float:
+        return self.ttl / 6
+
+    @property
+    def margin(self) -> float:
+        return self.ttl / 3
+
+    @property
+    def spawn_slack(self) -> float:
+        """No spawn this close to the deadline: it could outrun the keeper's kill."""
+        return min(1.0, self.ttl / 10)
+
+
+class FenceGuard:
+    def __init__(self, ctx: Context, timing: Timing) -> None:
+        self.ctx = ctx
+        self.timing = timing
+        self.deadline = 0.0  # monotonic; nothing may spawn before the first renewal
+        self.held: set[str] = set()
+        self.guarded: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self._keeper: subprocess.Popen[bytes] | None = None
+        me = psutil.Process()
+        self._me = {"agent_pid": me.pid, "agent_ctime": me.create_time()}
+        # True when the store itself failed and the agent has said so (runners/base/storewatch.py)
+        self.on_store_error: Callable[[BaseException], bool] = lambda exc: False
+
+    # -- the keeper ------------------------------------------------------------------------
+    def ensure_keeper(self) -> None:
+        if self._keeper is not None:
+            self._keeper.poll()  # reap it if it ended
+        if keeper_pid(self.ctx.state_dir) is not None:
+            return
+        with self._lock:
+            self._write()  # it reads our pid from the file first thing
+        out = open(self.ctx.state_dir / "fencekeeper.log", "ab")
+        self._keeper = subprocess.Popen([sys.executable, "-m", "runners.keepers.fencekeeper",
+                                         str(self.ctx.state_dir)], cwd=ROOT, stdin=subprocess.DEVNULL,
+                                        stdout=out, stderr=out, start_new_session=True)
+        out.close()
+
+    def _keeper_if_needed(self) -> None:
+        """A keeper only while this box runs something another box could take over (a
+        single-box store, placed nowhere, never needs one)."""
+        if self.guarded:
+            self.ensure_keeper()
+
+    # -- renewal -----------------------------------------------------------------------------
+    def start(self) -> threading.Thread:
+        self.renew_now()
+        self._keeper_if_needed()
+        t = threading.Thread(target=self._loop, name="lease-renewal", daemon=True)
+        t.start()
+        return t
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.timing.renew_every):
+            try:
+                self.renew_now()
+                self._keeper_if_needed()
+            except Exception as exc:
+                if not self.on_store_error(exc):
+                    log.exception("lease renewal round failed")
+
+    def renew_now(self) -> None:
+        t0 = time.monotonic()
+        try:
+            held = self._renew()
+        except Exception as exc:  # the deadline stays where it was: the keeper will fence
+            if not self.on_store_error(exc) or self.deadline - time.monotonic() < self.timing.ttl / 3:
+                log.warning("lease renewal failed (self-fence in %.1fs): %s",
+                            self.deadline - time.monotonic(), exc)
+            return
+        gone = {g["host"] for g in self.guarded} - held
+        guarded, taken = self.ctx.store.read(lambda s: (self._contestable(s), self._taken(s, gone)))
+        lost = [g for g in self.guarded if g["host"] in taken]
+        with self._lock:
+            self.deadline = t0 + self.timing.ttl - self.timing.margin
+            self.held = held
+            self.guarded = guarded
+            self._write()
+        took = time.monotonic() - t0
+        if took > self.timing.renew_every:  # what eats into the margin, said before it is gone
+            log.warning("lease renewal took %.1fs (renewal every %.1fs, self-fence %.1fs after "
+                        "the last one): the agent is short of CPU or the store is slow",
+                        took, self.timing.renew_every, self.timing.ttl - self.timing.margin)
+        if lost:
+            self.fence_lost(lost)
+
+    def _renew(self) -> set[str]:
+        from workflows.leases.lease import renew_held
+
+        return renew_held(self.ctx)
+
+    def _contestable(self, s: Any) -> list[dict[str, Any]]:
+        rows = s.execute(select(Generation, Host.box).join(Lease, Lease.host == Generation.host)
+                         .join(Host, Host.name == Generation.host)
+                         .where(Lease.holder == self.ctx.agent_id,
+                                Generation.state.in_(LIVE_GEN))).all()
+        return [_entry(g.uuid, g.host, g.pid, g.create_time, g.cgroup) for g, box in rows
+                if placement.contestable(box, self.ctx.agent_id)]
+
+    def _taken(self, s: Any, hosts: set[str]) -> set[str]:
+        """Of these hosts, those whose lease another agent holds now (not merely released)."""
+        if not hosts:
+            return set()
+        return set(s.execute(select(Lease.host).where(Lease.host.in_(hosts),
+                                                      Lease.holder != self.ctx.agent_id)).scalars())
+
+    def fence_lost(self, lost: list[dict[str, Any]]) -> None:
+        """Leases found lost: stop their generations now (the keeper may already have)."""
+        for g in lost:
+            ref = ProcRef(g["uuid"], g.get("pid"), g.get("create_time"), g.get("cgroup"))
+            self.ctx.proc.kill_all(ref)
+        hosts = sorted({g["host"] for g in lost})
+        log.warning("self-fenced hosts=%s: their leases are lost", ",".join(hosts))
+        try:
+            self.ctx.store.write(lambda s: [emit(s, "self_fenced", h, agent=self.ctx.agent_id)
+                                            for h in hosts])
+        except Exception:
+            pass  # the event is advisory
+
+    def _write(self) -> None:
+        write_fence(self.ctx.state_dir, {**self._me, "deadline": self.deadline,
+                                         "generations": self.guarded})
+
+    # -- the spawn guard -------------------------------------------------------------------
+    def before_spawn(self, spec: SpawnSpec) -> None:
+        """Refuse a spawn too close to (or past) the deadline; otherwise list the new
+        generation for the keeper *before* it exists (it is killed by its marker)."""
+        box = self.ctx.store.read(lambda s: s.execute(
+            select(Host.box).where(Host.name == spec.host)).scalar())
+        if not placement.contestable(box, self.ctx.agent_id):
+            return
+        with self._lock:
+            left = self.deadline - time.monotonic()
+            if left < self.timing.spawn_slack:
+                # Not the build's failure, and not for good: the wake (or attempt) finds
+                # its spawn interrupted on the next try and retries it once renewed.
+                raise Poke(f"spawn of {spec.host} refused: this agent's leases were not "
+                           f"renewed in time (self-fence deadline {'in' if left > 0 else 'passed'} "
+                           f"{abs(left):.1f}s)")
+            self.guarded = [*self.guarded, _entry(spec.generation_uuid, spec.host, None, None,
+                                                  spec.cgroup)]
+            self._write()
+        self.ensure_keeper()  # before the process exists: the keeper kills it by its marker
+
+    def close(self) -> None:
+        self.stop.set()
+
+
+def _entry(uuid: str, host: str, pid: int | None, ctime: float | None,
+           cgroup: str | None) -> dict[str, Any]:
+    return {"uuid": uuid, "host": host, "pid": pid, "create_time": ctime, "cgroup": cgroup}
+
+
+class FencedProcess:
+    """The ProcessPort with the spawn guard in front of spawn()."""
+
+    def __init__(self, inner: Any, guard: FenceGuard) -> None:
+        self._inner = inner
+        self._guard = guard
+
+    def spawn(self, spec: SpawnSpec) -> Spawned:
+        self._guard.before_spawn(spec)
+        return self._inner.spawn(spec)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def lease_ttl() -> float:
+    return float(os.environ.get("VIGIL_LEASE_TTL", "30"))

@@ -1,0 +1,340 @@
+"""Listening sockets on the box: binding them, checking an address is free, and keeping them
+with the fd holder (runners/keepers/fdholder.py) across agent restarts.
+
+Where a socket lives: the agent's own copy (it dup2s it into every generation it spawns),
+the holder's copy (which outlives the agent), and each generation's inherited copies. A
+restarted agent gets it back from the holder; if the holder died too, from a live process
+that still has it open (pidfd_getfd, Linux 5.6+, found by the inode the store recorded),
+and hands it to a new holder. Only when none of them has it is the socket lost.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from runners.keepers.fdholder import HOLDER_SOCKET, MAX_FDS, MAX_MESSAGE, holder_pid
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKLOG = socket.SOMAXCONN  # the kernel caps it at net.core.somaxconn
+START_BOUND = 10.0  # seconds for a new holder to answer
+_PIDFD_GETFD = 438  # the syscall's number (the same on every architecture)
+
+
+def boot_id() -> str:
+    """This boot of the box: a socket opened in another boot cannot be held by anything."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def split(address: str) -> tuple[str, object]:
+    """'tcp:127.0.0.1:8080' -> ('tcp', ('127.0.0.1', 8080)); 'unix:/p' -> ('unix', '/p')."""
+    kind, _, rest = address.partition(":")
+    if kind == "unix":
+        return kind, rest
+    host, _, port = rest.rpartition(":")
+    return kind, (host.strip("[]"), int(port))
+
+
+def _family(host: str) -> int:
+    return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+
+
+def _unix_in_use(path: str) -> bool:
+    """Something listens on the unix socket at path (a stale file answers ECONNREFUSED)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def open_socket(address: str) -> socket.socket:
+    """Bind and listen. Raises OSError (errno as the kernel said) or ValueError (a file
+    that is not a socket sits on the unix path)."""
+    kind, where = split(address)
+    if kind == "unix":
+        path = str(where)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if not stat.S_ISSOCK(st.st_mode):
+                raise ValueError(f"{path} exists and is not a socket")
+            if _unix_in_use(path):
+                raise OSError(errno.EADDRINUSE, "something already listens there")
+            os.unlink(path)  # a stale socket file: nothing listens on it
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    else:
+        host, port = where  # type: ignore[misc]
+        s = socket.socket(_family(host), socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no user
+        if _family(host) == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    try:
+        s.bind(where)  # type: ignore[arg-type]
+        s.listen(BACKLOG)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def probe_address(address: str) -> str | None:
+    """Whether vigil could open `address` now: None, or why not (one line with the fix).
+    Binds and closes at once (a unix path is only checked, never created)."""
+    kind, where = split(address)
+    if kind == "unix":
+        path = str(where)
+        parent = os.path.dirname(path)
+        if not os.path.isdir(parent):
+            return f"{address}: directory {parent} does not exist; create it or pick another path"
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return f"{address}: directory {parent} is not writable by vigil; pick a writable directory"
+        if os.path.lexists(path):
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                return f"{address}: {path} exists and is not a socket; remove it or pick another path"
+            if _unix_in_use(path):
+                return f"{address}: something already listens on {path}; stop it or pick another path"
+        return None
+    try:
+        open_socket(address).close()
+    except PermissionError:
+        return (f"{address}: port {where[1]} is privileged and vigil may not bind it "  # type: ignore[index]
+                "(no CAP_NET_BIND_SERVICE); run the agent as root or with that capability, "
+                "or pick a port above 1023")
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return f"{address}: the port is in use; stop what holds it (see `ss -ltnp`) or pick another port"
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return f"{address}: {where[0]} is not an address of this box; pick one it has"  # type: ignore[index]
+        return f"{address}: cannot bind ({exc.strerror}); pick another address"
+    return None
+
+
+def _pidfd_getfd(pid: int, target: int) -> int:
+    import ctypes  # only a rescue needs it
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        fd = libc.syscall(_PIDFD_GETFD, pidfd, target, 0)
+        if fd < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+        return fd  # close-on-exec already (the kernel sets it)
+    finally:
+        os.close(pidfd)
+
+
+def copy_from(pid: int, inode: int) -> socket.socket | None:
+    """A copy of the socket `inode` from a live process that has it open, or None."""
+    want = f"socket:[{inode}]"
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for name in names:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{name}") != want:
+                continue
+            return socket.socket(fileno=_pidfd_getfd(pid, int(name)))
+        except OSError:
+            continue
+    return None
+
+
+class Listeners:
+    """The agent's listening sockets (the ListenerPort): its own copies by key, and the
+    holder that keeps them across restarts."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir.absolute()
+        self.socks: dict[str, socket.socket] = {}
+        self._conn: socket.socket | None = None
+        self._holder: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    # -- the holder -----------------------------------------------------------------------
+    def _connect(self, start: bool) -> socket.socket | None:
+        if self._conn is not None:
+            return self._conn
+        path = str(self.state_dir / HOLDER_SOCKET)
+        deadline = time.monotonic() + START_BOUND
+        started = False
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                s.connect(path)
+                self._conn = s
+                return s
+            except OSError:
+                s.close()
+            if not start:
+                return None
+            if not started and holder_pid(self.state_dir) is None:
+                self._start_holder()
+                started = True
+            if time.monotonic() > deadline:
+                raise OSError(errno.ETIMEDOUT, f"the fd holder did not answer on {path}")
+            time.sleep(0.01)
+
+    def _start_holder(self) -> None:
+        if self._holder is not None:
+            self._holder.poll()  # reap the one that ended
+        env = {k: v for k, v in os.environ.items() if k != "VIGIL_CRASH_AT"}
+        logs = self.state_dir / "logs"
+        logs.mkdir(mode=0o700, exist_ok=True)
+        out = open(logs / "fdholder.log", "ab")
+        self._holder = subprocess.Popen([sys.executable, "-m", "runners.keepers.fdholder",
+                                         str(self.state_dir)], cwd=ROOT, env=env,
+                                        stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                        start_new_session=True)
+        out.close()
+
+    def _ask(self, request: dict, fds: list[int] = (), *, start: bool = True,  # type: ignore[assignment]
+             maxfds: int = 0) -> tuple[dict, list[int]] | None:
+        """One request; a holder that died meanwhile is started again and given every
+        socket this agent has before the request is sent again. None: no holder runs and
+        `start` is False."""
+        for tried in range(2):
+            conn = self._connect(start)
+            if conn is None:
+                return None
+            try:
+                if tried:  # a new holder: it gets every socket this agent has first
+                    self._put_all(conn)
+                socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
+                data, got, _, _ = socket.recv_fds(conn, MAX_MESSAGE, max(1, maxfds))
+                if not data:
+                    raise ConnectionResetError("the fd holder closed the connection")
+            except OSError:
+                conn.close()
+                self._conn = None
+                if tried:
+                    raise
+                continue
+            for fd in got:
+                os.set_inheritable(fd, False)  # SCM_RIGHTS gives them without close-on-exec
+            reply = json.loads(data)
+            if not reply.get("ok"):
+                for fd in got:
+                    os.close(fd)
+                raise OSError(errno.EPROTO, f"the fd holder refused: {reply.get('error')}")
+            return reply, got
+        return None
+
+    def _put_all(self, conn: socket.socket) -> None:
+        for key, s in self.socks.items():
+            socket.send_fds(conn, [json.dumps({"op": "put", "key": key}).encode()], [s.fileno()])
+            socket.recv_fds(conn, MAX_MESSAGE, 1)
+
+    # -- the ListenerPort --------------------------------------------------------------------
+    def boot(self) -> str:
+        return boot_id()
+
+    def keys(self) -> list[str]:
+        return list(self.socks)
+
+    def inode(self, key: str) -> int | None:
+        s = self.socks.get(key)
+        return None if s is None else os.fstat(s.fileno()).st_ino
+
+    def bind(self, key: str, address: str) -> int:
+        """Open the socket as `key` (this agent's copy); returns its inode. OSError/ValueError."""
+        with self._lock:
+            old = self.socks.pop(key, None)
+            if old is not None:
+                old.close()
+            self.socks[key] = open_socket(address)
+            return os.fstat(self.socks[key].fileno()).st_ino
+
+    def hand(self, key: str) -> None:
+        """Give the holder its copy (starting the holder if none runs). Raises OSError."""
+        with self._lock:
+            self._ask({"op": "put", "key": key}, [self.socks[key].fileno()])
+
+    def fds(self, keys: list[str]) -> list[int]:
+        """This agent's fds of `keys`, in order; KeyError for one it does not have. A
+        holder that died is started again and given them all first."""
+        with self._lock:
+            out = [self.socks[k].fileno() for k in keys]
+            if keys:
+                self._ask({"op": "list"})  # cheap; restores a holder that died
+            return out
+
+    def fetch(self, keep: set[str]) -> dict[str, int]:
+        """On agent start: every socket the holder keeps that the store still names (the
+        rest it closes); returns key -> inode of each one this agent now has."""
+        with self._lock:
+            listed = self._ask({"op": "list"}, start=False)
+            if listed is None:
+                return {}
+            self._ask({"op": "keep", "keys": sorted(keep)})
+            wanted = [k for k in listed[0]["keys"] if k in keep and k not in self.socks]
+            for i in range(0, len(wanted), MAX_FDS):
+                reply = self._ask({"op": "get", "keys": wanted[i:i + MAX_FDS]}, maxfds=MAX_FDS)
+                if reply is None:
+                    break
+                for key, fd in zip(reply[0]["keys"], reply[1], strict=True):
+                    self.socks[key] = socket.socket(fileno=fd)
+            return {k: os.fstat(s.fileno()).st_ino for k, s in self.socks.items()}
+
+    def listed(self) -> dict[str, int] | None:
+        """What the holder keeps (key -> inode), or None when no holder runs."""
+        with self._lock:
+            reply = self._ask({"op": "list"}, start=False)
+            return None if reply is None else {k: int(v) for k, v in reply[0]["keys"].items()}
+
+    def rescue(self, key: str, inode: int, pids: list[int]) -> bool:
+        """Take socket `inode` from one of `pids` (a live process that inherited it) and
+        give it to the holder. False when none of them has it."""
+        for pid in pids:
+            s = copy_from(pid, inode)
+            if s is None:
+                continue
+            with self._lock:
+                old = self.socks.pop(key, None)
+                if old is not None:
+                    old.close()
+                self.socks[key] = s
+                self._ask({"op": "put", "key": key}, [s.fileno()])
+            return True
+        return False
+
+    def drop(self, keys: list[str]) -> None:
+        """Close these (the host is gone): here and in the holder, if one runs."""
+        with self._lock:
+            for k in keys:
+                s = self.socks.pop(k, None)
+                if s is not None:
+                    s.close()
+            if keys:
+                self._ask({"op": "drop", "keys": keys}, start=False)
+
+    def close(self) -> None:
+        """Close the connection to the holder (not the sockets: the agent's own die with it)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Listeners:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

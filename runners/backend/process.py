@@ -1,0 +1,466 @@
+"""Process backend: spawn generations and prove them gone (cgroup v2 or env marker).
+
+Liveness is always read from psutil's status: on these boxes PID 1 never reaps orphans, so
+an exited process of a generation spawned by a previous agent stays a zombie forever, and a
+zombie counts as dead everywhere below.
+
+Empirical cgroup v2 finding (kernel 6.18, hybrid hierarchy, checked with an unreaped child):
+a task leaves `cgroup.procs` and stops counting towards `cgroup.events populated` as soon as
+it exits, before it is reaped; the zombie's /proc/<pid>/cgroup still names the cgroup, and
+the cgroup can be rmdir'd while the zombie exists. So zombies never block the proof or the
+release. Conversely `populated 1` with every listed pid a "zombie" means a live thread group
+whose main thread exited; we keep trusting `populated` there (it is really alive).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from runners.base.pids import CTIME_TOLERANCE, MARKER, matches, pid_status, signal_same
+from runners.keepers.logkeeper import LogPipes
+from workflows.base.ports import ProcRef, Spawned, SpawnError, SpawnSpec
+
+JOIN_TIMEOUT = 2.0  # bound for the shim to join its cgroup
+_SHIM = 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
+# For a generation on shared listeners: join the cgroup (if any), enter its working dir,
+# and set LISTEN_PID to its own pid, which exec keeps: the pid of the process that serves
+# (sd_listen_fds ignores the fds unless LISTEN_PID is its pid; only the shim knows it).
+_LISTEN_SHIM = ('{ [ -z "$1" ] || echo $$ > "$1/cgroup.procs"; } && { [ -z "$2" ] || cd "$2"; } '
+                '&& shift 2 && LISTEN_PID=$$ && export LISTEN_PID && exec "$@"')
+FIRST_FD = 3  # SD_LISTEN_FDS_START
+_BASE_ENV = ("PATH", "HOME", "LANG")
+
+
+def _cgroup2_mount() -> str | None:
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2] == "cgroup2":
+                    # mount points escape blanks as octal (\040)
+                    return parts[1].encode().decode("unicode_escape")
+    except OSError:
+        return None
+    return None
+
+
+def _probe(root: str | None) -> tuple[str | None, str]:
+    """(base dir, reason it is unusable)."""
+    mount = root or _cgroup2_mount()
+    if not mount:
+        return None, "no cgroup2 mount in /proc/self/mounts"
+    base = os.path.join(mount, "vigil")
+    probe = os.path.join(base, f".probe-{os.getpid()}-{uuidlib.uuid4().hex[:8]}")
+    try:
+        os.makedirs(base, exist_ok=True)
+        os.mkdir(probe)
+    except OSError as e:
+        return None, f"cannot create cgroups under {base}: {e.strerror}"
+    try:
+        missing = [
+            n
+            for n in ("cgroup.kill", "cgroup.events")
+            if not os.path.exists(os.path.join(probe, n))
+        ]
+    finally:
+        try:
+            os.rmdir(probe)
+        except OSError:
+            pass
+    if missing:
+        return (
+            None,
+            f"cgroup v2 at {mount} lacks {', '.join(missing)} (kernel too old or not delegated)",
+        )
+    return base, ""
+
+
+def detect_cgroup_base(mode: str = "auto", cgroup_root: str | None = None) -> str | None:
+    """The usable `<cgroup2 mount>/vigil` dir, or None. mode "cgroup" raises when unusable."""
+    if mode not in ("auto", "cgroup", "marker"):
+        raise ValueError(f"containment must be auto, cgroup or marker, not {mode!r}")
+    if mode == "marker":
+        return None
+    base, reason = _probe(cgroup_root)
+    if base is None and mode == "cgroup":
+        raise RuntimeError(
+            f"containment=cgroup unavailable: {reason}; use containment=marker or auto"
+        )
+    return base
+
+
+def _check_exec(argv0: str, env: dict[str, str], cwd: str | None) -> None:
+    """Resolve and vet the build up front so a bad one fails the same way in both modes
+    (behind the shim, exec errors would only show up as sh exit codes)."""
+    if "/" not in argv0:
+        found = shutil.which(argv0, path=env.get("PATH", os.defpath))
+        if not found:
+            raise SpawnError(f"spawn {argv0}: not found on PATH (ENOENT)")
+        return
+    path = argv0 if os.path.isabs(argv0) else os.path.join(cwd or os.getcwd(), argv0)
+    if not os.path.exists(path):
+        raise SpawnError(f"spawn {argv0}: no such file (ENOENT)")
+    if not os.path.isfile(path):
+        raise SpawnError(f"spawn {argv0}: not a regular file (EACCES)")
+    if not os.access(path, os.X_OK):
+        raise SpawnError(f"spawn {argv0}: not executable (EACCES)")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise SpawnError(f"spawn {argv0}: cannot read ({e.strerror})") from e
+    if not (magic.startswith(b"#!") or magic == b"\x7fELF"):
+        raise SpawnError(f"spawn {argv0}: not an ELF binary or #! script (ENOEXEC)")
+
+
+LOG_MAX_BYTES = 10 << 20  # per file of a generation's output
+LOG_FILES = 3  # files kept per generation (the one written and two rotated)
+class _Spawned:
+    """What Popen gives for a child started by posix_spawn: its pid, poll, wait."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its status is unknown
+                self.returncode = -1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+                self.returncode = os.waitstatus_to_exitcode(status)
+            except ChildProcessError:
+                self.returncode = -1
+        return self.returncode
+
+
+def _spawn_with_fds(argv: list[str], env: dict[str, str], out: object,
+                    fds: tuple[int, ...]) -> _Spawned:
+    """posix_spawn with `fds` placed at 3, 4, ... in the child (Popen keeps a passed fd at
+    its own number, and the shell cannot move one above 9); stdin /dev/null, stdout and
+    stderr to `out`, a session of its own. Every other fd of this process is close-on-exec
+    (Python's default, and what the fd holder's replies are set to)."""
+    log = out if isinstance(out, int) else out.fileno()  # type: ignore[attr-defined]
+    if log == subprocess.DEVNULL:
+        log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        opened = True
+    else:
+        opened = False
+    try:
+        # Through numbers above every source first: a source may sit where a target goes.
+        high = max((log, FIRST_FD + len(fds), *fds)) + 1
+        actions: list[tuple[object, ...]] = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, log, 1), (os.POSIX_SPAWN_DUP2, log, 2)]
+        actions += [(os.POSIX_SPAWN_DUP2, fd, high + i) for i, fd in enumerate(fds)]
+        actions += [(os.POSIX_SPAWN_DUP2, high + i, FIRST_FD + i) for i in range(len(fds))]
+        actions += [(os.POSIX_SPAWN_CLOSE, high + i) for i in range(len(fds))]
+        pid = os.posix_spawn(argv[0], argv, env, file_actions=actions, setsid=True)
+    finally:
+        if opened:
+            os.close(log)
+    return _Spawned(pid)
+
+
+class ProcessBackend:
+    """ProcessPort over real processes; `containment` is auto | cgroup | marker. Each
+    generation's output goes through a pipe to the box's log keeper (runners/keepers/logkeeper.py),
+    which caps and rotates its file."""
+
+    def __init__(self, containment: str = "auto", cgroup_root: str | None = None,
+                 log_max_bytes: int = LOG_MAX_BYTES, log_files: int = LOG_FILES,
+                 logs: LogPipes | None = None) -> None:
+        self.log_max_bytes, self.log_files = log_max_bytes, log_files
+        self.logs = logs
+        self.base = detect_cgroup_base(containment, cgroup_root)
+        self.mode = "cgroup" if self.base else "marker"
+        self._mount = os.path.dirname(self.base) if self.base else None
+        self._handles: dict[int, subprocess.Popen[bytes] | _Spawned] = {}
+        self.on_release: list[Callable[[str], None]] = []  # generation uuid, after a proof
+        self._lock = threading.Lock()
+
+    # -- handles ------------------------------------------------------------------------
+
+    def reap(self, pid: int | None = None) -> None:
+        """Reap our own exited children (only those this agent instance spawned), or only
+        `pid` (a check of one generation must not cost a wait on every child)."""
+        with self._lock:
+            if pid is not None:
+                h = self._handles.get(pid)
+                if h is not None:
+                    h.poll()
+                return
+            for h in list(self._handles.values()):
+                h.poll()
+
+    def exit_status(self, pid: int) -> int | None:
+        """Return code of a child we spawned and reaped, else None."""
+        self.reap(pid)
+        h = self._handles.get(pid)
+        return None if h is None else h.returncode
+
+    # -- ProcessPort --------------------------------------------------------------------
+
+    def containment_for(self, generation_uuid: str) -> str | None:
+        return os.path.join(self.base, generation_uuid) if self.base else None
+
+    def spawn(self, spec: SpawnSpec) -> Spawned:
+        if not spec.argv:
+            raise SpawnError("spawn: empty argv")
+        env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
+        env.update(spec.env)
+        # Always set: a descendant that escapes the cgroup is still found by the marker scan.
+        env[MARKER] = spec.generation_uuid
+        env["VIGIL_HOST"] = spec.host
+        if spec.socket_path:
+            env["VIGIL_SOCKET"] = spec.socket_path
+        if spec.notify_socket:
+            env["NOTIFY_SOCKET"] = spec.notify_socket
+        if spec.listen_fds:
+            env["LISTEN_FDS"] = str(len(spec.listen_fds))
+            env["LISTEN_FDNAMES"] = ":".join(spec.listen_names)
+        _check_exec(spec.argv[0], env, spec.cwd)
+        if spec.cwd and not os.path.isdir(spec.cwd):
+            raise SpawnError(f"spawn {spec.argv[0]}: working dir {spec.cwd} does not exist")
+
+        argv = list(spec.argv)
+        cg = spec.cgroup  # the caller chose (and recorded) it; honour exactly that
+        if cg:
+            if not self._mount or os.path.commonpath([self._mount, cg]) != self._mount:
+                raise SpawnError(f"spawn: cgroup {cg} is not under a usable cgroup2 mount", build_fault=False)
+            try:
+                os.makedirs(cg, exist_ok=True)
+            except OSError as e:
+                raise SpawnError(f"spawn: cannot create cgroup {cg}: {e.strerror}", build_fault=False) from e
+            argv = ["/bin/sh", "-c", _SHIM, "vigil-shim", cg, *argv]
+        if spec.listen_fds:
+            argv = ["/bin/sh", "-c", _LISTEN_SHIM, "vigil-shim", cg or "", spec.cwd or "",
+                    *spec.argv]
+
+        try:
+            out = self._log_pipe(spec) if spec.log_path else subprocess.DEVNULL
+        except OSError as e:
+            self._drop_cgroup(cg)
+            raise SpawnError(f"spawn: cannot open log {spec.log_path}: {e.strerror}", build_fault=False) from e
+        try:
+            if spec.listen_fds:
+                h: subprocess.Popen[bytes] | _Spawned = _spawn_with_fds(
+                    argv, env, out, spec.listen_fds)
+            else:
+                h = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                     cwd=spec.cwd, env=env, start_new_session=True,
+                                     close_fds=True)
+        except OSError as e:
+            self._drop_cgroup(cg)
+            name = errno.errorcode.get(e.errno or 0, "error")
+            raise SpawnError(f"spawn {spec.argv[0]}: {e.strerror} ({name})") from e
+        except ValueError as e:  # an env name or an argument execve cannot take: never starts
+            self._drop_cgroup(cg)
+            raise SpawnError(f"spawn {spec.argv[0]}: {e} (fix the host's args or env)") from e
+        finally:
+            if out != subprocess.DEVNULL:
+                os.close(out)  # the app holds it now; the writer sees EOF once it and its
+                # descendants have all closed it
+        # Not reaped yet, so the pid (zombie or not) cannot have been reused.
+        ctime = psutil.Process(h.pid).create_time()
+        if cg:
+            self._await_join(h, cg)
+        with self._lock:
+            self._handles[h.pid] = h
+        return Spawned(pid=h.pid, create_time=ctime)
+
+    def _log_pipe(self, spec: SpawnSpec) -> int:
+        """The pipe end the app writes to; the box's log keeper reads the other end."""
+        if spec.log_path is None:
+            raise ValueError("a log pipe needs the generation's log path")
+        if self.logs is None:  # the agent passes its own; <state>/logs/<host>/g<N>.log
+            log = Path(spec.log_path)
+            self.logs = LogPipes(log.parents[2] if log.parents[1].name == "logs"
+                                 else log.parent)
+        return self.logs.open(spec.generation_uuid, spec.log_path, self.log_max_bytes,
+                              self.log_files)
+
+    def _await_join(self, h: subprocess.Popen[bytes] | _Spawned, cg: str) -> None:
+        """Bounded wait until the shim is in its cgroup. Read /proc/<pid>/cgroup, not
+        cgroup.procs: an unreaped zombie still names its cgroup, so a build that joined and
+        exited at once is not mistaken for a failed join."""
+        want = "0::/" + os.path.relpath(cg, self._mount)
+
+        def joined() -> bool:
+            try:
+                with open(f"/proc/{h.pid}/cgroup") as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                lines = []
+            return any(line == want or line.startswith(want + " ") for line in lines)
+
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while True:
+            if joined():
+                return
+            st = pid_status(h.pid)
+            if st is None or st[1] == psutil.STATUS_ZOMBIE:
+                # It may have joined, run the build and exited since the read above (this
+                # thread paused in between): read again before calling the join failed.
+                if joined():
+                    return
+                rc = h.wait()
+                self._drop_cgroup(cg)
+                raise SpawnError(f"spawn: could not join cgroup {cg} (shim exit {rc})", build_fault=False)
+            if time.monotonic() > deadline:
+                try:
+                    os.killpg(h.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                h.wait()
+                self._drop_cgroup(cg)
+                raise SpawnError(f"spawn: did not join cgroup {cg} within {JOIN_TIMEOUT}s", build_fault=False)
+            time.sleep(0.001)
+
+    @staticmethod
+    def _drop_cgroup(cg: str | None) -> None:
+        if cg:
+            try:
+                os.rmdir(cg)
+            except OSError:
+                pass
+
+    def leader_alive(self, ref: ProcRef) -> bool:
+        self.reap(ref.pid)
+        if ref.pid is None or ref.create_time is None:
+            return False
+        st = pid_status(ref.pid)
+        return (
+            st is not None
+            and abs(st[0] - ref.create_time) <= CTIME_TOLERANCE
+            and st[1] != psutil.STATUS_ZOMBIE
+        )
+
+    def _marker_scan(self, generation_uuid: str) -> dict[int, float]:
+        """Live processes carrying VIGIL_GENERATION=<uuid>: pid -> create_time."""
+        hits: dict[int, float] = {}
+        me = os.getpid()
+        for p in psutil.process_iter():
+            if p.pid == me:
+                continue
+            try:
+                if p.environ().get(MARKER) != generation_uuid:
+                    continue
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    hits[p.pid] = p.create_time()
+            except psutil.Error:  # NoSuchProcess, AccessDenied, ZombieProcess
+                continue
+        return hits
+
+    @staticmethod
+    def _cgroup_pids(cg: str) -> list[int]:
+        """Pids listed in the cgroup and its sub-cgroups (missing dir == empty)."""
+        pids: list[int] = []
+        for d, _, _ in os.walk(cg):
+            try:
+                with open(os.path.join(d, "cgroup.procs")) as f:
+                    pids += [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+        return pids
+
+    def live_members(self, ref: ProcRef) -> list[int]:
+        self.reap(ref.pid)
+        live = set(self._marker_scan(ref.generation_uuid))
+        if ref.cgroup:
+            for pid in self._cgroup_pids(ref.cgroup):
+                st = pid_status(pid)
+                if st is not None and st[1] != psutil.STATUS_ZOMBIE:
+                    live.add(pid)
+        return sorted(live)
+
+    def terminate(self, ref: ProcRef) -> None:
+        if ref.pid is not None and ref.create_time is not None:
+            signal_same(ref.pid, ref.create_time, signal.SIGTERM)
+
+    def terminate_all(self, ref: ProcRef) -> None:
+        pids: dict[int, float] = dict(self._marker_scan(ref.generation_uuid))
+        if ref.cgroup:
+            for pid in self._cgroup_pids(ref.cgroup):
+                st = pid_status(pid)
+                if st is not None and st[1] != psutil.STATUS_ZOMBIE:
+                    pids.setdefault(pid, st[0])
+        for pid, ctime in pids.items():
+            signal_same(pid, ctime, signal.SIGTERM)
+
+    def kill_all(self, ref: ProcRef) -> None:
+        if ref.cgroup:
+            try:
+                with open(os.path.join(ref.cgroup, "cgroup.kill"), "w") as f:
+                    f.write("1")
+            except FileNotFoundError:
+                pass
+        # Leader's session group first (cheap), then every marker carrier, each pid-verified.
+        if ref.pid is not None and ref.create_time is not None:
+            if matches(ref.pid, ref.create_time):
+                try:
+                    os.killpg(ref.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            signal_same(ref.pid, ref.create_time, signal.SIGKILL)
+        for pid, ctime in self._marker_scan(ref.generation_uuid).items():
+            signal_same(pid, ctime, signal.SIGKILL)
+        self.reap(ref.pid)
+
+    def _populated(self, cg: str) -> bool:
+        try:
+            with open(os.path.join(cg, "cgroup.events")) as f:
+                for line in f:
+                    k, _, v = line.partition(" ")
+                    if k == "populated":
+                        return v.strip() != "0"
+        except FileNotFoundError:
+            return False
+        return True  # unreadable or no key: cannot prove empty
+
+    def proven(self, ref: ProcRef) -> bool:
+        if self.leader_alive(ref) or self.live_members(ref):
+            return False
+        return not (ref.cgroup and self._populated(ref.cgroup))
+
+    def containments(self) -> list[str]:
+        if not self.base:
+            return []
+        try:
+            names = os.listdir(self.base)
+        except OSError:
+            return []
+        return [os.path.join(self.base, n) for n in names if not n.startswith(".")
+                and os.path.isdir(os.path.join(self.base, n))]
+
+    def release(self, ref: ProcRef) -> None:
+        self._drop_cgroup(ref.cgroup)  # ENOENT: already gone; EBUSY etc.: leave it
+        if self.logs is not None:
+            self.logs.forget(ref.generation_uuid)
+        for hook in self.on_release:  # e.g. its NOTIFY_SOCKET is closed
+            hook(ref.generation_uuid)
+        if ref.pid is not None:
+            with self._lock:
+                h = self._handles.get(ref.pid)
+                if h is not None and h.poll() is not None:
+                    del self._handles[ref.pid]

@@ -1,0 +1,216 @@
+"""`vigil check`: the invariants that hold after recovery and quiescence, read from the
+store and the box. Changes nothing."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from sqlalchemy import func, or_, select
+
+from models.states import (
+    IN_FLIGHT,
+    LIVE_GEN,
+    OPEN_ROLLOUT,
+    OPEN_STOP,
+    OPEN_WAKE,
+    GenState,
+    ListenerState,
+    RolloutState,
+    TargetState,
+)
+from models.store import Store
+from models.tables import (
+    Attempt,
+    Build,
+    Generation,
+    Host,
+    Lease,
+    Listener,
+    Member,
+    Release,
+    Restore,
+    Rollout,
+    RolloutTarget,
+    Stop,
+    Wake,
+)
+from runners.backend.files import LocalFiles
+from runners.backend.process import ProcessBackend
+from runners.base.pids import MARKER
+from runners.quick.ops import agent_acting
+from workflows.generations.ending import ref_of
+from workflows.leases.lease import still_needed
+
+
+@dataclass(frozen=True)
+class Violation:
+    name: str
+    message: str
+
+
+def marked_processes(state_dir: Path) -> dict[int, str]:
+    """Live processes started by this state dir's agent: pid -> generation uuid."""
+    found: dict[int, str] = {}
+    home = str(state_dir)
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            env = p.environ()
+        except (psutil.Error, OSError):
+            continue
+        if env.get("VIGIL_HOME") == home and MARKER in env:
+            found[p.pid] = env[MARKER]
+    return found
+
+
+def run_checks(store: Store, state_dir: Path) -> list[Violation]:
+    from runners.base.doorbell import halted_line
+
+    bad: list[Violation] = []
+    halted = halted_line(state_dir)
+    if halted is not None:  # the agent runs but no longer acts on this store
+        bad.append(Violation("agent_halted", f"the agent has stopped acting: {halted}"))
+    proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"))
+    files = LocalFiles()
+
+    with store.reading() as conn:
+        view_count = conn.exec_driver_sql("SELECT count(*) FROM pending_obligations").scalar_one()
+
+    def read(s):  # type: ignore[no-untyped-def]
+        hosts = s.execute(select(Host)).scalars().all()
+        gens = s.execute(select(Generation).where(Generation.state.in_(LIVE_GEN))).scalars().all()
+        leases = {lease.host: lease for lease in s.execute(select(Lease)).scalars()}
+        open_rows = sum(s.execute(select(func.count()).select_from(m).where(*w)).scalar_one() for m, w in (
+            (Wake, [Wake.state.in_(OPEN_WAKE)]), (Stop, [Stop.state.in_(OPEN_STOP)]), (Release, []),
+            (Restore, []), (Attempt, [Attempt.outcome.is_(None)]), (Member, []),
+            (Rollout, [Rollout.state.in_(OPEN_ROLLOUT)])))
+        needed = {h.name: still_needed(s, h.name) for h in hosts}
+        owed = {r.host for r in s.execute(select(Release)).scalars()}
+        members = {m.generation_id for m in s.execute(select(Member)).scalars()}
+        wake_gens = {w.generation_id for w in s.execute(select(Wake).where(Wake.state.in_(OPEN_WAKE))).scalars()}
+        stop_gens = {st.generation_id for st in s.execute(select(Stop).where(Stop.state.in_(OPEN_STOP))).scalars()}
+        att_gens = set()
+        for a in s.execute(select(Attempt).where(Attempt.outcome.is_(None))).scalars():
+            att_gens |= {a.successor_id, a.retiring_id}
+        known = {g.uuid: g for g in s.execute(select(Generation)).scalars()}
+        builds = s.execute(select(Build)).scalars().all()
+        pinned = set(s.execute(select(Wake.build_id).where(  # a worker's pending restart
+            Wake.state.in_(OPEN_WAKE), Wake.build_id.is_not(None))).scalars())
+        # Targets of an ended rollout still in flight, or of an open one naming no attempt.
+        loose = s.execute(select(RolloutTarget.rollout_id, RolloutTarget.host, RolloutTarget.state,
+                                 Rollout.state).join(Rollout, Rollout.id == RolloutTarget.rollout_id)
+                          .where(or_(
+                              (Rollout.state == RolloutState.ended)
+                              & RolloutTarget.state.in_((*IN_FLIGHT, TargetState.pending)),
+                              (RolloutTarget.state == TargetState.deploying)
+                              & RolloutTarget.attempt_id.is_(None),
+                              (RolloutTarget.state == TargetState.reverting)
+                              & RolloutTarget.revert_attempt_id.is_(None)))).all()
+        return (hosts, gens, leases, open_rows, needed, owed, members, wake_gens | stop_gens | att_gens,
+                known, builds, pinned, loose)
+
+    hosts, gens, leases, open_rows, needed, owed, members, tracked, known, builds, pinned, loose = \
+        store.read(read)
+    for rid, host, target, rollout in loose:
+        bad.append(Violation("rollout_target", f"target {host} of rollout #{rid} is "
+                             f"{target.value} while the rollout is {rollout.value}"))
+
+    currents: dict[str, list[Generation]] = {}
+    for g in gens:
+        if g.state is GenState.current:
+            currents.setdefault(g.host, []).append(g)
+    for host, cur in currents.items():
+        if len(cur) > 1:
+            bad.append(Violation("one_current", f"host {host} has {len(cur)} current generations: "
+                                 + ", ".join(f"g{g.id}" for g in cur)))
+    for h in hosts:
+        for g in currents.get(h.name, [])[:1]:
+            if not proc.leader_alive(ref_of(g)):
+                bad.append(Violation("current_alive", f"host {h.name}: current generation g{g.id} "
+                                     f"(pid {g.pid}) is not running"))
+            if g.unhealthy_since is not None:
+                bad.append(Violation("healthy", f"host {h.name}: current generation g{g.id} has "
+                                     f"failed {g.health_failures} probes in a row (unhealthy "
+                                     "since " + g.unhealthy_since.isoformat() + "Z)"))
+            if g.socket and files.read_link(str(state_dir / "run" / f"{h.name}.sock")) != g.socket:
+                bad.append(Violation("canonical_link", f"host {h.name}: run/{h.name}.sock does not "
+                                     f"point at g{g.id}'s socket {g.socket}"))
+    for g in gens:
+        if g.state is not GenState.current and g.id not in members and g.id not in tracked:
+            bad.append(Violation("untracked_generation", f"generation g{g.id} of {g.host} is "
+                                 f"{g.state.value} but no open obligation tracks it"))
+    for pid, uuid in marked_processes(state_dir).items():
+        g = known.get(uuid)
+        if g is None:
+            bad.append(Violation("stray_process", f"pid {pid} carries generation {uuid} unknown to the store"))
+        elif g.state is GenState.proven:
+            bad.append(Violation("stray_process", f"pid {pid} belongs to g{g.id} of {g.host}, "
+                                 "which the store says is proven gone"))
+        elif g.state is not GenState.current and g.id not in members and g.id not in tracked:
+            bad.append(Violation("stray_process", f"pid {pid} belongs to g{g.id} of {g.host} "
+                                 f"({g.state.value}), neither current nor an open obligation"))
+    if open_rows and not agent_acting(store, state_dir):
+        bad.append(Violation("agent_alive", f"{open_rows} obligation(s) are open and no agent "
+                             f"runs on {state_dir} to act on them; start one with "
+                             "`vigil agent start`"))
+    if view_count != open_rows:
+        bad.append(Violation("obligations_visible", f"pending_obligations lists {view_count} rows but "
+                             f"{open_rows} obligations are open"))
+    for h in hosts:
+        has_lease = h.name in leases
+        needs = needed[h.name] is not None or h.name in owed
+        if has_lease and not needs:
+            bad.append(Violation("lease_without_cause", f"host {h.name} holds lease fence "
+                                 f"{leases[h.name].fence} with no live generation or open obligation"))
+        if not has_lease and needed[h.name] is not None:
+            bad.append(Violation("cause_without_lease", f"host {h.name}: {needed[h.name]} but it "
+                                 "holds no lease"))
+    bad += listener_violations(store, state_dir)
+    referenced = {h.build_id for h in hosts} | {g.build_id for g in gens} | pinned
+    for b in builds:
+        if b.id in referenced and (b.deleted_at is not None or not os.path.exists(b.path)):
+            bad.append(Violation("referenced_build", f"build {b.digest[:12]} ({b.path}) is referenced "
+                                 "but its staged file is gone"))
+    return bad
+
+
+def listener_violations(store: Store, state_dir: Path) -> list[Violation]:
+    """A lost listener; a held one (on this box, this boot) that the fd holder lacks."""
+    from runners.backend.listen import Listeners, boot_id
+    from workflows.generations.listeners import key_of, lost_line
+
+    rows = store.read(lambda s: s.execute(select(Listener).order_by(
+        Listener.host, Listener.position)).scalars().all())
+    if not rows:
+        return []
+    bad = []
+    by_host: dict[str, list[Listener]] = {}
+    for r in rows:
+        by_host.setdefault(r.host, []).append(r)
+    for host, mine in by_host.items():
+        line = lost_line(host, mine)
+        if line is not None:
+            bad.append(Violation("listener_lost", line))
+    me = (state_dir / "agent-id").read_text().strip() if (state_dir / "agent-id").exists() else None
+    held = [r for r in rows if r.state is ListenerState.held and r.agent_id == me
+            and r.boot_id == boot_id()]
+    if held:
+        try:
+            with Listeners(state_dir) as holder:
+                keys = holder.listed()
+        except OSError as exc:
+            keys = None
+            bad.append(Violation("listener_holder", f"the fd holder does not answer ({exc})"))
+        if keys is None:
+            bad.append(Violation("listener_holder", "no fd holder runs, yet the store says "
+                                 f"{held[0].address} of host {held[0].host} is held"))
+        else:
+            for r in held:
+                if keys.get(key_of(r)) != r.inode:
+                    bad.append(Violation("listener_holder", f"host {r.host}: the fd holder "
+                                         f"does not keep {r.address} (inode {r.inode})"))
+    return bad

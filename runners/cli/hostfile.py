@@ -1,0 +1,307 @@
+"""The hosts file `vigil apply` reads: TOML, one table per host.
+
+    [hosts.web]
+    build = "../examples/hello/hello.py"   # relative to this file; required
+    args = ["--port-from-env"]
+    env = { GREETING = "hi" }
+    drain_timeout = 15
+
+KEYS below is the one mapping from a TOML key to a host column and its validator; a key
+left out gets the column's default. Every error names the file, the line, the key, and the
+fix, and is raised before anything is written (tomllib gives no line numbers for keys, so
+`line_of` finds them in the text: the key inside its host's table, else the table's header).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from models.durations import check_seconds
+from models.errors import BadInput
+from models.states import HostKind
+from runners.backend.sockets import check_group, parse_mode
+from workflows.config.hosts import NAME, check_args, check_env
+from workflows.generations.listeners import (
+    Listen,
+    check_set,
+    default_ready,
+    parse_listen,
+    parse_ready,
+)
+from workflows.lifecycle.probe import MAX_AFTER, check_probe
+
+
+class Invalid(ValueError):
+    def __init__(self, reason: str, fix: str) -> None:
+        super().__init__(reason)
+        self.reason, self.fix = reason, fix
+
+
+def _kind(v: Any, _: Path) -> HostKind:
+    if v not in [k.value for k in HostKind]:
+        raise Invalid(f"must be \"instance\" or \"worker\", not {json.dumps(v)}",
+                      'write kind = "instance" (serves HTTP) or kind = "worker"')
+    return HostKind(v)
+
+
+def _str_list(v: Any, _: Path) -> list[str]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise Invalid("must be a list of strings", 'write args = ["--flag", "value"]')
+    try:
+        check_args(v, label="")
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
+    return v
+
+
+def _str_table(v: Any, _: Path) -> dict[str, str]:
+    if not isinstance(v, dict):
+        raise Invalid("must be a table of strings", 'write env = { NAME = "value" }')
+    for k, x in v.items():
+        if not isinstance(x, str):
+            raise Invalid(f"{k} must be a string, not {json.dumps(x)}",
+                          f"quote it: {k} = {json.dumps(str(x).lower() if isinstance(x, bool) else str(x))}")
+    try:
+        check_env(v, label="")
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
+    return v
+
+
+def _directory(v: Any, base: Path) -> str:
+    if not isinstance(v, str) or not (base / v).is_dir():
+        raise Invalid(f"{json.dumps(v)} is not an existing directory",
+                      "name a directory (relative paths start at the file's directory)")
+    return str((base / v).resolve())
+
+
+def _seconds(v: Any, _: Path) -> float:
+    try:
+        return check_seconds(v, "")
+    except BadInput as exc:
+        raise Invalid(exc.cause, "write e.g. 10 or 2.5") from None
+
+
+def _megabytes(v: Any, _: Path) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise Invalid(f"must be a positive whole number of megabytes, not {json.dumps(v)}",
+                      "write e.g. 256")
+    return v
+
+
+def _group(v: Any, _: Path) -> str:
+    try:
+        if not isinstance(v, str):
+            raise ValueError(f"{json.dumps(v)} is not a group name")
+        check_group(v)
+    except ValueError as exc:
+        raise Invalid(str(exc), "name an existing group (see `getent group`)") from None
+    return v
+
+
+def _mode(v: Any, _: Path) -> int:
+    if not isinstance(v, str):
+        raise Invalid(f"must be an octal string, not {json.dumps(v)}", 'write socket_mode = "0660"')
+    try:
+        return parse_mode(v)
+    except ValueError as exc:
+        raise Invalid(str(exc), 'write socket_mode = "0660"') from None
+
+
+def _ready(v: Any, _: Path) -> str:
+    if not isinstance(v, str):
+        raise Invalid(f"must be a string, not {json.dumps(v)}", 'write ready = "notify"')
+    try:
+        return parse_ready(v, label="")
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
+
+
+def _flag(v: Any, _: Path) -> bool:
+    if not isinstance(v, bool):
+        raise Invalid(f"must be true or false, not {json.dumps(v)}", "write true or false")
+    return v
+
+
+def _count(v: Any, _: Path) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_AFTER:
+        raise Invalid(f"must be a count from 1 to {MAX_AFTER}, not {json.dumps(v)}",
+                      "write unhealthy_after = 3")
+    return v
+
+
+@dataclass(frozen=True)
+class Key:
+    field: str  # the hosts column
+    parse: Callable[[Any, Path], Any]  # (TOML value, the file's directory) -> column value
+    default: Any  # when the key is left out
+
+
+KEYS: dict[str, Key] = {
+    "kind": Key("kind", _kind, HostKind.instance),
+    "args": Key("args", _str_list, []),
+    "env": Key("env", _str_table, {}),
+    "cwd": Key("cwd", _directory, None),
+    "drain_timeout": Key("drain_timeout", _seconds, 10.0),
+    "health_timeout": Key("health_timeout", _seconds, 10.0),
+    "memory_tier_mb": Key("memory_tier_mb", _megabytes, None),
+    "socket_group": Key("socket_group", _group, None),
+    "socket_mode": Key("socket_mode", _mode, None),
+    "ready": Key("ready", _ready, None),  # with `listen`: "notify" unless given
+    # Worker policy (workflows/lifecycle/workers.py); defaults as `vigil host add`'s.
+    "one_shot": Key("one_shot", _flag, False),
+    "max_run": Key("max_run", _seconds, None),
+    "restart_floor": Key("restart_floor", _seconds, 1.0),
+    "restart_cap": Key("restart_cap", _seconds, 30.0),
+    "restart_reset": Key("restart_reset", _seconds, 60.0),
+    "converge_grace": Key("converge_grace", _seconds, 60.0),
+    # The ongoing health probe of an instance (workflows/lifecycle/probe.py).
+    "health_interval": Key("health_interval", _seconds, None),
+    "unhealthy_after": Key("unhealthy_after", _count, 3),
+    "unhealthy_restart": Key("unhealthy_restart", _flag, False),
+}
+WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
+PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")
+BUILD = "build"  # required: the executable, staged like `vigil deploy` does
+LISTEN = "listen"  # ["http=tcp:127.0.0.1:8080", ...]: the host's listeners (not a column)
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    name: str
+    build: str  # absolute path of the source executable
+    fields: dict[str, Any]  # every KEYS field, defaults filled in
+    listens: list[Listen] = field(default_factory=list)
+
+
+def line_of(text: str, host: str | None, key: str | None) -> int:
+    """1-based line of `key` in the table of `host` (or of the top-level `key`); the
+    table's header when the key is not found; 1 when nothing is."""
+    lines = text.splitlines()
+    start, end = 0, len(lines)
+    if host is not None:
+        quoted = rf'(?:{re.escape(host)}|"{re.escape(host)}"|\'{re.escape(host)}\')'
+        header = re.compile(rf"^\s*\[\s*hosts\s*\.\s*{quoted}\s*\]")
+        inline = re.compile(rf"^\s*(?:hosts\s*\.\s*)?{quoted}\s*[=.]")
+        found = next((i for i, ln in enumerate(lines) if header.match(ln)), None)
+        if found is None:
+            found = next((i for i, ln in enumerate(lines) if inline.match(ln)), None)
+        if found is None:
+            return 1
+        start = found
+        end = next((i for i in range(found + 1, len(lines)) if lines[i].lstrip().startswith("[")),
+                   len(lines))
+        if key is None:
+            return start + 1
+    if key is None:
+        return 1
+    pattern = re.compile(rf'(?:^|[{{,.\s]){re.escape(key)}\s*=|(?:^|[{{,\s])"{re.escape(key)}"\s*=')
+    for i in range(start, end):
+        if pattern.search(lines[i].split("#", 1)[0]):
+            return i + 1
+    return start + 1
+
+
+def load(path: str) -> list[HostSpec]:
+    """Read and check the whole file; raises BadInput (file:line: key: reason; fix)."""
+    file = Path(path)
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise BadInput(f"cannot read {path}: {exc.strerror}", "pass the path of a TOML hosts file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise BadInput(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+                       f"{exc.start})", "save the file as UTF-8: TOML files are UTF-8 "
+                       "(e.g. `iconv -f latin1 -t utf-8`)") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInput(f"{path}: invalid TOML: {exc}", "correct the syntax at that line") from None
+    base = file.absolute().parent
+
+    def bad(host: str | None, key: str | None, reason: str, fix: str) -> BadInput:
+        where = ".".join(p for p in ("hosts" if host else None, host, key) if p) or "hosts"
+        return BadInput(f"{path}:{line_of(text, host, key)}: {where}: {reason}", fix)
+
+    for top in doc:
+        if top != "hosts":
+            raise bad(None, top, "unknown key", "the file holds only [hosts.NAME] tables")
+    if not isinstance(doc.get("hosts"), dict):
+        raise bad(None, None, "no [hosts] table",
+                  "add a [hosts.NAME] table per host (an empty [hosts] table removes them all)")
+    specs = []
+    for name, table in doc["hosts"].items():
+        if not NAME.fullmatch(name):
+            raise bad(name, None, f"invalid host name {name!r}",
+                      "use 1-63 characters: lowercase letters, digits and '-', not starting with '-'")
+        if not isinstance(table, dict):
+            raise bad(name, None, "must be a table", f'write [hosts.{name}] and its keys below it')
+        for key in table:
+            if key not in (BUILD, LISTEN) and key not in KEYS:
+                raise bad(name, key, "unknown key",
+                          f"the keys are {', '.join([BUILD, LISTEN, *KEYS])}")
+        if BUILD not in table:
+            raise bad(name, None, f"no {BUILD} key", f'add {BUILD} = "path/to/executable"')
+        build = table[BUILD]
+        src = base / build if isinstance(build, str) else None
+        if src is None or not src.is_file() or not os.access(src, os.X_OK):
+            what = "is not a string" if src is None else (
+                "is not executable" if src.is_file() else "is not an existing file")
+            raise bad(name, BUILD, f"{json.dumps(build)} {what}",
+                      "name an executable file (relative paths start at the file's directory)")
+        fields = {}
+        for key, spec in KEYS.items():
+            try:
+                fields[spec.field] = spec.parse(table[key], base) if key in table else spec.default
+            except Invalid as exc:
+                raise bad(name, key, exc.reason, exc.fix) from None
+        if fields["kind"] is not HostKind.worker:
+            for key in WORKER_ONLY:
+                if key in table:
+                    raise bad(name, key, "applies to workers only",
+                              'add kind = "worker", or drop the key')
+        try:
+            check_probe(fields["kind"], fields["health_interval"],
+                        table.get("unhealthy_after"), fields["unhealthy_restart"])
+        except BadInput as exc:
+            raise bad(name, next(k for k in PROBE if k in table), exc.cause,
+                      exc.fix or "") from None
+        if fields["restart_cap"] < fields["restart_floor"]:
+            raise bad(name, "restart_cap" if "restart_cap" in table else "restart_floor",
+                      f"restart_cap {fields['restart_cap']:g} is below restart_floor "
+                      f"{fields['restart_floor']:g}", "give a cap at least as large as the floor")
+        if fields["one_shot"] and fields["max_run"] is not None:
+            raise bad(name, "max_run", "max_run recycles an always-on worker; this one is one_shot",
+                      "drop one of the two")
+        listens = []
+        raw = table.get(LISTEN, [])
+        if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+            raise bad(name, LISTEN, "must be a list of strings",
+                      'write listen = ["http=tcp:127.0.0.1:8080"]')
+        try:
+            listens = [parse_listen(x, name, label="") for x in raw]
+            if fields["ready"] is None:
+                fields["ready"] = default_ready(listens)
+            check_set(listens, fields["kind"], fields["ready"], label=LISTEN)
+        except BadInput as exc:
+            raise bad(name, LISTEN if LISTEN in table else "ready", exc.cause, exc.fix or "") from None
+        specs.append(HostSpec(name=name, build=str(src.absolute()), fields=fields,
+                              listens=listens))
+    seen: dict[str, str] = {}
+    for spec in specs:
+        for a in spec.listens:
+            if a.address in seen:
+                raise bad(spec.name, LISTEN, f"{a.address} is also host {seen[a.address]}'s "
+                          "listener", "give each host its own address")
+            seen[a.address] = spec.name
+    return specs

@@ -1,0 +1,66 @@
+"""Wiring: from --state-dir/--db and the environment to a Store and a workflow Context."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from models.durations import parse_seconds
+from models.errors import StoreNotReady
+from models.store import Store, normalize_url, prepare_state_dir, sqlite_url, state_dir_exists
+from runners.backend.files import LocalFiles
+from runners.backend.health import HttpHealth
+from runners.backend.limits import CgroupMemoryLimit
+from runners.backend.listen import Listeners
+from runners.backend.process import LOG_FILES, LOG_MAX_BYTES, ProcessBackend
+from runners.backend.readiness import Readiness
+from runners.backend.sockets import SocketAccess
+from runners.keepers.logkeeper import LogPipes
+from workflows.base.context import Context
+
+CLI_LOCK_WAIT = 15.0  # seconds a command's write waits for SQLite's write lock (the agent: 60)
+
+
+def open_store(state_dir: Path, db: str | None, *, create: bool = False,
+               lock_wait: float = CLI_LOCK_WAIT) -> Store:
+    """Open the store. Without `create`, a state directory that does not exist yet is an
+    error that names the command creating it (and nothing is created)."""
+    state_dir = state_dir.absolute()
+    db = normalize_url(db) if db else None  # a bad URL is refused before anything is created
+    if not create and not state_dir_exists(state_dir):
+        if any(p.exists() and not p.is_dir() for p in state_dir.parents):
+            prepare_state_dir(state_dir)  # says which path is a file, not a directory
+        raise StoreNotReady(f"no vigil state directory at {state_dir}",
+                            "run `vigil db upgrade` to create it, or pass --state-dir / VIGIL_HOME")
+    if not create and not state_dir.is_dir():
+        prepare_state_dir(state_dir)  # says it is not a directory
+    if not create and db is None and not (state_dir / "vigil.db").exists():
+        raise StoreNotReady(f"no database in {state_dir}", "run `vigil db upgrade` to create it")
+    prepare_state_dir(state_dir)
+    url = db or sqlite_url(state_dir)
+    store = Store(url, synchronous=os.environ.get("VIGIL_SYNCHRONOUS", "FULL"),
+                  lock_wait=lock_wait)
+    if store.dialect == "sqlite" and store.engine.url.database:
+        from runners.base.doorbell import running_agent_pid
+        from runners.base.storewatch import write_lock_holder
+
+        path = Path(store.engine.url.database)
+        store.lock_holder = lambda: write_lock_holder(path, running_agent_pid(state_dir))
+    return store
+
+
+def make_context(state_dir: Path, store: Store, agent_id: str, *,
+                 log_max_bytes: int = LOG_MAX_BYTES, log_files: int = LOG_FILES,
+                 **kw: object) -> Context:
+    proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"),
+                          log_max_bytes=log_max_bytes, log_files=log_files,
+                          logs=LogPipes(state_dir))
+    settle = parse_seconds(os.environ.get("VIGIL_SETTLE_SECONDS", "10"), "VIGIL_SETTLE_SECONDS")
+    kw.setdefault("sockets", SocketAccess(state_dir))  # per-host groups; no agent-wide one
+    ready = Readiness(store)
+    proc.on_release.append(ready.forget)  # a generation proven gone: its NOTIFY_SOCKET too
+    kw.setdefault("ready", ready)
+    kw.setdefault("listeners", Listeners(state_dir))
+    return Context(store=store, agent_id=agent_id, state_dir=state_dir.absolute(), proc=proc,
+                   health=HttpHealth(), files=LocalFiles(), limits=CgroupMemoryLimit(proc.base),
+                   settle_seconds=settle, **kw)  # type: ignore[arg-type]

@@ -1,0 +1,103 @@
+"""What every workflow step is handed: the store, who we are, and the ports."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from models.store import Store
+from workflows.base.ports import (
+    Files,
+    HealthPort,
+    LimitPort,
+    ListenerPort,
+    ProcessPort,
+    ReadinessPort,
+    SocketPort,
+)
+
+
+class Result(str, enum.Enum):
+    """How one try at an obligation ended (DESIGN §4.11)."""
+
+    gone = "gone"  # the row is no longer there (or no longer names the current incarnation)
+    progress = "progress"  # it moved: resolved or advanced to its next state
+    poked = "poked"  # nothing changed; keep the backoff
+    waiting = "waiting"  # nothing wrong: due again at a time of the row's own (Until)
+
+
+class Poke(Exception):
+    """Nothing could be done this time; the message becomes the row's last_error."""
+
+
+class Until(Poke):
+    """Nothing is to be done before `at` (naive UTC), a due time the row itself keeps (a
+    rollout's pause between waves): the row is next due then, with no backoff counted."""
+
+    def __init__(self, at: datetime, why: str) -> None:
+        super().__init__(why)
+        self.at = at
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@dataclass
+class Context:
+    store: Store
+    agent_id: str
+    state_dir: Path
+    proc: ProcessPort
+    health: HealthPort
+    files: Files
+    limits: LimitPort | None = None
+    sockets: SocketPort | None = None  # None: sockets stay owner-only
+    listeners: ListenerPort | None = None  # the box's listening sockets (the agent's)
+    ready: ReadinessPort | None = None  # sd_notify and probe-command readiness (the agent's)
+    clock: SystemClock = field(default_factory=SystemClock)
+    lease_ttl: float = 30.0
+    proof_wait: float = 2.0  # how long a proof may poll for the kernel to finish a kill
+    settle_seconds: float = 10.0  # canary settle window
+    shutting_down: threading.Event = field(default_factory=threading.Event)
+    on_proof_failed: Callable[[], None] = lambda: None  # counted by the agent's metrics
+    # Generations (uuid) this agent has sent SIGTERM to and that are not proven gone yet:
+    # a drain waited for in short holds sends it once, not at every look.
+    termed: set[str] = field(default_factory=set)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    def socket_for(self, host: str, n: int) -> str:
+        return str(self.run_dir / host / f"g{n}.sock")
+
+    def notify_for(self, host: str, n: int) -> str:
+        """A generation's own NOTIFY_SOCKET (as long as its g<n>.sock, which fits)."""
+        return str(self.run_dir / host / f"n{n}.sock")
+
+    def link_for(self, host: str) -> str:
+        return str(self.run_dir / f"{host}.sock")
+
+    def log_for(self, host: str, n: int) -> str:
+        """Generation n's output (rotated beside it: .1, .2, ...; runners/keepers/logkeeper.py)."""
+        return str(self.state_dir / "logs" / host / f"g{n}.log")
+
+    def wait_until(self, cond, timeout: float, interval: float = 0.02) -> bool:  # type: ignore[no-untyped-def]
+        """Poll cond() until it holds or timeout seconds pass."""
+        deadline = self.clock.now() + timeout
+        while True:
+            if cond():
+                return True
+            if self.clock.now() >= deadline:
+                return False
+            self.clock.sleep(interval)

@@ -1,0 +1,182 @@
+"""The small interfaces through which workflows touch the outside world.
+
+`runners` implements them for real (psutil, cgroup v2, unix sockets); tests may fake
+them only to cause faults that cannot be caused for real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SpawnSpec:
+    """Everything needed to exec one generation."""
+
+    generation_uuid: str
+    host: str
+    argv: list[str]  # [staged build path, *args]
+    env: dict[str, str] = field(default_factory=dict)  # the host's own env
+    cwd: str | None = None
+    socket_path: str | None = None  # instances only: passed as VIGIL_SOCKET
+    log_path: str | None = None  # stdout and stderr are appended here
+    cgroup: str | None = None  # containment directory chosen before the spawn
+    # Listening sockets it inherits as fds 3, 4, ... (the sd_listen_fds protocol): this
+    # process's fds, in order, and their names (LISTEN_FDNAMES).
+    listen_fds: tuple[int, ...] = ()
+    listen_names: tuple[str, ...] = ()
+    notify_socket: str | None = None  # its own NOTIFY_SOCKET (readiness by sd_notify)
+
+
+class SpawnError(Exception):
+    """The build could not be started. `build_fault` is False when the box, not the build,
+    failed (cgroup, log file): such a failure never counts against the build."""
+
+    def __init__(self, reason: str, *, build_fault: bool = True) -> None:
+        super().__init__(reason)
+        self.build_fault = build_fault
+
+
+@dataclass(frozen=True)
+class Spawned:
+    pid: int
+    create_time: float
+
+
+@dataclass(frozen=True)
+class ProcRef:
+    """A generation's identity on the box: leader pid + start time, and its containment."""
+
+    generation_uuid: str
+    pid: int | None
+    create_time: float | None
+    cgroup: str | None
+
+
+class ProcessPort(Protocol):
+    def containment_for(self, generation_uuid: str) -> str | None:
+        """The cgroup directory a new generation will live in, or None (marker mode)."""
+
+    def spawn(self, spec: SpawnSpec) -> Spawned:
+        """Exec the build inside its containment. Raises SpawnError."""
+
+    def leader_alive(self, ref: ProcRef) -> bool:
+        """True when pid and create_time match and the process is not a zombie."""
+
+    def live_members(self, ref: ProcRef) -> list[int]:
+        """Pids of live (non-zombie) processes in the generation's containment."""
+
+    def terminate(self, ref: ProcRef) -> None:
+        """SIGTERM the leader if its identity still matches; a gone process is fine."""
+
+    def terminate_all(self, ref: ProcRef) -> None:
+        """SIGTERM every live process of the containment (each pid-verified)."""
+
+    def kill_all(self, ref: ProcRef) -> None:
+        """SIGKILL everything in the containment (and the leader if it still matches)."""
+
+    def proven(self, ref: ProcRef) -> bool:
+        """Leader exited (or is a zombie) and no live process is left in the containment."""
+
+    def release(self, ref: ProcRef) -> None:
+        """Drop the containment's leftovers (an empty cgroup dir) after a proof."""
+
+    def containments(self) -> list[str]:
+        """The cgroup dirs of generations that exist on this machine (none in marker mode):
+        recovery releases those of proven generations, left by a death between the proof's
+        commit and its release."""
+
+
+class HealthPort(Protocol):
+    def check(self, socket_path: str, timeout: float, alive: Callable[[], bool]) -> str | None:
+        """Poll `GET /` on the unix socket until a status < 500 (returns None) or the
+        timeout passes or `alive()` turns False (returns the reason as a string)."""
+
+    def probe(self, socket_path: str, timeout: float) -> str | None:
+        """One `GET /` (the ongoing probe): None when it answers below 500, else why not."""
+
+
+class Files(Protocol):
+    """The filesystem side effects a workflow asks for."""
+
+    def point_link(self, link: str, target: str) -> None:
+        """Atomically make `link` a symlink to `target` (rename over the old link)."""
+
+    def remove_link(self, link: str, only_if_target: str | None = None) -> None:
+        """Remove `link` (only when it points at `only_if_target`, if given)."""
+
+    def read_link(self, link: str) -> str | None: ...
+
+    def digest(self, path: str) -> str:
+        """sha256 of the file, hex. Raises OSError when it cannot be read."""
+
+
+class LimitPort(Protocol):
+    """A host's parent memory limit (DESIGN §4 rule 4)."""
+
+    def available(self) -> bool:
+        """True when the box has a memory controller that can limit the host's parent."""
+
+    def set_limit(self, host: str, megabytes: int) -> None:
+        """Set the host's parent limit. Raises OSError when it could not be written."""
+
+
+class SocketPort(Protocol):
+    """Who may connect to a host's sockets (runners/backend/sockets.py). `group`/`mode` are the
+    host's own settings; None falls back to the agent-wide ones."""
+
+    def prepare_dir(self, socket_dir: str, group: str | None, mode: int | None) -> None:
+        """Create the host's socket directory before the spawn, reachable by the group."""
+
+    def grant(self, socket: str, group: str | None, mode: int | None) -> None:
+        """Give the socket its group and mode (before it becomes canonical). Raises OSError."""
+
+
+class ListenerPort(Protocol):
+    """The box's listening sockets (runners/backend/listen.py), by key (workflows/generations/listeners.py):
+    this agent's copies, and the fd holder that keeps them across agent restarts."""
+
+    def boot(self) -> str:
+        """This boot of the box (a socket of another boot cannot be held by anything)."""
+
+    def keys(self) -> list[str]:
+        """The keys this agent has a copy of."""
+
+    def inode(self, key: str) -> int | None:
+        """The inode of this agent's copy of `key`, or None when it has none."""
+
+    def bind(self, key: str, address: str) -> int:
+        """Open (bind, listen) `address` as `key`; its inode. Raises OSError / ValueError."""
+
+    def hand(self, key: str) -> None:
+        """Give the fd holder its copy of `key`. Raises OSError."""
+
+    def fds(self, keys: list[str]) -> list[int]:
+        """This agent's fds of `keys`, in order. Raises KeyError (one it does not have)."""
+
+    def fetch(self, keep: set[str]) -> dict[str, int]:
+        """Take back what the holder keeps of `keep` (it closes the rest): key -> inode."""
+
+    def rescue(self, key: str, inode: int, pids: list[int]) -> bool:
+        """Copy socket `inode` out of a live process among `pids` and hand it to the holder."""
+
+    def drop(self, keys: list[str]) -> None:
+        """Close `keys`, here and in the holder."""
+
+
+class ReadinessPort(Protocol):
+    """A generation's own readiness signal on a shared listener (runners/backend/readiness.py)."""
+
+    def open_notify(self, generation_uuid: str, path: str, host: str, generation_id: int) -> None:
+        """Bind the generation's NOTIFY_SOCKET at `path` (before its spawn, or again when it
+        is adopted). Raises OSError."""
+
+    def wait_notify(self, generation_uuid: str, timeout: float,
+                    alive: Callable[[], bool]) -> str | None:
+        """Until READY=1 arrives from the generation (None), or why not."""
+
+    def run_probe(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
+                  alive: Callable[[], bool]) -> str | None:
+        """Run `command` until it exits 0 (None), or why it did not within `timeout`."""

@@ -1,0 +1,1 @@
+"""Host definitions, the status read model, and `vigil apply`. Imports rollouts and below."""

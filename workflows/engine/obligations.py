@@ -1,0 +1,228 @@
+"""Every kind of obligation in one place: where its open rows are, what drives them, and
+the per-row pacing (DESIGN §4.11): exponential backoff from 100 ms doubling to 5 s,
+persisted on the row so it survives restarts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import String, cast, func, literal, select, union_all, update
+from sqlalchemy.orm import Session
+
+from models.states import OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE
+from models.store import utcnow
+from models.tables import Attempt, Host, Lease, Member, Release, Restore, Rollout, Stop, Wake
+from models.trouble import diagnose, refine
+from workflows.base.context import Context, Poke, Result, Until
+from workflows.base.pacing import backoff
+from workflows.base.sanity import impossible_hosts, refuse_if_impossible
+from workflows.deploys.driver import drive_attempt
+from workflows.leases.lease import drive_release, give_back
+from workflows.lifecycle.members import drive_member, drive_restore
+from workflows.lifecycle.stop import drive_stop
+from workflows.lifecycle.wake import drive_wake
+from workflows.rollouts.rollout import drive_rollout
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    model: Any
+    key: Any  # the primary-key column
+    open: Any  # SQL condition for "still open", or None when every row is open
+    drive: Callable[[Context, int], Result]
+    # Store-only kinds also drain in groups: batch(ctx, limit) takes up to `limit` of this
+    # agent's due rows in one transaction (rows matching `batched(ctx)`); the round's
+    # per-host drives leave those rows to it.
+    batch: Callable[[Context, int], int] | None = None
+    batched: Callable[[Context], Any] | None = None
+    # The name the round paces the row under (one row per name per round, at most 8 names
+    # in flight), when it is not the row's host: a rollout belongs to no host.
+    label: Any = None
+
+    @property
+    def host(self) -> Any:
+        return self.label if self.label is not None else self.model.host
+
+
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind("stop", Stop, Stop.id, Stop.state.in_(OPEN_STOP), drive_stop),
+        Kind("wake", Wake, Wake.id, Wake.state.in_(OPEN_WAKE), drive_wake),
+        Kind("member", Member, Member.generation_id, None, drive_member),
+        Kind("attempt", Attempt, Attempt.id, Attempt.outcome.is_(None), drive_attempt),
+        Kind("restore", Restore, Restore.id, None, drive_restore),
+        Kind("release", Release, Release.id, None, drive_release, give_back,
+             lambda ctx: Release.holder == ctx.agent_id),
+        # Advanced by whichever agent claims it; its attempts by each host's lease holder.
+        Kind("rollout", Rollout, Rollout.id, Rollout.state.in_(OPEN_ROLLOUT), drive_rollout,
+             label=literal("rollout #", String) + cast(Rollout.id, String)),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Due:
+    kind: str
+    id: int
+    host: str
+    at: datetime
+    attempts: int | None = None  # as read with the row (None: not known, read it)
+    last_error: str | None = None
+    sane: bool = False  # its host passed the sanity check when the round read it
+
+
+def _open_rows(ctx: Context, *, per_host: bool = False, due_by: datetime | None = None) -> Any:
+    """Open rows of every kind on hosts this agent may act on (its own or unleased).
+    per_host: only the rows a per-host drive takes (not those a batch drains); due_by: only
+    the rows due by then.
+
+    A CTE the database materializes: each branch reads its table's open rows alone (by its
+    (state, next_attempt_at) index, migration 0008) before anything ranks them by host, so
+    the read follows the open rows, never the history (ranking the union directly had the
+    planner walk every past row of a table in host order)."""
+    selects = []
+    for k in KINDS.values():
+        q = select(literal(k.name, String).label("kind"), k.key.label("id"),
+                   k.host.label("host"), k.model.next_attempt_at.label("at"),
+                   k.model.attempts.label("attempts"), k.model.last_error.label("last_error"))
+        if k.open is not None:
+            q = q.where(k.open)
+        if due_by is not None:
+            q = q.where(k.model.next_attempt_at <= due_by)
+        if per_host and k.batch is not None and k.batched is not None:
+            q = q.where(~k.batched(ctx))
+        selects.append(q)
+    return union_all(*selects).cte("open_rows").prefix_with("MATERIALIZED")
+
+
+def not_ours(ctx: Context) -> Any:
+    """Hosts this agent must not act on: leased by another agent (expired or not: only a
+    takeover moves such a lease, workflows/lifecycle/takeover.py) or placed on other boxes only."""
+    placed = literal(",").concat(Host.box).concat(",")
+    me = ctx.agent_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    elsewhere = select(Host.name).where(Host.box.is_not(None),
+                                        placed.not_like(f"%,{me},%", escape="\\"))
+    return select(Lease.host).where(Lease.holder != ctx.agent_id).union(elsewhere)
+
+
+def due(ctx: Context, now: datetime, *, skip: Collection[str] = (), after: str | None = None,
+        limit: int | None = None) -> list[Due]:
+    """The earliest due row of each host (one row per host per round). With `after`, hosts
+    sorted by name from just past `after` round to the start (the reconciler's rotation),
+    leaving out `skip` and stopping at `limit` hosts: the database picks the round's rows,
+    so a round costs the same with 10 or 10,000 open rows."""
+    if limit == 0:
+        return []
+    rows = _open_rows(ctx, per_host=True, due_by=now)
+
+    def q(s: Session) -> list[Due]:
+        where = [rows.c.host.not_in(not_ours(ctx))]
+        if skip:
+            where.append(rows.c.host.not_in(list(skip)))
+        rank = func.row_number().over(partition_by=rows.c.host, order_by=(rows.c.at, rows.c.id))
+        ranked = select(rows, rank.label("rank")).where(*where).subquery()
+        stmt = select(ranked.c.kind, ranked.c.id, ranked.c.host, ranked.c.at,
+                      ranked.c.attempts, ranked.c.last_error).where(ranked.c.rank == 1)
+        if after is not None:
+            stmt = stmt.order_by(ranked.c.host <= after, ranked.c.host)
+        else:
+            stmt = stmt.order_by(ranked.c.at, ranked.c.id)
+        if limit is not None:
+            stmt = stmt.limit(limit)
+        found = s.execute(stmt).all()
+        # The sanity check (workflows/base/sanity.py) for the whole round in one query, instead
+        # of a read per drive; a host that fails it is checked again, and refused, by its drive.
+        bad = impossible_hosts(s, {r.host for r in found})
+        return [Due(r.kind, r.id, r.host, r.at, r.attempts, r.last_error, r.host not in bad)
+                for r in found]
+
+    return ctx.store.read(q)
+
+
+def next_due(ctx: Context, busy: set[str]) -> datetime | None:
+    rows = _open_rows(ctx)
+
+    def q(s: Session) -> datetime | None:
+        # As in due(): a host another agent holds is not ours, nor is its overdue row our
+        # next wake-up (it would hide every retry of ours until the safety scan).
+        elsewhere = not_ours(ctx)
+        stmt = select(func.min(rows.c.at)).where(rows.c.host.not_in(elsewhere))
+        if busy:
+            stmt = stmt.where(rows.c.host.not_in(busy))
+        return s.execute(stmt).scalar()
+
+    return ctx.store.read(q)
+
+
+def drain_batches(ctx: Context, limit: int = 256, rounds: int = 16) -> tuple[int, bool]:
+    """Drain every batched kind's due rows, `limit` per transaction, at most `rounds`
+    transactions per kind (the per-host rows of the round wait that long at most).
+    Returns (rows taken, whether a kind stopped at its cap with rows still due)."""
+    total, more = 0, False
+    for k in KINDS.values():
+        if k.batch is None:
+            continue
+        for _ in range(rounds):
+            taken = k.batch(ctx, limit)
+            total += taken
+            if taken < limit:
+                break
+        else:
+            more = True
+    return total, more
+
+
+def open_count(ctx: Context) -> int:
+    rows = _open_rows(ctx)
+    return ctx.store.read(lambda s: s.execute(select(func.count()).select_from(rows)).scalar_one())
+
+
+def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
+    """Drive one row and persist its pacing. Never raises for the row's own trouble."""
+    kind = KINDS[item.kind]
+    until = None
+    try:
+        if not item.sane:
+            refuse_if_impossible(ctx, kind.model, kind.key, item.id, item.host)
+        result, error = kind.drive(ctx, item.id), None
+    except Until as exc:  # due again at a time of the row's own, not after a backoff
+        result, error, until = Result.waiting, str(exc), exc.at
+    except Poke as exc:
+        result, error = Result.poked, str(exc)
+    except Exception as exc:  # a step lost a race or the store failed: retry later
+        trouble = diagnose(exc)
+        if trouble is not None and refine(trouble, ctx.store.url).whole_store:
+            # Not this row's trouble: the store is full, gone, locked or damaged, so no
+            # pacing could be written either. The agent backs off as a whole.
+            raise
+        result, error = Result.poked, f"{type(exc).__name__}: {exc}"
+    now = utcnow()
+    if until is not None:
+        values = {"attempts": 0, "last_error": error, "next_attempt_at": until}
+    elif result is Result.poked:
+        tried = item.attempts if item.attempts is not None else _attempts(ctx, kind, item.id)
+        values = {"attempts": kind.model.attempts + 1, "last_error": error,
+                  "next_attempt_at": now + timedelta(seconds=backoff(tried + 1))}
+    elif result is Result.progress:
+        if item.attempts == 0 and item.last_error is None and ctx.store.dialect == "sqlite":
+            # Nothing to reset: it was due, and it still is. (On PostgreSQL the claim pushed
+            # its due time ahead, workflows/engine/claim.py: that must be undone.)
+            return result, error
+        values = {"attempts": 0, "last_error": None, "next_attempt_at": now}
+    else:
+        return result, error
+    try:
+        ctx.store.write(lambda s: s.execute(update(kind.model).where(kind.key == item.id).values(**values)))
+    except Exception as exc:  # pacing is advisory; the row stays open and due
+        error = f"{error}; pacing not written: {exc}"
+    return result, error
+
+
+def _attempts(ctx: Context, kind: Kind, key: int) -> int:
+    return ctx.store.read(lambda s: s.execute(select(kind.model.attempts).where(kind.key == key))
+                          .scalar() or 0)

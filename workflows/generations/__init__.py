@@ -1,0 +1,2 @@
+"""Generations: created, exec'd, made ready, given socket access and listeners, ended
+(SIGTERM, drain, SIGKILL, proof). Imports base, builds, leases."""

@@ -1,0 +1,93 @@
+"""The one place a generation is created, exec'd and has its leader recorded, for a wake
+and for a deploy's successor alike: the row first (write-ahead of the exec), then the
+spawn from the host's spec, then pid and start time in a guarded move."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid as uuidlib
+
+from sqlalchemy import bindparam, insert, update
+from sqlalchemy.orm import Session
+
+from models.states import GenState, HostKind, MemberRole
+from models.store import private_dirs, utcnow
+from models.tables import Build, Generation, Host, Member
+from models.transition import Fence, Unfenced, move
+from workflows.base.context import Context
+from workflows.base.ports import Spawned, SpawnError, SpawnSpec
+from workflows.generations.access import prepare_socket_dir
+from workflows.generations.listeners import fds_for
+from workflows.generations.readiness import mode, own_socket
+
+_G = Generation.__table__
+_NEW = insert(_G).returning(_G.c.id)  # built once: an ORM add cost a unit-of-work flush
+_SOCKET = update(_G).where(_G.c.id == bindparam("gid")).values(socket=bindparam("sock"))
+
+
+def intend(s: Session, ctx: Context, host: Host, build_id: int, fence: int | None) -> Generation:
+    """The generation row, `spawning`, in the caller's transaction: its containment chosen
+    and (an instance) its socket named before anything of it runs. Returns a copy of the
+    row as written."""
+    gen_uuid = str(uuidlib.uuid4())
+    row = dict(uuid=gen_uuid, host=host.name, build_id=build_id, state=GenState.spawning,
+               fence=fence, cgroup=ctx.proc.containment_for(gen_uuid), agent_id=ctx.agent_id,
+               created_at=utcnow())
+    gid = s.execute(_NEW, row).scalar_one()
+    socket = None
+    if own_socket(host):  # named after the row's id
+        socket = ctx.socket_for(host.name, gid)
+        s.execute(_SOCKET, {"gid": gid, "sock": socket})
+    return Generation(id=gid, socket=socket, **row)
+
+
+def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:
+    """Exec the build as `gen`: args, env and cwd from the host, output to its log, inside
+    the containment the row names. Raises SpawnError when it did not start, whatever the
+    port raised: a start that raises anything else would be retried forever, a new
+    generation row each time."""
+    try:
+        private_dirs(os.path.dirname(ctx.log_for(host.name, gen.id)))
+        if gen.socket:
+            prepare_socket_dir(ctx, host, gen.socket)
+        fds, names = fds_for(ctx, host, gen.fence) if host.kind is HostKind.instance else ((), ())
+        notify = None
+        if host.kind is HostKind.instance and mode(host) == "notify":
+            if ctx.ready is None:
+                raise SpawnError("this process cannot receive READY=1", build_fault=False)
+            notify = ctx.notify_for(host.name, gen.id)
+            prepare_socket_dir(ctx, host, notify)
+            ctx.ready.open_notify(gen.uuid, notify, host.name, gen.id)
+        spec = SpawnSpec(generation_uuid=gen.uuid, host=host.name,
+                         argv=[build.path, *json.loads(host.args)],
+                         env={**json.loads(host.env), "VIGIL_HOME": str(ctx.state_dir)},
+                         cwd=host.cwd, socket_path=gen.socket, log_path=ctx.log_for(host.name, gen.id),
+                         cgroup=gen.cgroup, listen_fds=fds, listen_names=names,
+                         notify_socket=notify)
+        return ctx.proc.spawn(spec)
+    except ValueError as exc:  # the host's args or env: no retry can succeed
+        raise SpawnError(f"spawn {build.path}: {exc}") from exc
+    except OSError as exc:  # the box's fault (log dir, fork), never the build's
+        raise SpawnError(f"spawn {build.path}: {exc}", build_fault=False) from exc
+
+
+def record(s: Session, gen: Generation, spawned: Spawned, fence: Fence | Unfenced) -> None:
+    """spawning -> running with the leader's pid and start time (its identity on the box)."""
+    move(s, Generation, gen.id,
+         {"state": GenState.running, "pid": spawned.pid, "create_time": spawned.create_time},
+         f"generation g{gen.id} spawning -> running", fence=fence, col="state",
+         frm=GenState.spawning)
+
+
+_NEW_MEMBER = insert(Member.__table__)  # built once, as _NEW
+
+
+def join_set(s: Session, gen_id: int, host: str, role: MemberRole, fence: int, *,
+             attempt_id: int | None = None, unproven: bool = False) -> None:
+    """In the caller's transaction: the generation is a member of its host's operation set
+    (due at once) until its termination is proven."""
+    now = utcnow()
+    s.execute(_NEW_MEMBER, {"generation_id": gen_id, "host": host, "role": role,
+                            "attempt_id": attempt_id, "fence": fence, "unproven": unproven,
+                            "since": now, "next_attempt_at": now})

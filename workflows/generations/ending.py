@@ -1,0 +1,101 @@
+"""Ending a generation: SIGTERM, its own drain up to a deadline, SIGKILL to everything in
+its containment, then the termination proof. Shared by stop, failed wakes and members."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.orm import Session
+
+from models.states import GenState
+from models.store import utcnow
+from models.tables import Generation
+from models.transition import Unfenced, move
+from workflows.base.context import Context, Until
+from workflows.base.crash import crashpoint, define
+from workflows.base.ports import ProcRef
+
+log = logging.getLogger("vigil.proof")
+
+HOLD = 2.0  # seconds a drive may wait for a drain before it gives its slot back
+RECHECK = 1.0  # seconds between looks at a drain that goes on past the hold
+WAITING = define("obligation.waiting", "a drain outlasted the hold: the row gives its drive "
+                 "slot back and is due again shortly; SIGTERM was sent, nothing else changed")
+
+# Moves that carry no lease fence, each with the reason it needs none.
+BY_STATE = Unfenced("the generation's own state guards it; the step ending it holds the lease")
+
+
+def ref_of(gen: Generation) -> ProcRef:
+    return ProcRef(generation_uuid=gen.uuid, pid=gen.pid, create_time=gen.create_time,
+                   cgroup=gen.cgroup)
+
+
+def _drain(ctx: Context, gen: Generation, drain_until: float, done: Callable[[], bool]) -> None:
+    """Wait for the drain, at most HOLD seconds in this drive: a longer one gives the drive
+    slot back (Until) and the row is looked at again every RECHECK seconds until `done()` or
+    the deadline, so apps that drain for long never starve the other hosts' drives."""
+    remaining = max(0.0, drain_until - ctx.clock.now())
+    if ctx.wait_until(done, min(remaining, HOLD), interval=0.02) or remaining <= HOLD:
+        return
+    at = utcnow() + timedelta(seconds=min(RECHECK, max(0.0, drain_until - ctx.clock.now())))
+    crashpoint(WAITING)
+    raise Until(at, f"g{gen.id} draining, SIGKILL at "
+                    f"{datetime.fromtimestamp(drain_until, UTC).strftime('%H:%M:%S')} UTC")
+
+
+def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
+                   points: tuple[str, str] | None = None, drain_rest: bool = False) -> str | None:
+    """Drive the generation's processes to their end. `drain_until` (epoch seconds) is how
+    long the leader may drain after SIGTERM; None means kill at once (a failed start).
+    `points` names the crash points after the TERM and after the KILL. `drain_rest`: when
+    the leader is already gone, what is left of the containment gets SIGTERM and the same
+    drain before SIGKILL (a server's workers on a shared listener finish the requests they
+    accepted instead of being killed in the middle of one).
+    Returns None when proven terminated, else why not (the caller keeps its obligation)."""
+    ref = ref_of(gen)
+    if drain_until is not None and ctx.proc.leader_alive(ref):
+        if gen.uuid not in ctx.termed:
+            ctx.proc.terminate(ref)
+            ctx.termed.add(gen.uuid)
+            if points:
+                crashpoint(points[0])
+        _drain(ctx, gen, drain_until, lambda: not ctx.proc.leader_alive(ref))
+    elif drain_until is not None and drain_rest and ctx.proc.live_members(ref):
+        if gen.uuid not in ctx.termed:
+            ctx.proc.terminate_all(ref)
+            ctx.termed.add(gen.uuid)
+            if points:
+                crashpoint(points[0])
+        _drain(ctx, gen, drain_until, lambda: ctx.proc.proven(ref))
+    if not ctx.proc.proven(ref):
+        ctx.proc.kill_all(ref)
+        if points:
+            crashpoint(points[1])
+    if ctx.wait_until(lambda: ctx.proc.proven(ref), ctx.proof_wait, interval=0.02):
+        ctx.termed.discard(gen.uuid)
+        return None
+    ctx.on_proof_failed()
+    left = ctx.proc.live_members(ref)
+    leader = "leader alive" if ctx.proc.leader_alive(ref) else "leader exited"
+    why = f"generation g{gen.id} not proven gone: {leader}, live pids {left}"
+    log.warning("proof failed host=%s generation=g%d reason=%r", gen.host, gen.id, why)
+    return why
+
+
+def mark_proven(s: Session, gen_id: int, reason: str | None = None) -> None:
+    values: dict[str, object] = {"state": GenState.proven, "ended_at": utcnow()}
+    if reason:
+        values["end_reason"] = reason
+    move(s, Generation, gen_id, values,
+         f"generation g{gen_id} retiring -> proven",
+         fence=BY_STATE, col="state", frm=GenState.retiring)
+
+
+def mark_retiring(s: Session, gen_id: int, expected: GenState, reason: str) -> None:
+    move(s, Generation, gen_id,
+         {"state": GenState.retiring, "end_reason": reason},
+         f"generation g{gen_id} {expected.value} -> retiring",
+         fence=BY_STATE, col="state", frm=expected)

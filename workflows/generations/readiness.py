@@ -1,0 +1,79 @@
+"""How a generation says it is ready, by the host's `ready` setting:
+
+- http (the default without a shared listener): `GET /` on the generation's own
+  `$VIGIL_SOCKET` answers below 500;
+- notify (the default with one): `READY=1` arrives on the generation's own `$NOTIFY_SOCKET`
+  from one of its processes (`STOPPING=1` and `STATUS=` lines become events);
+- exec:CMD: CMD, run with the generation's environment, exits 0.
+
+Never a request through a shared listener: the old generation may be the one answering.
+Each is bounded by the host's health timeout and ends early when the leader exits."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from models.states import HostKind
+from models.tables import Generation, Host
+from workflows.base.context import Context
+from workflows.generations.ending import ref_of
+from workflows.generations.listeners import EXEC
+
+ADOPT_BOUND = 5.0  # seconds each adoption on start may take to answer
+
+
+def mode(host: Host) -> str:
+    return "exec" if (host.ready or "").startswith(EXEC) else (host.ready or "http")
+
+
+def own_socket(host: Host) -> bool:
+    """An instance gets its own $VIGIL_SOCKET (and canonical link) unless it is on a
+    shared listener and signals readiness some other way."""
+    return host.kind is HostKind.instance and mode(host) == "http"
+
+
+def probe_env(ctx: Context, host: Host, gen: Generation) -> dict[str, str]:
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    env.update(json.loads(host.env))
+    env.update(VIGIL_HOME=str(ctx.state_dir), VIGIL_HOST=host.name, VIGIL_PID=str(gen.pid or ""))
+    if gen.socket:
+        env["VIGIL_SOCKET"] = gen.socket
+    return env
+
+
+def ready_problem(ctx: Context, host: Host, gen: Generation, timeout: float | None = None) -> str | None:
+    """None once the generation is ready, else why not (the build's own failure)."""
+    ref = ref_of(gen)
+    bound = host.health_timeout if timeout is None else timeout
+
+    def alive() -> bool:
+        return ctx.proc.leader_alive(ref)
+
+    how = mode(host)
+    if how == "http":
+        if not gen.socket:
+            return f"generation g{gen.id} has no socket to probe"
+        return ctx.health.check(gen.socket, bound, alive=alive)
+    if ctx.ready is None:
+        return f"this process cannot check readiness by {how}"
+    if how == "notify":
+        return ctx.ready.wait_notify(gen.uuid, bound, alive)
+    command = (host.ready or "")[len(EXEC):]
+    return ctx.ready.run_probe(command, probe_env(ctx, host, gen), host.cwd, bound, alive)
+
+
+def adopt_problem(ctx: Context, host: Host, gen: Generation) -> str | None:
+    """On start, for a current generation whose leader lives: may it be adopted? A notify
+    one has said READY=1 already (it was made current on it): its socket is bound again for
+    what it says next."""
+    if host.kind is not HostKind.instance:
+        return None
+    if mode(host) == "notify":
+        if ctx.ready is not None:
+            try:
+                ctx.ready.open_notify(gen.uuid, ctx.notify_for(host.name, gen.id), host.name, gen.id)
+            except OSError:
+                pass  # readiness was proven; only its later STATUS lines are missed
+        return None
+    return ready_problem(ctx, host, gen, min(host.health_timeout, ADOPT_BOUND))

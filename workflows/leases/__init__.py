@@ -1,0 +1,1 @@
+"""Leases: a host's ownership and fence, and placement across boxes. Imports base, builds."""

@@ -1,0 +1,212 @@
+"""Operation-set members: generations that are not current but not proven gone yet.
+
+A current generation whose leader died becomes a `retiring` member; the sweep kills what is
+left of it and proves it gone, and only then does it leave the set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import UTC
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models.errors import BrokenInvariant, LostRace
+from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole
+from models.store import emit, utcnow
+from models.tables import Generation, Host, Lease, Listener, Member, Restore, Wake
+from models.transition import Unfenced, move
+from workflows.base.context import Context, Poke, Result
+from workflows.base.crash import crashpoint, define
+from workflows.base.ports import ProcRef
+from workflows.base.queue import enqueue_wake
+from workflows.base.sanity import impossible_hosts
+from workflows.generations.create import join_set
+from workflows.generations.ending import end_generation, mark_proven, ref_of
+from workflows.leases.lease import owe_release, release_owed
+from workflows.lifecycle.workers import restart_delay, worker_exited
+
+# Moves that carry no lease fence, each with the reason it needs none.
+BY_STATE = Unfenced("read on a lease this agent holds; the generation's own state guards it")
+
+EXITED = define("member.exited", "a dead current generation is retiring and a member")
+PROVEN = define("member.proven", "a member is proven gone and has left the set")
+RESTORED = define("restore.done", "the parent limit is restored and the raised mark cleared")
+
+
+def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool) -> None:
+    """current -> retiring member (one transaction); queue a restart wake if wanted."""
+    move(s, Generation, gen.id,
+         {"state": GenState.retiring, "end_reason": why},
+         f"generation g{gen.id} current -> retiring", fence=BY_STATE, col="state",
+         frm=GenState.current)
+    lease = s.get(Lease, gen.host)
+    join_set(s, gen.id, gen.host, MemberRole.retiring,
+             lease.fence if lease is not None else gen.fence, unproven=True)
+    emit(s, "exited", gen.host, gen.id, pid=gen.pid, reason=why)
+    host = s.get(Host, gen.host)
+    if restart and host is not None and host.kind is HostKind.worker:
+        worker_exited(s, ctx, gen, host)  # backoff, onto its captured build; one-shot: none
+    elif restart and host is not None and host.desired is Desired.up:
+        queued = s.execute(select(Wake.id).where(Wake.host == gen.host,
+                                                 Wake.state.in_(OPEN_WAKE))).first()
+        if queued is None:
+            instance_exited(s, host, gen, why)
+
+
+def instance_exited(s: Session, host: Host, gen: Generation, why: str) -> None:
+    """An instance's restart, with the worker's persisted policy (floor, cap, reset): the
+    first exit after a stable run restarts at once (a crash costs no added downtime), each
+    further quick exit waits floor * 2**n, capped; `vigil status` says crashloop."""
+    up = (utcnow() - gen.current_at).total_seconds() if gen.current_at else 0.0
+    streak = 0 if up >= host.restart_reset else host.restart_streak
+    delay = restart_delay(host, streak - 1) if streak else 0.0
+    enqueue_wake(s, host.name, "restart", delay=delay)
+    s.execute(Host.__table__.update().where(Host.name == host.name)
+              .values(restart_streak=streak + 1))
+    emit(s, "restart_scheduled", host.name, delay=round(delay, 3), streak=streak + 1,
+         uptime=round(up, 3), reason=why)
+
+
+def current_leaders(ctx: Context) -> dict[int, tuple[int, float]]:
+    """Every current generation this agent owns: id -> (leader pid, create time)."""
+    rows = ctx.store.read(lambda s: s.connection().execute(
+        select(Generation.id, Generation.pid, Generation.create_time)
+        .join(Lease, Lease.host == Generation.host)
+        .where(Generation.state == GenState.current, Lease.holder == ctx.agent_id,
+               Generation.pid.is_not(None), Generation.create_time.is_not(None))).all())
+    return {r.id: (r.pid, r.create_time) for r in rows}
+
+
+def retire_dead_currents(ctx: Context, only: Collection[int] | None = None,
+                         skip: Collection[int] = ()) -> int:
+    """The liveness check: every current generation this agent owns (or those of `only`,
+    the ones whose exit was just reported) whose leader is gone. Those of `skip` are not
+    checked (their exit is reported as it happens: the exit watcher holds their pidfds)."""
+    G = Generation.__table__.c
+
+    def read(s: Session) -> tuple[list[Any], set[str]]:
+        # Plain rows: the 30 s backstop reads every current generation, and building an
+        # ORM object for each was most of an idle agent's cost with 1,000 hosts.
+        q = select(G.id, G.host, G.uuid, G.pid, G.create_time, G.cgroup).join(
+            Lease, Lease.host == G.host).where(G.state == GenState.current,
+                                               Lease.holder == ctx.agent_id)
+        if only is not None:
+            q = q.where(G.id.in_(list(only)))
+        return s.execute(q).all(), impossible_hosts(s)  # type: ignore[return-value]
+
+    rows, refused = ctx.store.read(read)
+    # A host in an impossible state is not acted on (its obligations say why).
+    dead = [r.id for r in rows if r.host not in refused and r.id not in skip and not ctx.proc.leader_alive(
+        ProcRef(generation_uuid=r.uuid, pid=r.pid, create_time=r.create_time, cgroup=r.cgroup))]
+    retired = 0
+    for gen_id in dead:
+        def step(s: Session, gen_id: int = gen_id) -> Generation:
+            gen = s.get(Generation, gen_id)
+            if gen is None:
+                raise LostRace(f"generation g{gen_id} is gone")
+            retire(s, ctx, gen, "leader exited", restart=True)
+            return gen
+
+        try:
+            gen = ctx.store.write(step)
+        except LostRace:  # retired meanwhile (the scan and an exit event met): nothing to do
+            continue
+        retired += 1
+        crashpoint(EXITED)
+        if gen.socket:
+            ctx.files.remove_link(ctx.link_for(gen.host), only_if_target=gen.socket)
+    return retired
+
+
+def drive_member(ctx: Context, gen_id: int) -> Result:
+    m = ctx.store.read(lambda s: s.get(Member, gen_id))
+    if m is None:
+        return Result.gone
+    gen = ctx.store.read(lambda s: s.get(Generation, gen_id))
+    host = ctx.store.read(lambda s: s.get(Host, m.host))
+    if gen is None or host is None:
+        raise BrokenInvariant("gen or host is missing")
+    if m.role is not MemberRole.retiring:
+        raise Poke(f"member g{gen_id} is {m.role.value}: its attempt drives it")
+    if gen.state is GenState.retiring:
+        since = m.since.replace(tzinfo=UTC).timestamp()
+        shared = ctx.store.read(lambda s: s.execute(select(Listener.position).where(
+            Listener.host == m.host).limit(1)).first()) is not None
+        problem = end_generation(ctx, gen, drain_until=since + host.drain_timeout,
+                                 drain_rest=shared)
+        if problem is not None:
+            ctx.store.write(lambda s: s.execute(Member.__table__.update().where(
+                Member.generation_id == gen_id).values(unproven=True, retried_at=utcnow())))
+            raise Poke(problem)
+
+    def step(s: Session) -> None:
+        if s.get(Generation, gen_id).state is GenState.retiring:  # type: ignore[union-attr]
+            mark_proven(s, gen_id)
+        leave_set(s, ctx, m.host, gen_id)
+        emit(s, "proven", m.host, gen_id, after="member left the set")
+
+    ctx.store.write(step)
+    ctx.proc.release(ref_of(gen))
+    crashpoint(PROVEN)
+    run_restores(ctx, m.host)
+    release_owed(ctx, m.host)
+    return Result.progress
+
+
+def leave_set(s: Session, ctx: Context, host: str, gen_id: int) -> None:
+    """A proven member leaves. The last one out owes the parent-limit restore (if raised);
+    with nothing left to retain it, the lease release is owed too."""
+    s.execute(Member.__table__.delete().where(Member.generation_id == gen_id))
+    h = s.get(Host, host)
+    others = s.execute(select(Member.generation_id).where(Member.host == host)).first()
+    pending = s.execute(select(Restore.id).where(Restore.host == host)).first()
+    if h is not None and h.raised and others is None and pending is None:
+        lease = s.get(Lease, host)
+        now = utcnow()
+        s.add(Restore(host=host, fence=lease.fence if lease is not None else 0, since=now,
+                      next_attempt_at=now))
+    owe_release(s, ctx, host)
+
+
+def drive_restore(ctx: Context, restore_id: int) -> Result:
+    """Put the parent limit back to the current generation's tier; only a restore that
+    succeeded clears the `raised` mark. A failure keeps the row for the sweep."""
+    r = ctx.store.read(lambda s: s.get(Restore, restore_id))
+    if r is None:
+        return Result.gone
+    host = ctx.store.read(lambda s: s.get(Host, r.host))
+    if host is None:
+        return Result.gone
+    if ctx.store.read(lambda s: s.execute(select(Member.generation_id).where(
+            Member.host == r.host)).first()) is not None:
+        raise Poke(f"members of {r.host} are still in the set; the last one out restores")
+    if host.raised and host.memory_tier_mb and ctx.limits is not None:
+        try:
+            ctx.limits.set_limit(r.host, host.memory_tier_mb)
+        except OSError as exc:
+            raise Poke(f"parent limit restore of {r.host} failed: {exc}") from None
+
+    def step(s: Session) -> None:
+        s.execute(Host.__table__.update().where(Host.name == r.host).values(raised=False))
+        s.execute(Restore.__table__.delete().where(Restore.id == restore_id))
+        emit(s, "restored", r.host, tier_mb=host.memory_tier_mb)
+        owe_release(s, ctx, r.host)
+
+    ctx.store.write(step)
+    crashpoint(RESTORED)
+    release_owed(ctx, r.host)
+    return Result.progress
+
+
+def run_restores(ctx: Context, host: str) -> None:
+    """Try the host's pending restores now; the sweep retries any that fail."""
+    ids = ctx.store.read(lambda s: s.execute(select(Restore.id).where(Restore.host == host))
+                         .scalars().all())
+    for rid in ids:
+        try:
+            drive_restore(ctx, rid)
+        except Poke:
+            pass

@@ -1,0 +1,178 @@
+"""Stop: retire the current generation, SIGTERM, drain, SIGKILL, prove, give the lease back.
+
+A stop whose proof fails stays `signalled` with its lease; the sweep retries it, sending
+SIGKILL again and re-reading the proof, until it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models.errors import BrokenInvariant, NotFound
+from models.states import OPEN_STOP, AttemptStep, Desired, GenState, Outcome, StopState, WakeState
+from models.store import emit, utcnow
+from models.tables import Attempt, Generation, Host, Member, Stop, Wake
+from models.transition import Fence, Unfenced, move, move_many
+from workflows.base.context import Context, Poke, Result
+from workflows.base.crash import crashpoint, define
+from workflows.builds.book import nudge
+from workflows.generations.ending import end_generation, mark_proven, ref_of
+from workflows.leases.lease import held_fence, owe_release, release_owed
+
+# Moves that carry no lease fence, each with the reason it needs none.
+OPERATOR = Unfenced("an operator's intent (vigil stop), written by the CLI before any lease")
+BY_STATE = Unfenced("the stop's own state guards it; its fence is written when it is signalled")
+
+INTENT = define("stop.intent", "the stop is signalled and the generation retiring; link still there")
+UNLINKED = define("stop.unlinked", "the canonical link is removed; nothing signalled yet")
+TERMED = define("stop.termed", "SIGTERM was sent to the leader; drain in progress")
+KILLED = define("stop.killed", "SIGKILL was sent to the containment; no proof written yet")
+PROVEN = define("stop.proven", "the generation is proven gone, the stop done, the release owed")
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    id: int
+    state: str
+
+
+def request_stop(s: Session, host: str) -> StopRequest:
+    """The CLI's intent: wakes that have not spawned yet are cancelled in the same transaction."""
+    if s.get(Host, host) is None:
+        raise NotFound(f"no host named {host!r}", "see `vigil host list`")
+    move_many(s, Host, [Host.name == host], {"desired": Desired.down}, f"host {host} down",
+              fence=OPERATOR, col="desired", frm=tuple(Desired))
+    open_stop = s.execute(select(Stop).where(Stop.host == host, Stop.state.in_(OPEN_STOP))
+                          .order_by(Stop.id).limit(1)).scalar_one_or_none()
+    if open_stop is not None:
+        return StopRequest(open_stop.id, open_stop.state.value)
+    now = utcnow()
+    for state in (WakeState.queued, WakeState.leased):
+        move_many(s, Wake, [Wake.host == host],
+                  {"state": WakeState.cancelled, "ended_at": now, "reason": "cancelled by a stop"},
+                  f"wakes of {host} cancelled", fence=OPERATOR, col="state", frm=state)
+    _cancel_queued(s, host, now)
+    st = Stop(host=host, state=StopState.queued, since=now, next_attempt_at=now, created_at=now)
+    s.add(st)
+    s.flush()
+    emit(s, "stop_requested", host, stop=st.id)
+    return StopRequest(st.id, st.state.value)
+
+
+def _cancel_queued(s: Session, host: str, now: datetime) -> None:
+    """Attempts that have not started yet end here: nothing of them ran."""
+    if move_many(s, Attempt, [Attempt.host == host, Attempt.outcome.is_(None)],
+                 {"outcome": Outcome.cancelled, "step": AttemptStep.ended, "executed": False,
+                  "reason": "cancelled by a stop", "ended_at": now},
+                 f"queued attempts of {host} cancelled", fence=OPERATOR, col="step",
+                 frm=AttemptStep.queued):
+        nudge(s, host)  # a rollout waiting for one of them
+
+
+def drive_stop(ctx: Context, stop_id: int) -> Result:
+    st = ctx.store.read(lambda s: s.get(Stop, stop_id))
+    if st is None or st.state not in OPEN_STOP:
+        return Result.gone
+    if st.state is StopState.queued:
+        if not _signal(ctx, st):
+            release_owed(ctx, st.host)
+            return Result.progress
+        st = ctx.store.read(lambda s: s.get(Stop, stop_id))
+    return _finish(ctx, st)
+
+
+def _signal(ctx: Context, st: Stop) -> bool:
+    """queued -> signalled with the current generation retiring; False when nothing runs."""
+
+    def step(s: Session) -> bool:
+        busy = s.execute(select(Wake.id, Wake.state).where(
+            Wake.host == st.host,
+            Wake.state.in_((WakeState.spawning, WakeState.checking, WakeState.reaping)))).first()
+        if busy is not None:
+            raise Poke(f"waiting for wake #{busy.id} ({busy.state.value}) to settle")
+        now = utcnow()
+        for state in (WakeState.queued, WakeState.leased):  # a wake requested after the stop
+            move_many(s, Wake, [Wake.host == st.host],
+                      {"state": WakeState.cancelled, "ended_at": now,
+                       "reason": "cancelled by a stop"},
+                      f"wakes of {st.host} cancelled", fence=BY_STATE, col="state", frm=state)
+        _cancel_queued(s, st.host, now)
+        # The barrier: attempts in flight see this stop at their next gate and end;
+        # members must all leave (proven) before the current generation is stopped.
+        attempt = s.execute(select(Attempt.id, Attempt.step).where(
+            Attempt.host == st.host, Attempt.outcome.is_(None))).first()
+        if attempt is not None:
+            raise Poke(f"waiting for attempt #{attempt.id} ({attempt.step.value}) to end")
+        member = s.execute(select(Member.generation_id).where(Member.host == st.host)).first()
+        if member is not None:
+            raise Poke(f"waiting for member g{member.generation_id} to be proven gone")
+        gen = s.execute(select(Generation).where(Generation.host == st.host,
+                                                 Generation.state == GenState.current)).scalar_one_or_none()
+        if gen is None:
+            move(s, Stop, st.id, {"state": StopState.done, "ended_at": now,
+                                               "reason": "nothing was running"},
+                 f"stop #{st.id}", fence=BY_STATE, col="state", frm=StopState.queued)
+            emit(s, "stopped", st.host, reason="nothing was running")
+            owe_release(s, ctx, st.host)
+            return False
+        fence = held_fence(s, ctx, st.host)
+        if fence is None:
+            raise Poke(f"this agent does not hold the lease of {st.host}")
+        move(s, Generation, gen.id,
+             {"state": GenState.retiring, "end_reason": "stopped"},
+             f"generation g{gen.id} current -> retiring", fence=Fence(st.host, ctx.agent_id, fence), col="state",
+             frm=GenState.current)
+        move(s, Stop, st.id,
+             {"state": StopState.signalled, "generation_id": gen.id, "fence": fence,
+              "signalled_at": now}, f"stop #{st.id} queued -> signalled",
+             fence=BY_STATE, col="state", frm=StopState.queued)
+        return True
+
+    signalled = ctx.store.write(step)
+    if signalled:
+        crashpoint(INTENT)
+    return signalled
+
+
+def _finish(ctx: Context, st: Stop) -> Result:
+    gen = ctx.store.read(lambda s: s.get(Generation, st.generation_id))
+    if gen is None or st.signalled_at is None:
+        raise BrokenInvariant("gen or st.signalled_at is missing")
+    if gen.socket:
+        ctx.files.remove_link(ctx.link_for(st.host), only_if_target=gen.socket)
+        crashpoint(UNLINKED)
+    if gen.state is not GenState.proven:
+        host = ctx.store.read(lambda s: s.get(Host, st.host))
+        if host is None:
+            raise BrokenInvariant("host is missing")
+        # The drain deadline is measured from the first SIGTERM, so a retry after a
+        # restart does not grant the app a second full drain.
+        drain_until = _epoch(st) + host.drain_timeout
+        problem = end_generation(ctx, gen, drain_until=drain_until, points=(TERMED, KILLED))
+        if problem is not None:
+            raise Poke(problem)
+
+    def step(s: Session) -> None:
+        if s.get(Generation, gen.id).state is GenState.retiring:  # type: ignore[union-attr]
+            mark_proven(s, gen.id, "stopped")
+        move(s, Stop, st.id, {"state": StopState.done, "ended_at": utcnow()},
+             f"stop #{st.id} signalled -> done", fence=BY_STATE, col="state",
+             frm=StopState.signalled)
+        emit(s, "stopped", st.host, gen.id, pid=gen.pid)
+        owe_release(s, ctx, st.host)
+
+    ctx.store.write(step)
+    ctx.proc.release(ref_of(gen))
+    crashpoint(PROVEN)
+    release_owed(ctx, st.host)
+    return Result.progress
+
+
+def _epoch(st: Stop) -> float:
+    if st.signalled_at is None:
+        raise BrokenInvariant("st.signalled_at is missing")
+    return st.signalled_at.replace(tzinfo=UTC).timestamp()

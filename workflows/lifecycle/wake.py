@@ -1,0 +1,429 @@
+"""Wake: lease, prove no leftover, spawn on its own socket, health, make current, link.
+
+Each step is one short transaction guarded by the expected state and the lease fence;
+the generation row (write-ahead intent) exists before anything is exec'd. A failed wake
+is first written `unproven` (it keeps the lease and refuses new wakes), then killed and
+proven; only the proof closes it and owes the lease back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Integer, bindparam, func, select
+from sqlalchemy.orm import Session
+
+from models.errors import BrokenInvariant, NotFound, Refused
+from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, WakeState
+from models.store import emit, utcnow
+from models.tables import Build, Generation, Host, Lease, Stop, Wake
+from models.transition import Fence, Unfenced, move, move_many
+from workflows.base.context import Context, Poke, Result
+from workflows.base.crash import crashpoint, define
+from workflows.base.lookups import open_stop
+from workflows.base.ports import SpawnError
+from workflows.base.queue import enqueue_wake
+from workflows.builds.staged import mark_published
+from workflows.generations.access import grant_socket
+from workflows.generations.create import intend, launch, record
+from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
+from workflows.generations.listeners import refuse_if_lost
+from workflows.generations.readiness import ready_problem
+from workflows.leases.lease import Holding, acquire, owe_release, release_owed
+from workflows.lifecycle.workers import (
+    COALESCED,
+    after_failed_start,
+    clean_wake,
+    coalesce,
+    settle_one_shot,
+    staged_problem,
+)
+
+# Moves that carry no lease fence, each with the reason it needs none.
+OPERATOR = Unfenced("an operator's intent (vigil wake), written by the CLI before any lease")
+BY_STATE = Unfenced("the wake's own state guards it (a queued wake has no fence yet)")
+
+LEASED = define("wake.leased", "the lease is taken and its fence written on the wake")
+INTENT = define("wake.intent", "the generation row is written (spawning); nothing exec'd yet")
+SPAWNED = define("wake.spawned", "the build is exec'd; its pid is not recorded yet")
+RECORDED = define("wake.recorded", "pid and create_time are recorded; health not checked yet")
+CURRENT = define("wake.current", "the generation is current; the canonical link not repointed yet")
+FAILING = define("wake.failing", "the failed wake is written unproven; its processes not killed yet")
+KILLED = define("wake.killed", "the failed generation was sent SIGKILL; no proof written yet")
+PROVEN = define("wake.proven", "the failed generation is proven gone and the lease release owed")
+REAPING = define("wake.reaping", "an interrupted wake is written reaping; nothing killed yet")
+REAPED = define("wake.reaped", "the interrupted generation is proven; the wake is back to leased")
+
+
+@dataclass(frozen=True)
+class WakeRequest:
+    id: int | None  # None: the host is already awake, nothing was queued
+    state: str
+
+
+# The statements a wake runs every time, built once (building one cost more than running it).
+_WAKE = select(Wake).where(Wake.id == bindparam("id"))
+_UNPROVEN = select(Wake).where(Wake.host == bindparam("host"),
+                               Wake.state == WakeState.unproven).limit(1)
+# (Table columns, not the mapped ones: no ORM bookkeeping for a plain row.)
+_G = Generation.__table__.c
+_CURRENT = select(_G.id).where(_G.host == bindparam("host"), _G.state == GenState.current)
+# A start's host and the build it execs: a worker's restart, recycle or converge names its
+# build (`pinned`); anything else starts the host's.
+_HOST_BUILD = select(Host, Build).join(
+    Build, Build.id == func.coalesce(bindparam("pinned", type_=Integer), Host.build_id)
+).where(Host.name == bindparam("name"))
+_H, _L, _S, _W = Host.__table__.c, Lease.__table__.c, Stop.__table__.c, Wake.__table__.c
+
+
+def _first(col: object, *where: object) -> object:
+    return select(col).where(*where).order_by(col).limit(1).scalar_subquery()  # type: ignore[arg-type]
+
+
+# Everything a start checks before it leases, in one read (a query each cost more than the
+# checks): the host's lease, fence counter and placement; an open stop, an unproven wake,
+# a current generation, any generation not proven gone.
+_BEFORE_START = select(
+    _H.fence_seq, _H.box, _L.holder, _L.fence, _L.expires_at,
+    _first(_S.id, _S.host == _H.name, _S.state.in_(OPEN_STOP)).label("stop"),  # type: ignore[attr-defined]
+    _first(_W.id, _W.host == _H.name, _W.state == WakeState.unproven).label("unproven"),  # type: ignore[attr-defined]
+    _first(_G.id, _G.host == _H.name, _G.state == GenState.current).label("current"),  # type: ignore[attr-defined]
+    _first(_G.id, _G.host == _H.name, _G.state.in_(LIVE_GEN)).label("live"),  # type: ignore[attr-defined]
+).select_from(Host.__table__.outerjoin(Lease.__table__, _L.host == _H.name)).where(
+    _H.name == bindparam("host"))
+_GEN_STATE = select(_G.state).where(_G.id == bindparam("id"))
+
+
+def _wake(s: Session, wake_id: int) -> Wake | None:
+    return s.execute(_WAKE, {"id": wake_id}).scalar_one_or_none()
+
+
+def unproven_wake(s: Session, host: str) -> Wake | None:
+    return s.execute(_UNPROVEN, {"host": host}).scalar_one_or_none()
+
+
+def refuse_if_unproven(s: Session, host: str) -> None:
+    w = unproven_wake(s, host)
+    if w is not None:
+        gen = s.get(Generation, w.generation_id) if w.generation_id else None
+        pid = f" (pid {gen.pid})" if gen is not None and gen.pid else ""
+        raise Refused(
+            f"host {host}: the last wake failed and generation g{w.generation_id}{pid} is not "
+            f"proven gone ({w.last_error or w.reason})",
+            "the agent keeps retrying the proof: watch `vigil obligations`; if the process "
+            "is stuck, end it yourself",
+        )
+
+
+def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
+    """The CLI's intent (one transaction): refused while a failed wake is unproven."""
+    h = s.get(Host, host)
+    if h is None:
+        raise NotFound(f"no host named {host!r}", "see `vigil host list`, or add it with `vigil host add`")
+    refuse_if_unproven(s, host)
+    refuse_if_lost(s, host)
+    move_many(s, Host, [Host.name == host], {"desired": Desired.up}, f"host {host} up",
+              fence=OPERATOR, col="desired", frm=tuple(Desired))
+    open_wake = s.execute(select(Wake).where(Wake.host == host, Wake.state.in_(OPEN_WAKE))
+                          .order_by(Wake.id).limit(1)).scalar_one_or_none()
+    if open_wake is not None:
+        return WakeRequest(open_wake.id, open_wake.state.value)
+    stopping = open_stop(s, host)
+    current = s.execute(_CURRENT, {"host": host}).first()
+    if current is not None and stopping is None:
+        return WakeRequest(None, "awake")
+    w = enqueue_wake(s, host, cause)
+    s.flush()
+    emit(s, "wake_requested", host, wake=w.id, cause=cause)
+    return WakeRequest(w.id, w.state.value)
+
+
+def drive_wake(ctx: Context, wake_id: int) -> Result:
+    """Advance one wake as far as it can go now."""
+    started = _start(ctx, wake_id)  # the usual case, queued or leased: read in the start's commit
+    if started is not None:
+        return started
+    w = ctx.store.read(lambda s: _wake(s, wake_id))
+    if w is None or w.state not in OPEN_WAKE:
+        return Result.gone
+    if w.state in (WakeState.spawning, WakeState.checking):
+        # Found mid-flight by a driver that did not start it: the agent died (or a step
+        # failed) between spawn and current. Whatever ran is ended, then the wake retried.
+        _to_reaping(ctx, w)
+        w = ctx.store.read(lambda s: _wake(s, wake_id))
+    if w.state is WakeState.unproven:
+        return _prove_failed(ctx, w)
+    if w.state is WakeState.reaping:
+        _reap(ctx, w)
+        w = ctx.store.read(lambda s: _wake(s, wake_id))
+    if w.state in (WakeState.queued, WakeState.leased):
+        return _start(ctx, wake_id) or Result.progress
+    return Result.progress
+
+
+@dataclass
+class _Intent:
+    wake: Wake  # as written (leased, or spawning with its generation)
+    fresh: bool  # it was queued: this commit leased it
+    host: Host | None = None
+    build: Build | None = None
+    gen: Generation | None = None  # None: nothing written past the lease
+    why_not: str | None = None  # a leftover to wait for (Poke)
+    refusal: str | None = None  # the staged build cannot run
+
+
+def _lease(s: Session, ctx: Context, w: Wake, fence: int) -> None:
+    move(s, Wake, w.id, {"state": WakeState.leased, "fence": fence, "attempts": 0},
+         f"wake #{w.id} queued -> leased", fence=Fence(w.host, ctx.agent_id, fence),
+         col="state", frm=WakeState.queued)
+
+
+def _start(ctx: Context, wake_id: int) -> Result | None:
+    """(queued ->) leased -> spawning -> checking -> done, or -> unproven on the build's
+    failure. The wake is read, checked, leased (if queued) and its generation's intent
+    written in one commit (one fsync before the exec); the lease alone commits when the
+    start cannot go on (a leftover to wait for, a build that cannot run). None: the wake
+    is in a state no start begins from (the caller looks at it)."""
+    coalesced: list[int] = []
+    elsewhere: list[bool] = []
+
+    def intent(s: Session) -> _Intent | Result:
+        w = _wake(s, wake_id)
+        if w is None or w.state not in OPEN_WAKE:
+            return Result.gone
+        if w.state not in (WakeState.queued, WakeState.leased):
+            elsewhere.append(True)
+            return Result.progress
+        if ctx.shutting_down.is_set():
+            raise Poke("agent shutting down")
+        fresh = w.state is WakeState.queued
+        seen = s.execute(_BEFORE_START, {"host": w.host}).first()
+        if seen is None:
+            raise BrokenInvariant(f"host {w.host} of wake #{w.id} is missing")
+        if fresh:
+            if seen.stop is not None:
+                raise Poke(f"waiting for stop #{seen.stop} of {w.host} to finish")
+            if coalesce(s, w) is not None:  # a worker's own start yields to a queued release
+                coalesced.append(w.id)
+                return Result.progress
+            if seen.unproven is not None:
+                move(s, Wake, w.id, {"state": WakeState.failed, "ended_at": utcnow(),
+                                     "reason": "refused: an earlier failed wake is unproven"},
+                     f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
+                return Result.progress
+            if seen.current is not None:
+                move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow(),
+                                     "generation_id": seen.current, "reason": "already awake"},
+                     f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
+                return Result.progress
+            lease = None if seen.holder is None else seen
+            fence = acquire(s, ctx, w.host, Holding(lease, seen.fence_seq, seen.box))
+        elif w.fence is None:
+            raise BrokenInvariant("w.fence is missing")
+        else:
+            fence = w.fence
+        # No leftover process before anything new is spawned.
+        if seen.live is not None:
+            state = s.execute(_GEN_STATE, {"id": seen.live}).scalar()
+            why = f"generation g{seen.live} of {w.host} is {getattr(state, 'value', state)}, not proven gone"
+            if not fresh:
+                raise Poke(why)
+            _lease(s, ctx, w, fence)
+            return _Intent(w, fresh, why_not=why)
+        host, build = s.execute(_HOST_BUILD, {"pinned": w.build_id, "name": w.host}).one()
+        refusal = staged_problem(ctx, build, host.kind)
+        if refusal is not None:
+            if fresh:
+                _lease(s, ctx, w, fence)
+            return _Intent(w, fresh, host, build, refusal=refusal)
+        g = intend(s, ctx, host, build.id, fence)
+        # Publish before exec: the build is referenced in the store before any of it runs.
+        mark_published(s, build.id, seen=build)
+        values = {"state": WakeState.spawning, "generation_id": g.id}
+        if fresh:  # leased in this same commit
+            values.update(fence=fence, attempts=0)
+        move(s, Wake, w.id, values, f"wake #{w.id} {w.state.value} -> spawning",
+             fence=Fence(w.host, ctx.agent_id, fence), col="state", frm=w.state)
+        return _Intent(w, fresh, host, build, g)
+
+    it = ctx.store.write(intent)
+    if coalesced:
+        crashpoint(COALESCED)
+    if elsewhere:
+        return None
+    if not isinstance(it, _Intent):
+        return it
+    if it.fresh:
+        crashpoint(LEASED)
+    if it.why_not is not None:
+        raise Poke(it.why_not)
+    if it.refusal is not None:
+        return _refuse_build(ctx, it.wake, it.refusal)
+    w, host, build, gen = it.wake, it.host, it.build, it.gen
+    if host is None or build is None or gen is None or w.fence is None:
+        raise BrokenInvariant("the start's intent is incomplete")
+    ours = Fence(w.host, ctx.agent_id, w.fence)  # every move of this start, and its generation's
+    crashpoint(INTENT)
+    try:
+        spawned = launch(ctx, host, build, gen)
+    except SpawnError as exc:  # it did not start
+        return _fail(ctx, w, gen, WakeState.spawning, GenState.spawning, f"spawn failed: {exc}")
+    crashpoint(SPAWNED)
+
+    def recorded(s: Session) -> None:
+        record(s, gen, spawned, ours)
+        move(s, Wake, w.id,
+             {"state": WakeState.checking}, f"wake #{w.id} spawning -> checking",
+             fence=ours, col="state", frm=WakeState.spawning)
+
+    def current(s: Session) -> None:
+        move(s, Generation, gen.id,
+             {"state": GenState.current, "current_at": utcnow()},
+             f"generation g{gen.id} running -> current", fence=ours, col="state",
+             frm=GenState.running)
+        move(s, Wake, w.id,
+             {"state": WakeState.done, "ended_at": utcnow()},
+             f"wake #{w.id} checking -> done", fence=ours, col="state",
+             frm=WakeState.checking)
+        emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
+
+    def recorded_current(s: Session) -> None:
+        # A worker has no health check: its pid and its being current go in one commit,
+        # one move each for the generation and the wake.
+        move(s, Generation, gen.id,
+             {"state": GenState.current, "pid": spawned.pid, "create_time": spawned.create_time,
+              "current_at": utcnow()},
+             f"generation g{gen.id} spawning -> current", fence=ours, col="state",
+             frm=GenState.spawning)
+        move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow()},
+             f"wake #{w.id} spawning -> done", fence=ours, col="state", frm=WakeState.spawning)
+        emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
+
+    gen.pid, gen.create_time = spawned.pid, spawned.create_time
+    ref = ref_of(gen)
+    if always_on(host, gen) and ctx.proc.leader_alive(ref):
+        ctx.store.write(recorded_current)
+        crashpoint(RECORDED)
+        crashpoint(CURRENT)
+        return Result.progress
+    ctx.store.write(recorded)
+    crashpoint(RECORDED)
+    if host.kind is HostKind.instance:
+        problem = ready_problem(ctx, host, gen)
+    elif host.one_shot:
+        code = settle_one_shot(ctx, ref)
+        if code == 0:
+            clean_wake(ctx, w, gen)
+            return Result.progress
+        problem = None if code is None else f"one-shot run exited with status {code}"
+    else:
+        problem = None if ctx.proc.leader_alive(ref) else "worker exited right after its start"
+    if problem is None and gen.socket:
+        problem = grant_socket(ctx, host, gen.socket)  # before it is current and linked
+    if problem is not None:
+        return _fail(ctx, w, gen, WakeState.checking, GenState.running, problem)
+
+    ctx.store.write(current)
+    crashpoint(CURRENT)
+    if gen.socket:
+        ctx.files.point_link(ctx.link_for(w.host), gen.socket)
+    return Result.progress
+
+
+def always_on(host: Host, gen: Generation) -> bool:
+    """A worker that is not a one-shot: nothing to check beyond its leader being alive."""
+    return host.kind is HostKind.worker and not host.one_shot
+
+
+def _refuse_build(ctx: Context, w: Wake, reason: str) -> Result:
+    """Nothing ran: the wake fails at once and the lease is owed back."""
+
+    def step(s: Session) -> None:
+        move(s, Wake, w.id, {"state": WakeState.failed, "reason": reason,
+                                          "ended_at": utcnow()},
+             f"wake #{w.id} leased -> failed", fence=BY_STATE, col="state", frm=WakeState.leased)
+        emit(s, "wake_failed", w.host, reason=reason, executed=False)
+        owe_release(s, ctx, w.host)
+
+    ctx.store.write(step)
+    release_owed(ctx, w.host)
+    return Result.progress
+
+
+def _fail(ctx: Context, w: Wake, gen: Generation, wake_from: WakeState, gen_from: GenState,
+          reason: str) -> Result:
+    """Write the failure first (unproven: keeps the lease, refuses wakes), then kill, prove."""
+
+    def step(s: Session) -> None:
+        mark_retiring(s, gen.id, gen_from, reason)
+        move(s, Wake, w.id,
+             {"state": WakeState.unproven, "reason": reason, "last_error": reason,
+              "since": utcnow()},
+             f"wake #{w.id} -> unproven", fence=Fence(w.host, ctx.agent_id, w.fence or 0), col="state", frm=wake_from)
+        emit(s, "wake_failed", w.host, gen.id, reason=reason)
+
+    ctx.store.write(step)
+    crashpoint(FAILING)
+    w2 = ctx.store.read(lambda s: s.get(Wake, w.id))
+    return _prove_failed(ctx, w2)
+
+
+def _prove_failed(ctx: Context, w: Wake) -> Result:
+    gen = ctx.store.read(lambda s: s.get(Generation, w.generation_id))
+    if gen is None:
+        raise BrokenInvariant("gen is missing")
+    if gen.state is not GenState.proven:
+        problem = end_generation(ctx, gen, drain_until=None, points=(None, KILLED))
+        if problem is not None:
+            raise Poke(problem)
+
+    def step(s: Session) -> None:
+        if s.get(Generation, gen.id).state is not GenState.proven:  # type: ignore[union-attr]
+            mark_proven(s, gen.id)
+        move(s, Wake, w.id, {"state": WakeState.failed, "ended_at": utcnow()},
+             f"wake #{w.id} unproven -> failed", fence=BY_STATE, col="state",
+             frm=WakeState.unproven)
+        emit(s, "proven", w.host, gen.id, after="failed wake")
+        after_failed_start(s, w)
+        owe_release(s, ctx, w.host)
+
+    ctx.store.write(step)
+    ctx.proc.release(ref_of(gen))
+    crashpoint(PROVEN)
+    release_owed(ctx, w.host)
+    return Result.progress
+
+
+def _to_reaping(ctx: Context, w: Wake) -> None:
+    def step(s: Session) -> None:
+        gen = s.get(Generation, w.generation_id) if w.generation_id else None
+        if gen is not None and gen.state in (GenState.spawning, GenState.running):
+            mark_retiring(s, gen.id, gen.state, "wake interrupted before it was current")
+        move(s, Wake, w.id, {"state": WakeState.reaping},
+             f"wake #{w.id} {w.state.value} -> reaping", fence=BY_STATE, col="state",
+             frm=w.state)
+        emit(s, "wake_interrupted", w.host, w.generation_id, step=w.state.value)
+
+    ctx.store.write(step)
+    crashpoint(REAPING)
+
+
+def _reap(ctx: Context, w: Wake) -> None:
+    """End the interrupted generation, then send the wake back to leased to try again."""
+    gen = ctx.store.read(lambda s: s.get(Generation, w.generation_id)) if w.generation_id else None
+    if gen is not None and gen.state is not GenState.proven:
+        problem = end_generation(ctx, gen, drain_until=None)
+        if problem is not None:
+            raise Poke(problem)
+
+    def step(s: Session) -> None:
+        if gen is not None and s.get(Generation, gen.id).state is GenState.retiring:  # type: ignore[union-attr]
+            mark_proven(s, gen.id, "wake interrupted before it was current")
+        move(s, Wake, w.id, {"state": WakeState.leased, "attempts": 0},
+             f"wake #{w.id} reaping -> leased", fence=BY_STATE, col="state",
+             frm=WakeState.reaping)
+
+    ctx.store.write(step)
+    if gen is not None:
+        ctx.proc.release(ref_of(gen))
+    crashpoint(REAPED)

@@ -1,0 +1,1 @@
+"""Rollouts: one build to many hosts in waves. Imports deploys and below."""
