@@ -37,6 +37,8 @@ def run_migrations_online() -> None:
     if given is None:
         url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option(
             "sqlalchemy.url")
+        if not url:
+            raise RuntimeError("no database URL: pass -x url=URL or set sqlalchemy.url")
         given = create_engine(url)
     # An Engine, or anything whose connect() gives a Connection: the migrations are
     # committed on that connection, unless it came inside its caller's transaction.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from typing import ClassVar
 
 from sqlalchemy import (
     BigInteger,
@@ -69,6 +70,7 @@ def state_enum(cls: type[enum.Enum], name: str) -> Enum:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+    __table__: ClassVar[Table]  # every model here maps one Table (for Core statements on it)
 
 
 class RetryColumns:

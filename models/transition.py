@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, exists, update
+from sqlalchemy import CursorResult, Result, bindparam, exists, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
@@ -22,6 +22,14 @@ from sqlalchemy.orm.util import identity_key
 from models.errors import IllegalTransition, LostRace
 from models.states import allowed
 from models.tables import Lease
+
+
+def affected(result: Result[Any]) -> int:
+    """Rows an UPDATE or DELETE matched (a DML statement's result is a CursorResult, which
+    SQLAlchemy's types for Session.execute do not say)."""
+    if not isinstance(result, CursorResult):
+        raise TypeError("affected() takes the result of an UPDATE or DELETE")
+    return int(result.rowcount)
 
 
 @dataclass(frozen=True)
@@ -129,9 +137,9 @@ def move(session: Session, model: Any, where: list[Any] | dict[str, Any] | int |
         stmt, params = _equalities(model, where, values, what, fence, col, frm)  # checks first
         session.flush()  # as the ORM form autoflushes: the fence's lease may be pending
         result = session.execute(stmt, params)
-        if result.rowcount == 1:  # type: ignore[attr-defined]
+        if affected(result) == 1:
             _synchronize(session, model, where, values)
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    if affected(result) != 1:
         raise LostRace(what)
 
 
@@ -174,4 +182,4 @@ def move_many(session: Session, model: Any, where: list[Any], values: dict[str, 
     statement. A row that fails its guard is left as it is. Returns how many moved."""
     stmt = _statement(model, where, values, what, fence, col, frm)
     result = session.execute(stmt)
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return affected(result)

@@ -66,9 +66,9 @@ def diagnose(exc: BaseException) -> Trouble | None:
                 return Trouble(kind, one_line(orig))
         return None
     if isinstance(orig, OSError):
-        kind = _OS_ERRNOS.get(orig.errno or 0)
+        os_kind = _OS_ERRNOS.get(orig.errno or 0)
         path = orig.filename2 or orig.filename
-        return Trouble(kind, one_line(orig), str(path) if path else None) if kind else None
+        return Trouble(os_kind, one_line(orig), str(path) if path else None) if os_kind else None
     return _postgresql(orig)
 
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from sqlalchemy import select
@@ -43,6 +43,9 @@ from runners.keepers.fencekeeper import keeper_pid, write_fence
 from workflows.base.context import Context, Poke
 from workflows.base.ports import ProcRef, Spawned, SpawnSpec
 from workflows.leases import placement
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger("vigil.fencing")
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,8 +174,10 @@ class FenceGuard:
         hosts = sorted({g["host"] for g in lost})
         log.warning("self-fenced hosts=%s: their leases are lost", ",".join(hosts))
         try:
-            self.ctx.store.write(lambda s: [emit(s, "self_fenced", h, agent=self.ctx.agent_id)
-                                            for h in hosts])
+            def record(s: Session) -> None:
+                for h in hosts:
+                    emit(s, "self_fenced", h, agent=self.ctx.agent_id)
+            self.ctx.store.write(record)
         except Exception:
             pass  # the event is advisory
 

@@ -25,8 +25,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from models.store import Store, emit
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger("vigil.readiness")
 
@@ -172,8 +176,10 @@ class Readiness:
                     w.status, w.status_at = text, now
                     events.append(("app_status", {"pid": pid, "status": text[:500]}))
         if events:
-            self.store.write(lambda s: [emit(s, kind, w.host, w.generation_id, **detail)
-                                        for kind, detail in events])
+            def record(s: Session) -> None:
+                for kind, detail in events:
+                    emit(s, kind, w.host, w.generation_id, **detail)
+            self.store.write(record)
 
     # -- exec --------------------------------------------------------------------------------
     def run_probe(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,

@@ -298,10 +298,10 @@ def load(path: str) -> list[HostSpec]:
         specs.append(HostSpec(name=name, build=str(src.absolute()), fields=fields,
                               listens=listens))
     seen: dict[str, str] = {}
-    for spec in specs:
-        for a in spec.listens:
+    for host_spec in specs:
+        for a in host_spec.listens:
             if a.address in seen:
-                raise bad(spec.name, LISTEN, f"{a.address} is also host {seen[a.address]}'s "
+                raise bad(host_spec.name, LISTEN, f"{a.address} is also host {seen[a.address]}'s "
                           "listener", "give each host its own address")
-            seen[a.address] = spec.name
+            seen[a.address] = host_spec.name
     return specs

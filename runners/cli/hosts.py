@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -176,8 +177,8 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
         click.echo("dry run: nothing changed")
         return
     keep = {c.host for c in changes if c.action != "remove"}
-    done = [store.write(lambda s, w=w: apply_host(s, w)) for w in wanted(stage=True)]
-    done += [store.write(lambda s, n=c.host: remove_absent(s, n))
+    done = [store.write(partial(apply_host, w=w)) for w in wanted(stage=True)]
+    done += [store.write(partial(remove_absent, name=c.host))
              for c in changes if c.host not in keep]
     for c in done:
         click.echo(c.line())

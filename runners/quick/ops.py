@@ -116,7 +116,8 @@ def obligations(store: Store) -> list[dict[str, Any]]:
 
 def last_event(store: Store) -> int:
     """The newest event's id (0: none): where a --wait starts looking for its events."""
-    return store.read(lambda s: s.execute(select(func.coalesce(func.max(Event.id), 0))).scalar())
+    return int(store.read(lambda s: s.execute(select(func.coalesce(func.max(Event.id), 0)))
+                          .scalar_one()))
 
 
 def row_progress(store: Store, kind: str, row_id: int) -> dict[str, Any]:

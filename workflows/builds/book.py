@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from models.states import IN_FLIGHT, OPEN_ROLLOUT, Cause, Outcome
 from models.store import emit, utcnow
 from models.tables import Attempt, HeldBuild, Rollout, RolloutTarget
+from models.transition import affected
 
 _T = RolloutTarget.__table__.c
 _R = Rollout.__table__
@@ -58,8 +59,8 @@ def hold_down(s: Session, a: Attempt, reason: str) -> None:
 
 def lift(s: Session, host: str, build_id: int, why: str) -> bool:
     """The build is no longer held down on the host. True when it was."""
-    gone = s.execute(delete(HeldBuild).where(HeldBuild.host == host,
-                                             HeldBuild.build_id == build_id)).rowcount
+    gone = affected(s.execute(delete(HeldBuild).where(HeldBuild.host == host,
+                                                      HeldBuild.build_id == build_id)))
     if gone:
         emit(s, "hold_lifted", host, build_id=build_id, reason=why)
     return bool(gone)

@@ -26,7 +26,7 @@ def mark_published(s: Session, build_id: int, seen: Build | None = None) -> None
 def referenced_ids(s: Session) -> set[int]:
     """A host's configured build, any generation not proven gone, any open attempt, any
     open wake's pinned build."""
-    ids = set(s.execute(select(Host.build_id)).scalars())
+    ids: set[int | None] = set(s.execute(select(Host.build_id)).scalars())
     ids |= set(s.execute(select(Generation.build_id).where(
         Generation.state != GenState.proven)).scalars())
     ids |= set(s.execute(select(Attempt.build_id).where(Attempt.outcome.is_(None))).scalars())
@@ -38,7 +38,7 @@ def referenced_ids(s: Session) -> set[int]:
     ids |= set(s.execute(select(RolloutTarget.from_build_id).join(
         Rollout, Rollout.id == RolloutTarget.rollout_id).where(
         Rollout.state.in_(OPEN_ROLLOUT), RolloutTarget.from_build_id.is_not(None))).scalars())
-    return ids
+    return {i for i in ids if i is not None}
 
 
 def unreferenced(s: Session) -> list[Build]:

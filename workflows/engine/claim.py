@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from models.store import utcnow
 from models.tables import Lease
+from models.transition import affected
 from workflows.base.context import Context
 
 CLAIM_HOLD = 30.0
@@ -68,7 +69,7 @@ def release_claims(ctx: Context) -> int:
             if k.open is not None:
                 where.append(or_(k.open))
             r = s.execute(update(k.model).where(*where).values(next_attempt_at=now))
-            n += int(r.rowcount)  # type: ignore[attr-defined]
+            n += affected(r)
         return n
 
     return ctx.store.write(step)

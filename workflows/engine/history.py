@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, delete, exists, func, not_, or_, select
@@ -30,6 +31,7 @@ from sqlalchemy.orm import Session
 from models.states import OPEN_STOP, OPEN_WAKE, GenState
 from models.store import Store, utcnow
 from models.tables import Attempt, Event, Generation, Member, Stop, Wake
+from models.transition import affected
 
 KEEP_DAYS = 30  # default of `--keep-history`
 KEEP_LAST = 20  # default of `--keep-last`
@@ -107,7 +109,7 @@ def prunable(keep: Keep, now: datetime, *, ahead: bool = False
 def prune_batch(s: Session, table: Any, where: list[ColumnElement[bool]], limit: int) -> int:
     """One statement: delete up to `limit` of the oldest rows that meet `where`."""
     ids = select(table.c.id).where(and_(*where)).order_by(table.c.id).limit(limit)
-    return s.execute(delete(table).where(table.c.id.in_(ids))).rowcount or 0
+    return affected(s.execute(delete(table).where(table.c.id.in_(ids))))
 
 
 def count(s: Session, keep: Keep, now: datetime | None = None) -> dict[str, int]:
@@ -128,7 +130,7 @@ def prune(store: Store, keep: Keep, *, batch: int = BATCH, max_batches: int | No
         done[name] = 0
         n = 0
         while go_on() and (max_batches is None or n < max_batches):
-            deleted = store.write(lambda s, t=table, w=where: prune_batch(s, t, w, batch))
+            deleted = store.write(partial(prune_batch, table=table, where=where, limit=batch))
             done[name] += deleted
             n += 1
             if deleted < batch:

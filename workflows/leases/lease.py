@@ -24,7 +24,7 @@ from models.tables import (
     Stop,
     Wake,
 )
-from models.transition import Unfenced, move
+from models.transition import Unfenced, affected, move
 from workflows.base.context import Context, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import lease_of
@@ -66,11 +66,12 @@ def acquire(s: Session, ctx: Context, host: str, known: Holding | None = None) -
         lease, seq, placed = known.lease, known.fence_seq, known.box
     if not placement.may_hold(placed, ctx.agent_id):
         raise Poke(f"host {host} is placed on {placed}, not on this box ({ctx.agent_id})")
-    taking = lease is not None and lease.holder != ctx.agent_id
-    if taking and lease.expires_at > now:
-        raise Poke(f"lease of {host} is held by agent {lease.holder} until {lease.expires_at}")
-    if taking and not placement.may_take_over(placed, ctx.agent_id):
-        raise Poke(f"lease of {host} expired with agent {lease.holder}; only a box the host is "
+    other = lease if lease is not None and lease.holder != ctx.agent_id else None
+    taking = other is not None
+    if other is not None and other.expires_at > now:
+        raise Poke(f"lease of {host} is held by agent {other.holder} until {other.expires_at}")
+    if other is not None and not placement.may_take_over(placed, ctx.agent_id):
+        raise Poke(f"lease of {host} expired with agent {other.holder}; only a box the host is "
                    "placed on takes it over (`vigil host add ... --box BOX`)")
     move(s, Host, {"name": host, "fence_seq": seq}, {"fence_seq": seq + 1},
          f"fence counter of {host}", fence=COUNTER)
@@ -104,7 +105,7 @@ def still_needed(s: Session, host: str) -> str | None:
         Generation.host == host, Generation.state.in_(LIVE_GEN))).first()
     if gen is not None:
         return f"generation g{gen.id} is {gen.state.value}"
-    checks = [
+    checks: list[tuple[Any, Any, str]] = [
         (Wake, Wake.state.in_(OPEN_WAKE), "a wake is open"),
         (Stop, Stop.state.in_(OPEN_STOP), "a stop is open"),
         (Member, None, "its operation set is not empty"),
@@ -216,8 +217,8 @@ def drive_release(ctx: Context, release_id: int) -> Result:
         why = still_needed(s, row.host)
         if why is not None:
             raise Poke(f"lease of {row.host} still needed: {why}")
-        gone = s.execute(delete(Lease).where(Lease.host == row.host, Lease.holder == row.holder,
-                                             Lease.fence == row.fence)).rowcount
+        gone = affected(s.execute(delete(Lease).where(
+            Lease.host == row.host, Lease.holder == row.holder, Lease.fence == row.fence)))
         s.execute(drop)
         if not gone:  # given back meanwhile, with its own event
             return Result.gone
@@ -238,7 +239,7 @@ def renew_in(s: Session, ctx: Context) -> int:
     half = now + timedelta(seconds=ctx.lease_ttl / 2)
     result = s.execute(update(Lease).where(Lease.holder == ctx.agent_id, Lease.expires_at < half)
                        .values(expires_at=expires))
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return affected(result)
 
 
 def renew(ctx: Context) -> int:

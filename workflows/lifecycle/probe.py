@@ -27,6 +27,7 @@ from models.errors import BadInput
 from models.states import GenState, HostKind
 from models.store import emit, utcnow
 from models.tables import Generation, Host, Lease
+from models.transition import affected
 from workflows.base.context import Context
 from workflows.lifecycle.members import retire
 
@@ -150,8 +151,8 @@ class Prober:
                 values["unhealthy_since"] = None
             elif failures == t.after:
                 values["unhealthy_since"] = utcnow()
-            hit = s.execute(update(G).where(G.id == t.gen_id, G.state == GenState.current)
-                            .values(**values)).rowcount
+            hit = affected(s.execute(update(G).where(G.id == t.gen_id, G.state == GenState.current)
+                                     .values(**values)))
             if not hit:
                 return False  # no longer current: the next read drops it
             if problem is None and t.failures >= t.after:

@@ -82,6 +82,8 @@ def drive_stop(ctx: Context, stop_id: int) -> Result:
             release_owed(ctx, st.host)
             return Result.progress
         st = ctx.store.read(lambda s: s.get(Stop, stop_id))
+        if st is None:
+            return Result.gone
     return _finish(ctx, st)
 
 

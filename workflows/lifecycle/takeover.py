@@ -16,6 +16,8 @@ it is ended first anyway (kill and proof); on a real second box the check finds 
 
 from __future__ import annotations
 
+from functools import partial
+
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
@@ -51,17 +53,21 @@ def orphans(ctx: Context) -> list[str]:
     return sorted(h for h, box in rows if placement.may_take_over(box, ctx.agent_id))
 
 
+def _live_generations(s: Session, host: str) -> list[Generation]:
+    return list(s.execute(select(Generation).where(
+        Generation.host == host, Generation.state.in_(LIVE_GEN))).scalars())
+
+
 def take_over(ctx: Context) -> int:
     """Take over every orphaned host; returns how many were taken."""
     taken = 0
     for host in orphans(ctx):
-        gens = ctx.store.read(lambda s, h=host: s.execute(select(Generation).where(
-            Generation.host == h, Generation.state.in_(LIVE_GEN))).scalars().all())
+        gens = ctx.store.read(partial(_live_generations, host=host))
         for g in gens:  # a leader found here: the old box is this very machine
             if ctx.proc.leader_alive(ref_of(g)):
                 end_generation(ctx, g, drain_until=None)
         try:
-            ctx.store.write(lambda s, h=host: _take(s, ctx, h))
+            ctx.store.write(partial(_take, ctx=ctx, host=host))
         except (Poke, LostRace):  # renewed meanwhile, or another box was faster
             continue
         for g in gens:

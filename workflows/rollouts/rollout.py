@@ -353,7 +353,7 @@ def _attempt_of(t: RolloutTarget) -> int | None:
     return t.revert_attempt_id if t.state is TargetState.reverting else t.attempt_id
 
 
-def _attempts(s: Session, ids: list[int | None]) -> dict[int, Attempt]:
+def _attempts(s: Session, ids: list[int | None]) -> dict[int | None, Attempt]:
     wanted = [i for i in ids if i is not None]
     if not wanted:
         return {}
