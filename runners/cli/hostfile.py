@@ -209,8 +209,19 @@ def line_of(text: str, host: str | None, key: str | None) -> int:
     return start + 1
 
 
-def load(path: str) -> list[HostSpec]:
-    """Read and check the whole file; raises BadInput (file:line: key: reason; fix)."""
+@dataclass(frozen=True)
+class _File:
+    """The hosts file being read: where a complaint points (file:line: key)."""
+    path: str
+    text: str
+    base: Path  # relative build paths start here
+
+    def bad(self, host: str | None, key: str | None, reason: str, fix: str) -> BadInput:
+        where = ".".join(p for p in ("hosts" if host else None, host, key) if p) or "hosts"
+        return BadInput(f"{self.path}:{line_of(self.text, host, key)}: {where}: {reason}", fix)
+
+
+def _read(path: str) -> tuple[_File, dict[str, Any]]:
     file = Path(path)
     try:
         raw = file.read_bytes()
@@ -227,81 +238,99 @@ def load(path: str) -> list[HostSpec]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise BadInput(f"{path}: invalid TOML: {exc}", "correct the syntax at that line") from None
-    base = file.absolute().parent
+    return _File(path, text, file.absolute().parent), doc
 
-    def bad(host: str | None, key: str | None, reason: str, fix: str) -> BadInput:
-        where = ".".join(p for p in ("hosts" if host else None, host, key) if p) or "hosts"
-        return BadInput(f"{path}:{line_of(text, host, key)}: {where}: {reason}", fix)
 
+def load(path: str) -> list[HostSpec]:
+    """Read and check the whole file; raises BadInput (file:line: key: reason; fix)."""
+    f, doc = _read(path)
     for top in doc:
         if top != "hosts":
-            raise bad(None, top, "unknown key", "the file holds only [hosts.NAME] tables")
+            raise f.bad(None, top, "unknown key", "the file holds only [hosts.NAME] tables")
     if not isinstance(doc.get("hosts"), dict):
-        raise bad(None, None, "no [hosts] table",
-                  "add a [hosts.NAME] table per host (an empty [hosts] table removes them all)")
-    specs = []
-    for name, table in doc["hosts"].items():
-        if not NAME.fullmatch(name):
-            raise bad(name, None, f"invalid host name {name!r}",
-                      "use 1-63 characters: lowercase letters, digits and '-', not starting with '-'")
-        if not isinstance(table, dict):
-            raise bad(name, None, "must be a table", f'write [hosts.{name}] and its keys below it')
-        for key in table:
-            if key not in (BUILD, LISTEN) and key not in KEYS:
-                raise bad(name, key, "unknown key",
-                          f"the keys are {', '.join([BUILD, LISTEN, *KEYS])}")
-        if BUILD not in table:
-            raise bad(name, None, f"no {BUILD} key", f'add {BUILD} = "path/to/executable"')
-        build = table[BUILD]
-        src = base / build if isinstance(build, str) else None
-        if src is None or not src.is_file() or not os.access(src, os.X_OK):
-            what = "is not a string" if src is None else (
-                "is not executable" if src.is_file() else "is not an existing file")
-            raise bad(name, BUILD, f"{json.dumps(build)} {what}",
-                      "name an executable file (relative paths start at the file's directory)")
-        fields = {}
-        for key, spec in KEYS.items():
-            try:
-                fields[spec.field] = spec.parse(table[key], base) if key in table else spec.default
-            except Invalid as exc:
-                raise bad(name, key, exc.reason, exc.fix) from None
-        if fields["kind"] is not HostKind.worker:
-            for key in WORKER_ONLY:
-                if key in table:
-                    raise bad(name, key, "applies to workers only",
-                              'add kind = "worker", or drop the key')
-        try:
-            check_probe(fields["kind"], fields["health_interval"],
-                        table.get("unhealthy_after"), fields["unhealthy_restart"])
-        except BadInput as exc:
-            raise bad(name, next(k for k in PROBE if k in table), exc.cause,
-                      exc.fix or "") from None
-        if fields["restart_cap"] < fields["restart_floor"]:
-            raise bad(name, "restart_cap" if "restart_cap" in table else "restart_floor",
-                      f"restart_cap {fields['restart_cap']:g} is below restart_floor "
-                      f"{fields['restart_floor']:g}", "give a cap at least as large as the floor")
-        if fields["one_shot"] and fields["max_run"] is not None:
-            raise bad(name, "max_run", "max_run recycles an always-on worker; this one is one_shot",
-                      "drop one of the two")
-        listens = []
-        raw = table.get(LISTEN, [])
-        if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
-            raise bad(name, LISTEN, "must be a list of strings",
-                      'write listen = ["http=tcp:127.0.0.1:8080"]')
-        try:
-            listens = [parse_listen(x, name, label="") for x in raw]
-            if fields["ready"] is None:
-                fields["ready"] = default_ready(listens)
-            check_set(listens, fields["kind"], fields["ready"], label=LISTEN)
-        except BadInput as exc:
-            raise bad(name, LISTEN if LISTEN in table else "ready", exc.cause, exc.fix or "") from None
-        specs.append(HostSpec(name=name, build=str(src.absolute()), fields=fields,
-                              listens=listens))
+        raise f.bad(None, None, "no [hosts] table",
+                    "add a [hosts.NAME] table per host (an empty [hosts] table removes them all)")
+    specs = [_host(f, name, table) for name, table in doc["hosts"].items()]
     seen: dict[str, str] = {}
     for host_spec in specs:
         for a in host_spec.listens:
             if a.address in seen:
-                raise bad(host_spec.name, LISTEN, f"{a.address} is also host {seen[a.address]}'s "
-                          "listener", "give each host its own address")
+                raise f.bad(host_spec.name, LISTEN, f"{a.address} is also host "
+                            f"{seen[a.address]}'s listener", "give each host its own address")
             seen[a.address] = host_spec.name
     return specs
+
+
+def _host(f: _File, name: str, table: Any) -> HostSpec:
+    if not NAME.fullmatch(name):
+        raise f.bad(name, None, f"invalid host name {name!r}",
+                    "use 1-63 characters: lowercase letters, digits and '-', not starting with '-'")
+    if not isinstance(table, dict):
+        raise f.bad(name, None, "must be a table", f'write [hosts.{name}] and its keys below it')
+    for key in table:
+        if key not in (BUILD, LISTEN) and key not in KEYS:
+            raise f.bad(name, key, "unknown key",
+                        f"the keys are {', '.join([BUILD, LISTEN, *KEYS])}")
+    src = _build(f, name, table)
+    fields = _fields(f, name, table)
+    listens = _listens(f, name, table, fields)
+    return HostSpec(name=name, build=str(src.absolute()), fields=fields, listens=listens)
+
+
+def _build(f: _File, name: str, table: dict[str, Any]) -> Path:
+    if BUILD not in table:
+        raise f.bad(name, None, f"no {BUILD} key", f'add {BUILD} = "path/to/executable"')
+    build = table[BUILD]
+    src = f.base / build if isinstance(build, str) else None
+    if src is None or not src.is_file() or not os.access(src, os.X_OK):
+        what = "is not a string" if src is None else (
+            "is not executable" if src.is_file() else "is not an existing file")
+        raise f.bad(name, BUILD, f"{json.dumps(build)} {what}",
+                    "name an executable file (relative paths start at the file's directory)")
+    return src
+
+
+def _fields(f: _File, name: str, table: dict[str, Any]) -> dict[str, Any]:
+    """Every key's value (or its default), then the checks that span several keys."""
+    fields = {}
+    for key, spec in KEYS.items():
+        try:
+            fields[spec.field] = spec.parse(table[key], f.base) if key in table else spec.default
+        except Invalid as exc:
+            raise f.bad(name, key, exc.reason, exc.fix) from None
+    if fields["kind"] is not HostKind.worker:
+        for key in WORKER_ONLY:
+            if key in table:
+                raise f.bad(name, key, "applies to workers only",
+                            'add kind = "worker", or drop the key')
+    try:
+        check_probe(fields["kind"], fields["health_interval"],
+                    table.get("unhealthy_after"), fields["unhealthy_restart"])
+    except BadInput as exc:
+        raise f.bad(name, next(k for k in PROBE if k in table), exc.cause,
+                    exc.fix or "") from None
+    if fields["restart_cap"] < fields["restart_floor"]:
+        raise f.bad(name, "restart_cap" if "restart_cap" in table else "restart_floor",
+                    f"restart_cap {fields['restart_cap']:g} is below restart_floor "
+                    f"{fields['restart_floor']:g}", "give a cap at least as large as the floor")
+    if fields["one_shot"] and fields["max_run"] is not None:
+        raise f.bad(name, "max_run", "max_run recycles an always-on worker; this one is one_shot",
+                    "drop one of the two")
+    return fields
+
+
+def _listens(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any]) -> list[Any]:
+    """The host's listeners; sets its readiness to their default when the file gives none."""
+    raw = table.get(LISTEN, [])
+    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+        raise f.bad(name, LISTEN, "must be a list of strings",
+                    'write listen = ["http=tcp:127.0.0.1:8080"]')
+    try:
+        listens = [parse_listen(x, name, label="") for x in raw]
+        if fields["ready"] is None:
+            fields["ready"] = default_ready(listens)
+        check_set(listens, fields["kind"], fields["ready"], label=LISTEN)
+    except BadInput as exc:
+        raise f.bad(name, LISTEN if LISTEN in table else "ready", exc.cause,
+                    exc.fix or "") from None
+    return listens

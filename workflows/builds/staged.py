@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from models.states import OPEN_ROLLOUT, OPEN_WAKE, GenState
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Rollout, RolloutTarget, Wake
+from workflows.base.context import Context
 
 _B = Build.__table__
 _PUBLISH = update(_B).where(_B.c.id == bindparam("build"), _B.c.published_at.is_(None)
@@ -60,3 +63,22 @@ def collect(s: Session) -> list[Build]:
                   .values(deleted_at=now))
         emit(s, "build_deleted", None, build=b.digest[:12], path=b.path)
     return doomed
+
+
+def staged_problem(ctx: Context, path: str, digest: str, *, executable: bool) -> str | None:
+    """Why a staged build must not be exec'd (nothing of it runs), or None: it lies under the
+    staging root, can be read, its bytes match the digest chosen, and (`executable`: a build
+    vigil execs itself) it may be executed. The one check before every spawn of a build."""
+    fix = "stage it again with `vigil deploy HOST BUILD`"
+    root = os.path.realpath(ctx.state_dir / "builds") + os.sep
+    if not os.path.realpath(path).startswith(root):
+        return f"staged build {path} is outside the staging root {root}: {fix}"
+    try:
+        found = ctx.files.digest(path)
+    except OSError as exc:
+        return f"staged build {path} cannot be read ({exc.strerror}): {fix}"
+    if found != digest:
+        return f"staged build {path} does not match its digest ({found[:16]} != {digest[:16]}): {fix}"
+    if executable and not os.access(path, os.X_OK):
+        return f"staged build {path} is not executable: run `chmod +x {path}`"
+    return None

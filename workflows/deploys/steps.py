@@ -4,7 +4,6 @@ successor and its health check, and ending a retiring generation."""
 
 from __future__ import annotations
 
-import os
 from datetime import UTC
 
 from sqlalchemy import select
@@ -29,7 +28,7 @@ from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import newest_revision, open_stop
 from workflows.base.queue import enqueue_wake
 from workflows.builds.book import attempt_ended
-from workflows.builds.staged import mark_published
+from workflows.builds.staged import mark_published, staged_problem
 from workflows.generations.access import grant_socket
 from workflows.generations.create import launch, record
 from workflows.generations.ending import end_generation, ref_of
@@ -87,16 +86,9 @@ def verify(ctx: Context, a: Attempt) -> Build:
     build = ctx.store.read(lambda s: s.get(Build, a.build_id))
     if build is None:
         raise BrokenInvariant("build is missing")
-    root = os.path.realpath(ctx.state_dir / "builds") + os.sep
-    if not os.path.realpath(build.path).startswith(root):
-        raise Stale(f"build {build.path} is outside the staging root {root}")
-    try:
-        digest = ctx.files.digest(build.path)
-    except OSError as exc:
-        raise Stale(f"staged build {build.path} unreadable: {exc.strerror}") from None
-    if digest != a.digest:
-        raise Stale(f"staged build {build.path} does not match its digest "
-                    f"({digest[:12]} != {a.digest[:12]}); deploy the build again")
+    problem = staged_problem(ctx, build.path, a.digest, executable=False)
+    if problem is not None:
+        raise Stale(problem)
     return build
 
 

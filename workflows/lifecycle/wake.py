@@ -23,7 +23,7 @@ from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import open_stop
 from workflows.base.ports import SpawnError
 from workflows.base.queue import enqueue_wake
-from workflows.builds.staged import mark_published
+from workflows.builds.staged import mark_published, staged_problem
 from workflows.generations.access import grant_socket
 from workflows.generations.create import intend, launch, record
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
@@ -36,7 +36,6 @@ from workflows.lifecycle.workers import (
     clean_wake,
     coalesce,
     settle_one_shot,
-    staged_problem,
 )
 
 # Moves that carry no lease fence, each with the reason it needs none.
@@ -231,7 +230,8 @@ def _start(ctx: Context, wake_id: int) -> Result | None:
             _lease(s, ctx, w, fence)
             return _Intent(w, fresh, why_not=why)
         host, build = s.execute(_HOST_BUILD, {"pinned": w.build_id, "name": w.host}).one()
-        refusal = staged_problem(ctx, build, host.kind)
+        refusal = staged_problem(ctx, build.path, build.digest,
+                                 executable=host.kind is HostKind.worker)
         if refusal is not None:
             if fresh:
                 _lease(s, ctx, w, fence)

@@ -15,7 +15,6 @@ is a success (the build marked good), any other exit the build's failure; no res
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from sqlalchemy import or_, select, update
@@ -192,26 +191,6 @@ def yield_own_starts(s: Session, host: str, cancelled: list[int] | None = None) 
 
 
 # -- staged builds ---------------------------------------------------------------------------
-
-
-def staged_problem(ctx: Context, build: Build, kind: HostKind) -> str | None:
-    """Why the staged build must not be exec'd (nothing runs), or None. Every host: it can
-    be read and matches its digest. Workers also: under the staging root, executable."""
-    fix = "stage it again with `vigil deploy HOST BUILD`"
-    if kind is HostKind.worker:
-        root = os.path.realpath(ctx.state_dir / "builds") + os.sep
-        if not os.path.realpath(build.path).startswith(root):
-            return f"staged build {build.path} is outside the staging root {root}: {fix}"
-    try:
-        digest = ctx.files.digest(build.path)
-    except OSError as exc:
-        return f"staged build {build.path} cannot be read ({exc.strerror}): {fix}"
-    if digest != build.digest:
-        return (f"staged build {build.path} does not match its digest "
-                f"({digest[:16]} != {build.digest[:16]}): {fix}")
-    if kind is HostKind.worker and not os.access(build.path, os.X_OK):
-        return f"staged build {build.path} is not executable: run `chmod +x {build.path}`"
-    return None
 
 
 def mark_good(s: Session, build_id: int) -> None:
