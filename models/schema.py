@@ -29,16 +29,6 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def head_revision() -> str:
-    """Alembic's own head, read from the migration scripts."""
-    from alembic.script import ScriptDirectory
-
-    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
-    if head is None:
-        raise RuntimeError("the migration scripts have no head revision")
-    return head
-
-
 def current_revision(engine: Engine) -> str | None:
     from models.store import read_only
 

@@ -393,8 +393,6 @@ class Event(Base):
     detail: Mapped[str] = mapped_column(Text, default="{}")  # JSON object
 
 
-OBLIGATION_TABLES = (Wake, Stop, Release, Restore, Attempt, Member, Rollout)
-
 # APScheduler 3.11's SQLAlchemyJobStore table (scheduled restarts), column for column as
 # apscheduler/jobstores/sqlalchemy.py defines it. Created by migration 0005, not by the
 # job store (its create-if-missing finds it there).

@@ -13,7 +13,6 @@ import re
 import sys
 from datetime import UTC, datetime
 
-FORMATS = ("text", "json")
 TEXT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
 # key=value where value is a quoted repr ('...' or "...") or runs to the next space.
 PAIR = re.compile(r"""(?:^|\s)([A-Za-z_][\w.]*)=('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\S*)""")

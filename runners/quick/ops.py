@@ -34,13 +34,6 @@ def plain(data: Any) -> Any:
     return json.loads(json.dumps(data, default=str))
 
 
-def _host(s: Any, name: str) -> Host:
-    h = s.get(Host, name)
-    if h is None:
-        raise NotFound(f"no host named {name!r}", "see `vigil host list`")
-    return h
-
-
 # -- intents --------------------------------------------------------------------------------
 
 def wake(store: Store, name: str) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 real store, process backend, health and files, with a double only where the fault cannot be
 caused for real on this box (a kill refused with EPERM to root, a proof that lies, a
 commit that fails). Each test asserts that the obligation stays open while the fault lasts,
-with the pacing of DESIGN §4.11 (attempts 1, 2, 3 ... next try 0.1, 0.2, 0.4 ... s later,
+with the per-row pacing (attempts 1, 2, 3 ... next try 0.1, 0.2, 0.4 ... s later,
 never due before that), and that it finishes once the fault clears, leaving nothing behind.
 """
 

@@ -1,5 +1,5 @@
 """Deploy outcomes through the real CLI and the real agent: each scenario ends with the
-attempt row DESIGN §4 prescribes (outcome, reason, executed, mode, drain), its events, the
+attempt row every deploy writes (outcome, reason, executed, mode, drain), its events, the
 processes proven where they should be, and `vigil check` passing."""
 
 from __future__ import annotations

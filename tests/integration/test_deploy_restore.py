@@ -1,4 +1,4 @@
-"""The parent memory limit around an overlap swap (DESIGN §4 rule 4), driven in-process:
+"""The parent memory limit around an overlap swap, driven in-process:
 the real process backend, health and files, a real SQLite store, and a LimitPort test double
 (no box here has a delegated memory controller, and a failing restore cannot be caused for
 real). The agent is not running; the test drives the workflow steps and the sweep itself."""

@@ -1,4 +1,4 @@
-"""A failed wake whose processes cannot be proven gone (DESIGN §4.2), in-process: the real
+"""A failed wake whose processes cannot be proven gone, in-process: the real
 wake workflow, store and process backend, with only the proof doubled to fail N times.
 The wake stays `unproven`, keeps the lease and refuses new wakes; the sweep retries the
 proof with growing backoff until it holds, then gives the lease back."""

@@ -307,7 +307,7 @@ def test_single_head_and_linear_history() -> None:
 
 
 def test_models_head_constant_is_alembic_head() -> None:
-    assert schema.HEAD == schema.head_revision() == revisions_oldest_first()[-1]
+    assert schema.HEAD == _script().get_current_head() == revisions_oldest_first()[-1]
 
 
 def test_seeds_cover_every_revision() -> None:

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
 from models import schema
 from models.states import GenState, HostKind
 from models.store import Store, prepare_state_dir, utcnow
-from models.tables import OBLIGATION_TABLES, Event, Generation
+from models.tables import Attempt, Event, Generation, Member, Release, Restore, Rollout, Stop, Wake
 from runners.backend.files import stage_build
 from runners.backend.process import ProcessBackend
 from runners.wiring import make_context
@@ -47,13 +47,20 @@ from workflows.engine.obligations import (
     drain_batches,
     due,
     next_due,
-    open_count,
     run_one,
 )
 from workflows.engine.recovery import recover
 from workflows.generations.ending import ref_of
 from workflows.leases.lease import renew
 from workflows.lifecycle.members import retire_dead_currents
+
+OBLIGATION_TABLES = (Wake, Stop, Release, Restore, Attempt, Member, Rollout)
+
+
+def open_count(ctx: Context) -> int:
+    """Every open obligation, as an operator counts them: the rows of pending_obligations."""
+    return int(ctx.store.read(lambda s: s.execute(
+        text("SELECT count(*) FROM pending_obligations")).scalar_one()))
 
 
 class Crash(BaseException):

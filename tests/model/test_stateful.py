@@ -86,7 +86,7 @@ BUILDS = {"g0": "good", "g1": "good", "g2": "good", "stubborn": "stubborn",
           "bad_500": "bad_500", "bad_exit": "bad_exit"}  # label -> app kind (tests/model/apps.py)
 
 # An overlap deploy crashed at one of these never switched: it is abandoned, the host keeps
-# its build (DESIGN §5: before the switch, abandon; at or after it, finish). Without a
+# its build (before the switch, abandon; at or after it, finish). Without a
 # canary, "healthy" is written in the switch's commit, so swap.healthy is past the switch.
 CANARY_PRE_SWITCH = {"swap.admitted", "swap.raised", "swap.published", "swap.spawning",
                      "swap.execd", "swap.spawned", "swap.healthy", "swap.settled"}

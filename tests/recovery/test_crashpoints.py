@@ -1,4 +1,4 @@
-"""Recovery suite (DESIGN §5): every registered crash point, reached by a real agent.
+"""Recovery suite: every registered crash point, reached by a real agent.
 
 For each crash point a real workflow is driven with an agent started with
 `VIGIL_CRASH_AT=<name>`; the agent must die there by SIGKILL. Then a clean agent is started,

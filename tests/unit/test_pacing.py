@@ -1,4 +1,4 @@
-"""Reconciler pacing (DESIGN §4.11): per-row exponential backoff persisted in the store,
+"""Reconciler pacing: per-row exponential backoff persisted in the store,
 one due row per host per round, a rotating first host, at most 8 hosts in flight, and a
 host that never succeeds does not hold the others back.
 

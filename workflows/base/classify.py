@@ -1,4 +1,4 @@
-"""THE step classifier (DESIGN §4 rule 7): every path that might record a build failure
+"""THE step classifier: every path that might record a build failure
 asks `classify` first. Only a failure of the build itself counts against the build."""
 
 from __future__ import annotations

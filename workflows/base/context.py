@@ -23,7 +23,7 @@ from workflows.base.ports import (
 
 
 class Result(str, enum.Enum):
-    """How one try at an obligation ended (DESIGN §4.11)."""
+    """How one try at an obligation ended: gone, progress or poked."""
 
     gone = "gone"  # the row is no longer there (or no longer names the current incarnation)
     progress = "progress"  # it moved: resolved or advanced to its next state

@@ -114,7 +114,7 @@ class Files(Protocol):
 
 
 class LimitPort(Protocol):
-    """A host's parent memory limit (DESIGN §4 rule 4)."""
+    """A host's parent memory limit: raised for an overlap, restored after it."""
 
     def available(self) -> bool:
         """True when the box has a memory controller that can limit the host's parent."""

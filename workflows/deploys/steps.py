@@ -62,7 +62,7 @@ def load(ctx: Context, attempt_id: int) -> Attempt | None:
 
 def gate(s: Session, ctx: Context, a: Attempt) -> None:
     """Re-checked before every step that acts: the newest attempt, the lease, not stopping."""
-    if ctx.shutting_down.is_set():  # the gate refusing (DESIGN §4 rule 7): stale
+    if ctx.shutting_down.is_set():  # the gate refusing: stale, not a build failure
         raise Stale("the agent is shutting down")
     stop = open_stop(s, a.host)
     if stop is not None:

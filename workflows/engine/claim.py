@@ -1,4 +1,4 @@
-"""Claiming due rows when several agents share a PostgreSQL store (DESIGN §3).
+"""Claiming due rows when several agents share a PostgreSQL store.
 
 Before a round drives its rows, it claims them in one short transaction: each row is
 locked with `SELECT ... FOR UPDATE SKIP LOCKED` (a row another agent is claiming at this

@@ -1,5 +1,5 @@
 """Every kind of obligation in one place: where its open rows are, what drives them, and
-the per-row pacing (DESIGN §4.11): exponential backoff from 100 ms doubling to 5 s,
+the per-row pacing: exponential backoff from 100 ms doubling to 5 s,
 persisted on the row so it survives restarts."""
 
 from __future__ import annotations
@@ -175,11 +175,6 @@ def drain_batches(ctx: Context, limit: int = 256, rounds: int = 16) -> tuple[int
         else:
             more = True
     return total, more
-
-
-def open_count(ctx: Context) -> int:
-    rows = _open_rows(ctx)
-    return ctx.store.read(lambda s: s.execute(select(func.count()).select_from(rows)).scalar_one())
 
 
 def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
