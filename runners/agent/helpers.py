@@ -142,6 +142,7 @@ class HelperWatch:
             for h in died:
                 self.restarts += 1
                 self._attend(h, check=False)
+                self._attend(h, check=True)  # and a new standby beside the new one
             if time.monotonic() >= checked + self.tick:
                 checked = time.monotonic()
                 for h in self.helpers:

@@ -191,6 +191,7 @@ class Listeners:
         with self._lock:
             if self.socks:
                 self._ask({"op": "get", "keys": []}, start=False)
+                self.peer.standby()  # the next death's re-hand needs no Python start
 
     # -- the ListenerPort --------------------------------------------------------------------
     def boot(self) -> str:

@@ -303,6 +303,7 @@ class LogPipes:
         with self._lock:
             if self.ends:
                 self.peer.ask({"op": "get", "keys": []}, start=False)
+                self.peer.standby()  # the next death's re-hand needs no Python start
 
 
 if __name__ == "__main__":

@@ -201,11 +201,29 @@ class Loop:
             self._drop(conn)
 
 
+def standby_of(lock_path: Path) -> Path:
+    return lock_path.with_suffix(".standby")
+
+
 def serve(state_dir: Path, lock_name: str, socket_name: str, name: str,
           setup: Callable[[Loop], tuple[Handler, Callable[[], bool]]]) -> int:
     """A helper's whole life: its lock, its socket, its loop (`setup` makes the handler and
-    says whether anything is held)."""
-    lock = claim(state_dir / lock_name)
+    says whether anything is held). With `--standby` (argv) it first waits, already
+    started, for the running one's lock: the moment that one dies it takes over, so the
+    agent's re-hand does not wait for a Python to start (one standby per kind)."""
+    if "--standby" in sys.argv[2:]:
+        standby = claim(standby_of(state_dir / lock_name))
+        if standby is None:
+            return 0  # another standby waits already
+        lock = open(state_dir / lock_name, "a+")
+        fcntl.flock(lock, fcntl.LOCK_EX)  # blocks until the running helper is gone
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        standby.close()
+    else:
+        lock = claim(state_dir / lock_name)
     if lock is None:
         return 0  # another helper of this kind keeps this state dir's things
     loop = Loop(bind(state_dir / socket_name), name)
@@ -217,7 +235,8 @@ def serve(state_dir: Path, lock_name: str, socket_name: str, name: str,
 # -- the agent's side ------------------------------------------------------------------------
 
 
-def spawn(module: str, state_dir: Path, log_name: str, *, site: bool = False) -> int:
+def spawn(module: str, state_dir: Path, log_name: str, *, site: bool = False,
+          standby: bool = False) -> int:
     """Start a helper in its own session (it outlives the agent), its output appended to
     `<state>/<log_name>`; returns its pid. Without `site` it starts as `python -S` (the
     standard library only: the fastest start)."""
@@ -226,7 +245,8 @@ def spawn(module: str, state_dir: Path, log_name: str, *, site: bool = False) ->
     log_path = state_dir / log_name
     log_path.parent.mkdir(mode=0o700, exist_ok=True)
     out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    argv = [sys.executable, *([] if site else ["-S"]), "-m", module, str(state_dir)]
+    argv = [sys.executable, *([] if site else ["-S"]), "-m", module, str(state_dir),
+            *(["--standby"] if standby else [])]
     try:  # posix_spawn: no Popen handle to outlive (the helper outlives this process)
         return os.posix_spawn(sys.executable, argv, env,
                               file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
@@ -307,6 +327,7 @@ class Peer:
     def _connect(self, start: bool) -> tuple[socket.socket, int] | None:
         """A connection to the helper (one started if none runs and `start`) and its pid."""
         deadline = time.monotonic() + START_BOUND
+        soon = time.monotonic() + 1.0  # a standby takes over at once; none is started meanwhile
         started = False
         while True:
             pid = lock_holder(self.lock_path)
@@ -320,7 +341,8 @@ class Peer:
                     s.close()
             if not start:
                 return None
-            if not started and pid is None:
+            waiting = lock_holder(standby_of(self.lock_path)) is not None
+            if not started and pid is None and not (waiting and time.monotonic() < soon):
                 reap(self.started)
                 self.started.append(spawn(self.module, self.state_dir, self.log_name))
                 started = True
@@ -328,6 +350,12 @@ class Peer:
             if time.monotonic() > deadline:
                 raise OSError(errno.ETIMEDOUT, f"the {self.what} did not answer on {self.path}")
             time.sleep(0.002)
+
+    def standby(self) -> None:
+        """A standby helper waits beside the running one (started if none waits)."""
+        if lock_holder(standby_of(self.lock_path)) is None:
+            reap(self.started)
+            self.started.append(spawn(self.module, self.state_dir, self.log_name, standby=True))
 
     def _exchange(self, conn: socket.socket, request: dict[str, Any], fds: Iterable[int],
                   maxfds: int) -> tuple[bytes, list[int]]:
