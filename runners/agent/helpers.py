@@ -82,11 +82,13 @@ class HelperWatch:
             os.close(self._bell_w)
 
     def _attend(self, h: Helper, check: bool) -> None:
-        """Check (bounded), restore and watch one helper; a failure is said, not raised."""
+        """Check (bounded), restore and watch one helper; a failure is said, not raised.
+        After a death (not `check`) the new one is handed everything whoever started it
+        (a standby has taken over already, most often)."""
         try:
             if check:
                 h.check()
-            if h.running() is None:
+            if not check or h.running() is None:
                 h.revive()
         except OSError as exc:
             log.warning("%s: %s; the next check tries again", h.what, exc)
