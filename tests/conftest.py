@@ -202,12 +202,17 @@ def marked_pids(state_dir: Path) -> list[int]:
 
 def end_holder(state_dir: Path) -> None:
     """The fd holder (runners/keepers/fdholder.py) and the log keeper (runners/keepers/logkeeper.py) of
-    this state dir outlive every agent while they hold something: end each by the pid its
-    lock names, if it is that very process."""
-    from runners.keepers.fdholder import holder_pid
-    from runners.keepers.logkeeper import keeper_pid
+    this state dir, and their standbys, outlive every agent while they hold something: end
+    each by the pid its lock names, if it is that very process."""
+    from runners.base.doorbell import lock_holder
+    from runners.keepers.fdholder import HOLDER_LOCK, holder_pid
+    from runners.keepers.logkeeper import KEEPER_LOCK, keeper_pid
+    from runners.keepers.wire import standby_of
 
-    for module, pid in (("runners.keepers.fdholder", holder_pid(state_dir)),
+    # The standbys first: each would take over from the helper it waits beside.
+    for module, pid in (("runners.keepers.fdholder", lock_holder(standby_of(state_dir / HOLDER_LOCK))),
+                        ("runners.keepers.logkeeper", lock_holder(standby_of(state_dir / KEEPER_LOCK))),
+                        ("runners.keepers.fdholder", holder_pid(state_dir)),
                         ("runners.keepers.logkeeper", keeper_pid(state_dir))):
         if pid is None or pid <= 0:
             continue

@@ -27,6 +27,7 @@ from models.tables import Agent as AgentRow
 from runners.agent import schedules
 from runners.agent.exits import ExitWatcher, pidfds_supported
 from runners.agent.fencing import FencedProcess, FenceGuard, Timing
+from runners.agent.helpers import HelperWatch
 from runners.agent.sd_notify import notify
 from runners.backend.sockets import settle_state_dir
 from runners.base import wakeup
@@ -627,6 +628,9 @@ class AgentDaemon:
         else:
             log.warning("this kernel has no pidfds: exits are found by the %gs sweep",
                         self.monitor_interval)
+        helpers = HelperWatch([h for h in (self.ctx.listeners, self.logs, guard)
+                               if h is not None and hasattr(h, "revive")])
+        helpers.start()  # each checked, restored and watched before the first round
         reconciler.start()
         prober = Prober(self.ctx, reconciler.kick)
         progressed = reconciler.on_progress  # the exit watcher's refresh, if any
@@ -672,6 +676,7 @@ class AgentDaemon:
         if self.watcher is not None:
             self.watcher.close()
         reconciler.shutdown()
+        helpers.close()  # after the drives: one may still have handed a helper something
         if not self.may_act():
             return 1  # nothing more is written to a store it no longer trusts
         try:

@@ -67,6 +67,7 @@ class ExitWatcher:
         self._gen_of: dict[int, int] = {}  # pidfd -> generation id
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._bell_lock = threading.Lock()
         self._bell_r, self._bell_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._poll.register(self._bell_r, select.EPOLLIN)
         self._thread = threading.Thread(target=self._run, name="exit-watch", daemon=True)
@@ -84,18 +85,24 @@ class ExitWatcher:
             return set(self._fd_of)
 
     def close(self) -> None:
-        self._stop.set()
-        self._ring()
+        with self._bell_lock:
+            self._stop.set()
+            os.write(self._bell_w, b"x")
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
             os.close(self._bell_r)
             os.close(self._bell_w)
 
     def _ring(self) -> None:
-        try:
-            os.write(self._bell_w, b"x")
-        except BlockingIOError:
-            pass  # already rung
+        # A drive that ends after close() (one that waited on a stopped helper) still calls
+        # refresh(): once stopped the bell may be closed, and its fd number reused.
+        with self._bell_lock:
+            if self._stop.is_set():
+                return
+            try:
+                os.write(self._bell_w, b"x")
+            except BlockingIOError:
+                pass  # already rung
 
     def _run(self) -> None:
         last_sync = 0.0

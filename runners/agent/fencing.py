@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -39,7 +36,9 @@ from sqlalchemy import select
 from models.states import LIVE_GEN
 from models.store import emit
 from models.tables import Generation, Host, Lease
+from runners.base.pids import pid_status
 from runners.keepers.fencekeeper import keeper_pid, write_fence
+from runners.keepers.wire import kill_and_wait, reap, spawn, start_time
 from workflows.base.context import Context, Poke
 from workflows.base.ports import ProcRef, Spawned, SpawnSpec
 from workflows.leases import placement
@@ -48,7 +47,6 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 log = logging.getLogger("vigil.fencing")
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,10 @@ class FenceGuard:
         self.guarded: list[dict[str, Any]] = []
         self.stop = threading.Event()
         self._lock = threading.Lock()
-        self._keeper: subprocess.Popen[bytes] | None = None
+        self._started: list[int] = []  # keepers this process started (its children)
+        self._keeper_lock = threading.Lock()
+        self.what = "fence keeper"
+        self.on_start: Callable[[], None] = lambda: None  # the helper watch registers it
         me = psutil.Process()
         self._me = {"agent_pid": me.pid, "agent_ctime": me.create_time()}
         # True when the store itself failed and the agent has said so (runners/base/storewatch.py)
@@ -86,17 +87,35 @@ class FenceGuard:
 
     # -- the keeper ------------------------------------------------------------------------
     def ensure_keeper(self) -> None:
-        if self._keeper is not None:
-            self._keeper.poll()  # reap it if it ended
-        if keeper_pid(self.ctx.state_dir) is not None:
+        with self._keeper_lock:
+            reap(self._started)
+            if keeper_pid(self.ctx.state_dir) is not None:
+                return
+            with self._lock:
+                self._write()  # it reads our pid from the file first thing
+            self._started.append(spawn("runners.keepers.fencekeeper", self.ctx.state_dir,
+                                       "fencekeeper.log", site=True))
+        self.on_start()
+
+    # -- watched by the agent (runners/agent/helpers.py) --------------------------------------
+    def running(self) -> tuple[int, float] | None:
+        pid = keeper_pid(self.ctx.state_dir)
+        ctime = None if pid is None or pid <= 0 else start_time(pid)
+        return None if pid is None or ctime is None else (pid, ctime)
+
+    def revive(self) -> None:
+        self._keeper_if_needed()
+
+    def check(self) -> None:
+        """A stopped keeper (SIGSTOP: it has no socket to ask) cannot fence: it is killed
+        (it holds nothing: the fence is in fence.json) and its exit restarts it."""
+        now = self.running()
+        if now is None:
             return
-        with self._lock:
-            self._write()  # it reads our pid from the file first thing
-        out = open(self.ctx.state_dir / "fencekeeper.log", "ab")
-        self._keeper = subprocess.Popen([sys.executable, "-m", "runners.keepers.fencekeeper",
-                                         str(self.ctx.state_dir)], cwd=ROOT, stdin=subprocess.DEVNULL,
-                                        stdout=out, stderr=out, start_new_session=True)
-        out.close()
+        st = pid_status(now[0])
+        if st is not None and st[1] in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+            log.warning("fence keeper pid=%d is stopped: killed, a new one is started", now[0])
+            kill_and_wait(*now)
 
     def _keeper_if_needed(self) -> None:
         """A keeper only while this box runs something another box could take over (a

@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import json
 import os
 import socket
 import stat
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
-from runners.keepers.fdholder import HOLDER_SOCKET, MAX_FDS, MAX_MESSAGE, holder_pid
+from runners.keepers.fdholder import HOLDER_LOCK, HOLDER_SOCKET
+from runners.keepers.wire import MAX_FDS, Peer
 
-ROOT = Path(__file__).resolve().parent.parent
 BACKLOG = socket.SOMAXCONN  # the kernel caps it at net.core.somaxconn
-START_BOUND = 10.0  # seconds for a new holder to answer
 _PIDFD_GETFD = 438  # the syscall's number (the same on every architecture)
 
 
@@ -160,88 +155,43 @@ def copy_from(pid: int, inode: int) -> socket.socket | None:
 
 class Listeners:
     """The agent's listening sockets (the ListenerPort): its own copies by key, and the
-    holder that keeps them across restarts."""
+    holder that keeps them across restarts (runners/agent/helpers.py starts a new one the
+    moment it exits and hands it every socket, so each lives in two processes at least)."""
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir.absolute()
         self.socks: dict[str, socket.socket] = {}
-        self._conn: socket.socket | None = None
-        self._holder: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
+        self.what = "fd holder"
+        self.peer = Peer(self.state_dir, module="runners.keepers.fdholder",
+                         socket_name=HOLDER_SOCKET, lock_name=HOLDER_LOCK,
+                         log_name="logs/fdholder.log", what=self.what, everything=self._everything)
 
-    # -- the holder -----------------------------------------------------------------------
-    def _connect(self, start: bool) -> socket.socket | None:
-        if self._conn is not None:
-            return self._conn
-        path = str(self.state_dir / HOLDER_SOCKET)
-        deadline = time.monotonic() + START_BOUND
-        started = False
-        while True:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            try:
-                s.connect(path)
-                self._conn = s
-                return s
-            except OSError:
-                s.close()
-            if not start:
-                return None
-            if not started and holder_pid(self.state_dir) is None:
-                self._start_holder()
-                started = True
-            if time.monotonic() > deadline:
-                raise OSError(errno.ETIMEDOUT, f"the fd holder did not answer on {path}")
-            time.sleep(0.01)
-
-    def _start_holder(self) -> None:
-        if self._holder is not None:
-            self._holder.poll()  # reap the one that ended
-        env = {k: v for k, v in os.environ.items() if k != "VIGIL_CRASH_AT"}
-        logs = self.state_dir / "logs"
-        logs.mkdir(mode=0o700, exist_ok=True)
-        out = open(logs / "fdholder.log", "ab")
-        self._holder = subprocess.Popen([sys.executable, "-m", "runners.keepers.fdholder",
-                                         str(self.state_dir)], cwd=ROOT, env=env,
-                                        stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                        start_new_session=True)
-        out.close()
+    def _everything(self) -> list[tuple[dict, list[int]]]:
+        return [({"op": "put", "key": k}, [s.fileno()]) for k, s in self.socks.items()]
 
     def _ask(self, request: dict, fds: list[int] = (), *, start: bool = True,  # type: ignore[assignment]
              maxfds: int = 0) -> tuple[dict, list[int]] | None:
-        """One request; a holder that died meanwhile is started again and given every
-        socket this agent has before the request is sent again. None: no holder runs and
-        `start` is False."""
-        for tried in range(2):
-            conn = self._connect(start)
-            if conn is None:
-                return None
-            try:
-                if tried:  # a new holder: it gets every socket this agent has first
-                    self._put_all(conn)
-                socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
-                data, got, _, _ = socket.recv_fds(conn, MAX_MESSAGE, max(1, maxfds))
-                if not data:
-                    raise ConnectionResetError("the fd holder closed the connection")
-            except OSError:
-                conn.close()
-                self._conn = None
-                if tried:
-                    raise
-                continue
-            for fd in got:
-                os.set_inheritable(fd, False)  # SCM_RIGHTS gives them without close-on-exec
-            reply = json.loads(data)
-            if not reply.get("ok"):
-                for fd in got:
-                    os.close(fd)
-                raise OSError(errno.EPROTO, f"the fd holder refused: {reply.get('error')}")
-            return reply, got
-        return None
+        """One request (the caller holds the lock); see runners/keepers/wire.py Peer.ask."""
+        return self.peer.ask(request, fds, start=start, maxfds=maxfds)
 
-    def _put_all(self, conn: socket.socket) -> None:
-        for key, s in self.socks.items():
-            socket.send_fds(conn, [json.dumps({"op": "put", "key": key}).encode()], [s.fileno()])
-            socket.recv_fds(conn, MAX_MESSAGE, 1)
+    # -- watched by the agent (runners/agent/helpers.py) --------------------------------------
+    def running(self) -> tuple[int, float] | None:
+        return self.peer.running()
+
+    def revive(self) -> None:
+        """Every socket held here with a holder: one started if none runs. OSError."""
+        with self._lock:
+            if self.socks:
+                self._ask({"op": "get", "keys": []})
+
+    def check(self) -> None:
+        """One bounded exchange with a running holder while this agent holds sockets (one
+        that does not answer is killed when that loses nothing). OSError."""
+        with self._lock:
+            if self.socks:
+                self._ask({"op": "get", "keys": []}, start=False)
+                self.peer.standby()  # the next death's re-hand needs no Python start
 
     # -- the ListenerPort --------------------------------------------------------------------
     def boot(self) -> str:
@@ -274,7 +224,7 @@ class Listeners:
         with self._lock:
             out = [self.socks[k].fileno() for k in keys]
             if keys:
-                self._ask({"op": "list"})  # cheap; restores a holder that died
+                self._ask({"op": "get", "keys": []})  # cheap; restores a holder that died
             return out
 
     def fetch(self, keep: set[str]) -> dict[str, int]:
@@ -284,6 +234,7 @@ class Listeners:
             listed = self._ask({"op": "list"}, start=False)
             if listed is None:
                 return {}
+            pid = self.peer.told
             self._ask({"op": "keep", "keys": sorted(keep)})
             wanted = [k for k in listed[0]["keys"] if k in keep and k not in self.socks]
             for i in range(0, len(wanted), MAX_FDS):
@@ -292,6 +243,8 @@ class Listeners:
                     break
                 for key, fd in zip(reply[0]["keys"], reply[1], strict=True):
                     self.socks[key] = socket.socket(fileno=fd)
+            if pid == self.peer.told and all(k in self.socks for k in wanted):
+                self.peer.complete = pid  # every socket it holds, this agent has too
             return {k: os.fstat(s.fileno()).st_ino for k, s in self.socks.items()}
 
     def listed(self) -> dict[str, int] | None:
@@ -327,11 +280,8 @@ class Listeners:
                 self._ask({"op": "drop", "keys": keys}, start=False)
 
     def close(self) -> None:
-        """Close the connection to the holder (not the sockets: the agent's own die with it)."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        """Nothing to close: a connection lasts one exchange (the sockets are the agent's own,
+        and die with it)."""
 
     def __enter__(self) -> Listeners:
         return self

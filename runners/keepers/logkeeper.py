@@ -26,37 +26,33 @@ Messages are one JSON object, with the fds it carries in the same datagram:
 
 It exits once it writes for no pipe and nobody has talked to it for IDLE seconds. One per
 state dir (flock on logs.lock). Run as `python -m runners.keepers.logkeeper STATE_DIR`; the standard
-library only, like the rest of what it imports.
+library only, like the rest of what it imports. The loop, its bounds and the rules every
+request meets (own uid only; a bad request refused with nothing touched: a `put` takes only
+a pipe's read end, a file of at least MIN_BYTES) are runners/keepers/wire.py's.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
-import json
 import os
 import re
 import selectors
 import signal
-import socket
+import stat
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import cast
+from typing import Any
 
 from runners.base.doorbell import lock_holder
+from runners.keepers.wire import MAX_FDS, BadRequest, Loop, Peer, keys_of, serve, text_of
 
 KEEPER_SOCKET = "logs.sock"
 KEEPER_LOCK = "logs.lock"
 KEEP = 5  # generations' files kept per host
 CHUNK = 1 << 16
-MAX_FDS = 200  # per message (the kernel takes at most 253: SCM_MAX_FD)
-MAX_MESSAGE = 1 << 16
 LIST_PAGE = 100  # keys per list reply (a path of up to ~400 bytes each fits a datagram)
-IDLE = 5.0
-START_BOUND = 10.0  # seconds for a new keeper to answer
-ROOT = str(Path(__file__).resolve().parent.parent)
+MIN_BYTES = 4096  # the smallest file a put may ask for (`--log-max-bytes` starts at 4K)
 _FILE = re.compile(r"g(\d+)\.log(?:\.\d+)?")
 
 
@@ -137,34 +133,19 @@ class Rotating:
             view = view[n:]
 
 
-def _log(msg: str) -> None:
-    print(f"ts={time.strftime('%Y-%m-%dT%H:%M:%S')} logger=vigil.logkeeper {msg}",
-          file=sys.stderr, flush=True)
-
-
 class Keeper:
     def __init__(self, sel: selectors.BaseSelector) -> None:
         self.sel = sel
         self.pipes: dict[str, tuple[int, Rotating]] = {}  # key -> (read end, its file)
 
-    def handle(self, request: dict, fds: list[int]) -> tuple[dict, list[int]]:
-        op = request.get("op")
+    def handle(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
+        op = request["op"]
         if op == "put":
-            key = str(request["key"])
-            if len(fds) != 1:
-                raise ValueError(f"put {key}: expected one fd, got {len(fds)}")
-            if key in self.pipes:  # the same pipe again (a restarted agent's copy)
-                return {"ok": True}, []
-            path = str(request["path"])
-            out = Rotating(path, int(request["max_bytes"]), int(request["files"]))
-            fd = fds.pop()
-            os.set_blocking(fd, False)
-            self.pipes[key] = (fd, out)
-            self.sel.register(fd, selectors.EVENT_READ, key)
-            prune(os.path.dirname(path))
-            return {"ok": True}, []
+            return self._put(request, fds)
         if op == "list":  # a page of LIST_PAGE: a datagram holds 64 KiB
-            after = str(request.get("after", ""))  # a cursor: pipes may end between pages
+            after = request.get("after", "")  # a cursor: pipes may end between pages
+            if not isinstance(after, str):
+                raise BadRequest("'after' must be a string")
             keys = sorted(k for k in self.pipes if k > after)
             page = keys[:LIST_PAGE]
             return {"ok": True, "more": len(keys) > LIST_PAGE,
@@ -172,9 +153,34 @@ class Keeper:
                                  "max_bytes": self.pipes[k][1].max_bytes,
                                  "files": self.pipes[k][1].files} for k in page}}, []
         if op == "get":
-            found = [k for k in request.get("keys", [])[:MAX_FDS] if k in self.pipes]
+            found = [k for k in keys_of(request, MAX_FDS) if k in self.pipes]
             return {"ok": True, "keys": found}, [self.pipes[k][0] for k in found]
-        raise ValueError(f"unknown op {op!r}")
+        raise BadRequest(f"unknown op {op!r}")
+
+    def _put(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
+        """Keep a pipe's read end and write what it carries; everything is checked before
+        anything is taken (a bad put leaves every pipe as it was)."""
+        key = text_of(request, "key")
+        if len(fds) != 1:
+            raise BadRequest(f"put {key}: expected one fd, got {len(fds)}")
+        if key in self.pipes:  # the same pipe again (a restarted agent's copy)
+            return {"ok": True}, []
+        path = text_of(request, "path")
+        max_bytes, files = request.get("max_bytes"), request.get("files")
+        if type(max_bytes) is not int or max_bytes < MIN_BYTES:
+            raise BadRequest(f"put {key}: max_bytes must be an integer of at least {MIN_BYTES}")
+        if type(files) is not int or files < 1:
+            raise BadRequest(f"put {key}: files must be an integer of at least 1")
+        st = os.fstat(fds[0])
+        if not stat.S_ISFIFO(st.st_mode) or fcntl.fcntl(fds[0], fcntl.F_GETFL) & os.O_ACCMODE:
+            raise BadRequest(f"put {key}: the fd is not the read end of a pipe")
+        out = Rotating(path, max_bytes, files)  # OSError: refused, nothing taken
+        fd = fds.pop()
+        os.set_blocking(fd, False)
+        self.pipes[key] = (fd, out)
+        self.sel.register(fd, selectors.EVENT_READ, lambda: self.drain(key))
+        prune(os.path.dirname(path))
+        return {"ok": True}, []
 
     def drain(self, key: str) -> None:
         """Read what the pipe has (one chunk: every pipe gets its turn); at EOF, every
@@ -198,86 +204,29 @@ class Keeper:
 def run(state_dir: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # ends when idle, not with a session's signals
-    lock = open(state_dir / KEEPER_LOCK, "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return 0  # another keeper writes this box's logs
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
-    path = state_dir / KEEPER_SOCKET
-    try:
-        path.unlink()  # a dead keeper's (the lock says none runs)
-    except FileNotFoundError:
-        pass
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    old = os.umask(0o177)
-    try:
-        server.bind(str(path))
-    finally:
-        os.umask(old)
-    server.listen(16)
-    _log(f"started pid={os.getpid()} state_dir={state_dir}")
-    sel = selectors.DefaultSelector()
-    keeper = Keeper(sel)
-    sel.register(server, selectors.EVENT_READ)
-    clients: set[socket.socket] = set()
-    last = time.monotonic()
-    while True:
-        idle = not keeper.pipes and not clients
-        ready = sel.select(max(0.0, IDLE - (time.monotonic() - last)) if idle else None)
-        if not ready and not keeper.pipes and not clients:
-            _log("no pipe to write for: exiting")
-            return 0
-        for key, _ in ready:
-            if isinstance(key.data, str):
-                keeper.drain(key.data)
-                continue
-            last = time.monotonic()
-            conn = key.fileobj
-            if conn is server:
-                client, _ = server.accept()
-                sel.register(client, selectors.EVENT_READ)
-                clients.add(client)
-                continue
-            conn = cast(socket.socket, conn)  # every other registered object is one
-            try:
-                data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, MAX_FDS)
-            except OSError:
-                data, fds = b"", []
-            if not data:
-                sel.unregister(conn)
-                clients.discard(conn)
-                conn.close()
-                continue
-            try:
-                reply, out = keeper.handle(json.loads(data), fds)
-            except (ValueError, KeyError, TypeError, OSError) as exc:
-                reply, out = {"ok": False, "error": str(exc)}, []
-            finally:
-                for fd in fds:  # what a request carried and the keeper did not keep
-                    os.close(fd)
-            try:
-                socket.send_fds(conn, [json.dumps(reply).encode()], out)
-            except OSError:
-                sel.unregister(conn)
-                clients.discard(conn)
-                conn.close()
+
+    def setup(loop: Loop):  # type: ignore[no-untyped-def]
+        keeper = Keeper(loop.sel)
+        return keeper.handle, lambda: bool(keeper.pipes)
+
+    return serve(state_dir, KEEPER_LOCK, KEEPER_SOCKET, "logkeeper", setup)
 
 
 class LogPipes:
     """The agent's side: a pipe per generation, its read end handed to the keeper (started
-    when none runs) and a copy kept here until the generation is proven gone. A connection
-    per request (a spawn's cost is a connect), so nothing is left open between them."""
+    when none runs) and a copy kept here until the generation is proven gone, so a keeper
+    that dies is started again and given every read end (runners/agent/helpers.py starts it
+    the moment it exits). A connection per exchange, so nothing is left open between them."""
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir.absolute()
-        self.ends: dict[str, tuple[int, dict]] = {}  # key -> (read end, its put request)
-        self._told: int | None = None  # the keeper that has every end held here
-        self._started: list[int] = []  # keepers this process started, reaped as they end
+        self.ends: dict[str, tuple[int, dict[str, Any]]] = {}  # key -> (read end, its put)
         self._lock = threading.Lock()
+        self.peer = Peer(self.state_dir, module="runners.keepers.logkeeper",
+                         socket_name=KEEPER_SOCKET, lock_name=KEEPER_LOCK,
+                         log_name="logs/logkeeper.log", what="log keeper",
+                         everything=lambda: [(req, [fd]) for fd, req in self.ends.values()])
+        self.what = "log keeper"
 
     def open(self, key: str, path: str, max_bytes: int, files: int) -> int:
         """The write end the app gets. The file is created 0600 (an app's output may hold
@@ -288,7 +237,7 @@ class LogPipes:
                    "files": files}
         try:
             with self._lock:
-                self._ask(request, [r])
+                self.peer.ask(request, [r])
                 self.ends[key] = (r, request)
         except BaseException:
             os.close(r)
@@ -308,124 +257,53 @@ class LogPipes:
         nothing to take). Returns how many."""
         with self._lock:
             try:
-                known: dict[str, dict] = {}
+                known: dict[str, dict[str, Any]] = {}
                 while True:
-                    reply = self._ask({"op": "list", "after": max(known, default="")},
-                                      start=False)
+                    reply = self.peer.ask({"op": "list", "after": max(known, default="")},
+                                          start=False)
                     if reply is None:
                         return 0
                     known.update(reply[0]["keys"])
                     if not reply[0].get("more") or not reply[0]["keys"]:
                         break
+                pid = self.peer.told
                 keys = [k for k in known if k not in self.ends]
                 taken = 0
                 for i in range(0, len(keys), MAX_FDS):
-                    got = self._ask({"op": "get", "keys": keys[i:i + MAX_FDS]}, start=False,
-                                    maxfds=MAX_FDS)
+                    got = self.peer.ask({"op": "get", "keys": keys[i:i + MAX_FDS]}, start=False,
+                                        maxfds=MAX_FDS)
                     if got is None:
                         break
                     for k, fd in zip(got[0]["keys"], got[1], strict=True):
                         self.ends[k] = (fd, {"op": "put", "key": k, **known[k]})
                         taken += 1
+                if taken == len(keys) and pid == self.peer.told:
+                    self.peer.complete = pid  # every pipe it reads, this agent has too
                 return taken
             except (OSError, ValueError, KeyError):  # a keeper it cannot read: none taken
                 return 0
 
     def ensure(self) -> None:
         """A keeper that died under this agent is started again with every read end."""
+        self.revive()
+
+    # -- watched by the agent (runners/agent/helpers.py) --------------------------------------
+    def running(self) -> tuple[int, float] | None:
+        return self.peer.running()
+
+    def revive(self) -> None:
+        """Every read end held here with a keeper: one started if none runs. OSError."""
         with self._lock:
-            self._reap()
-            if self.ends and keeper_pid(self.state_dir) != self._told:
-                self._ask({"op": "list"})
+            if self.ends:
+                self.peer.ask({"op": "get", "keys": []})
 
-    # -- the connection ---------------------------------------------------------------------
-    def _reap(self) -> None:
-        for pid in list(self._started):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done:
-                self._started.remove(pid)
-
-    def _start(self) -> None:
-        self._reap()
-        env = {k: v for k, v in os.environ.items() if k != "VIGIL_CRASH_AT"}
-        env["VIGIL_LOG_KEEPER"] = str(self.state_dir)
-        env["PYTHONPATH"] = ROOT  # posix_spawn keeps this process's cwd: -m finds it here
-        logs = self.state_dir / "logs"
-        logs.mkdir(mode=0o700, exist_ok=True)
-        out = os.open(logs / "logkeeper.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:  # posix_spawn: no Popen handle to outlive (the keeper outlives this process)
-            self._started.append(os.posix_spawn(
-                sys.executable, [sys.executable, "-S", "-m", "runners.keepers.logkeeper",
-                                 str(self.state_dir)], env,
-                file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                              (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)],
-                setsid=True))
-        finally:
-            os.close(out)
-
-    def _connect(self, start: bool) -> tuple[socket.socket, int] | None:
-        """A connection to the keeper (started if none runs and `start`) and its pid."""
-        path = str(self.state_dir / KEEPER_SOCKET)
-        deadline = time.monotonic() + START_BOUND
-        started = False
-        while True:
-            pid = keeper_pid(self.state_dir)
-            if pid is not None:
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                try:
-                    s.connect(path)
-                    return s, pid
-                except OSError:
-                    s.close()
-            if not start:
-                return None
-            if not started and pid is None:
-                self._start()
-                started = True
-            if time.monotonic() > deadline:
-                raise OSError(errno.ETIMEDOUT, f"the log keeper did not answer on {path}")
-            time.sleep(0.005)
-
-    def _ask(self, request: dict, fds: list[int] = (), *, start: bool = True,  # type: ignore[assignment]
-             maxfds: int = 0) -> tuple[dict, list[int]] | None:
-        """One request (the caller holds the lock). A keeper this process has not told
-        every read end it holds is told them first (it is new: the one told died)."""
-        for tried in range(2):
-            got_conn = self._connect(start)
-            if got_conn is None:
-                return None
-            conn, pid = got_conn
-            try:
-                with conn:
-                    if pid != self._told:
-                        self._put_all(conn)
-                        self._told = pid
-                    socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
-                    data, got, _, _ = socket.recv_fds(conn, MAX_MESSAGE, max(1, maxfds))
-                if not data:
-                    raise ConnectionResetError("the log keeper closed the connection")
-            except OSError:
-                self._told = None
-                if tried:
-                    raise
-                continue
-            for fd in got:
-                os.set_inheritable(fd, False)  # SCM_RIGHTS gives them without close-on-exec
-            reply = json.loads(data)
-            if not reply.get("ok"):
-                for fd in got:
-                    os.close(fd)
-                raise OSError(errno.EPROTO, f"the log keeper refused: {reply.get('error')}")
-            return reply, got
-        return None
-
-    def _put_all(self, conn: socket.socket) -> None:
-        for fd, request in self.ends.values():
-            socket.send_fds(conn, [json.dumps(request).encode()], [fd])
-            socket.recv_fds(conn, MAX_MESSAGE, 1)
+    def check(self) -> None:
+        """One bounded exchange with a running keeper while this agent holds pipes (one that
+        does not answer is killed when that loses nothing). OSError."""
+        with self._lock:
+            if self.ends:
+                self.peer.ask({"op": "get", "keys": []}, start=False)
+                self.peer.standby()  # the next death's re-hand needs no Python start
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def peers() -> None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("script", ["latency", "downtime", "obligations", "recovery", "exits",
+@pytest.mark.parametrize("script", ["latency", "downtime", "obligations", "recovery", "exits", "keepers",
                                     "history", "cli"])
 def test_quick(script: str, peers: None) -> None:
     cp = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--quick"], cwd=ROOT,

@@ -1,0 +1,155 @@
+"""The agent's helpers watched like apps: the fd holder, the log keeper and the fence keeper
+(runners/keepers/) each through a pidfd, in one poll loop of their own. The moment one
+exits, the agent starts a new one and hands it everything it held (every listening socket,
+every log pipe's read end: the agent keeps a copy of each), so no single death loses a
+socket or a pipe; only a second death inside that re-hand window can (bench/keepers.py
+measures it). Every TICK the running ones are checked with one bounded exchange (the fence
+keeper, which has no socket, by its process state): one that does not answer is treated as
+dead (runners/keepers/wire.py says how), and its exit then restarts it like any other.
+
+A restarted agent runs `start()` before its first round: each helper is checked, started
+again if the agent holds something for it and none runs, and watched from then on."""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+import time
+from typing import Protocol
+
+log = logging.getLogger("vigil.helpers")
+
+TICK = 1.0  # seconds between the bounded checks of the running helpers
+
+
+class Helper(Protocol):
+    what: str
+
+    def running(self) -> tuple[int, float] | None:
+        """(pid, start time) of the helper running now, or None."""
+
+    def revive(self) -> None:
+        """The agent holds something for it and none runs: start one, hand it everything."""
+
+    def check(self) -> None:
+        """One bounded exchange; one that does not answer is killed (its exit is an event)."""
+
+
+class HelperWatch:
+    def __init__(self, helpers: list[Helper], tick: float = TICK) -> None:
+        self.helpers = helpers
+        self.tick = tick
+        self._poll = select.epoll()
+        self._fds: dict[int, tuple[Helper, int]] = {}  # pidfd -> (helper, pid)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._bell_r, self._bell_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._poll.register(self._bell_r, select.EPOLLIN)
+        self._thread = threading.Thread(target=self._run, name="helper-watch", daemon=True)
+        self.restarts = 0
+        for h in helpers:  # a helper started on demand (a first socket, a first pipe)
+            target = getattr(h, "peer", h)
+            if hasattr(target, "on_start"):
+                target.on_start = self.ring
+
+    def start(self) -> None:
+        """Before the agent's first round: every helper checked, restored, watched."""
+        for h in self.helpers:
+            self._attend(h, check=True)
+        self._thread.start()
+
+    def ring(self) -> None:
+        with self._lock:
+            if self._stop.is_set():
+                return  # the bell may be closed
+            try:
+                os.write(self._bell_w, b"x")
+            except BlockingIOError:
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop.set()
+            os.write(self._bell_w, b"x")
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            for fd in list(self._fds):
+                os.close(fd)
+            self._poll.close()
+            os.close(self._bell_r)
+            os.close(self._bell_w)
+
+    def _attend(self, h: Helper, check: bool) -> None:
+        """Check (bounded), restore and watch one helper; a failure is said, not raised.
+        After a death (not `check`) the new one is handed everything whoever started it
+        (a standby has taken over already, most often)."""
+        try:
+            if check:
+                h.check()
+            if not check or h.running() is None:
+                h.revive()
+        except OSError as exc:
+            log.warning("%s: %s; the next check tries again", h.what, exc)
+        self._watch(h)
+
+    def _watch(self, h: Helper) -> None:
+        now = h.running()
+        watched = [fd for fd, (hh, _) in self._fds.items() if hh is h]
+        if watched and now is not None and self._fds[watched[0]][1] == now[0]:
+            return
+        for fd in watched:
+            self._forget(fd)
+        if now is None:
+            return
+        try:
+            fd = os.pidfd_open(now[0])
+        except OSError:
+            return  # gone already: the next tick restores it
+        if h.running() != now:  # it ended between the two looks
+            os.close(fd)
+            return
+        self._fds[fd] = (h, now[0])
+        self._poll.register(fd, select.EPOLLIN)
+
+    def _forget(self, fd: int) -> None:
+        self._fds.pop(fd, None)
+        try:
+            self._poll.unregister(fd)
+        except OSError:
+            pass
+        os.close(fd)
+
+    def _run(self) -> None:
+        checked = time.monotonic()
+        while not self._stop.is_set():
+            events = self._poll.poll(max(0.0, checked + self.tick - time.monotonic()))
+            if self._stop.is_set():
+                return
+            died = []
+            for fd, _ in events:
+                if fd == self._bell_r:
+                    try:
+                        while os.read(self._bell_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                elif fd in self._fds:
+                    h, pid = self._fds[fd]
+                    self._forget(fd)
+                    died.append(h)
+                    log.warning("%s pid=%d exited: starting a new one with everything it held",
+                                h.what, pid)
+            for h in died:
+                self.restarts += 1
+                self._attend(h, check=False)
+                self._attend(h, check=True)  # and a new standby beside the new one
+            if time.monotonic() >= checked + self.tick:
+                checked = time.monotonic()
+                for h in self.helpers:
+                    self._attend(h, check=True)
+            else:
+                for h in self.helpers:
+                    if h not in died:
+                        self._watch(h)  # one started on demand since

@@ -1,0 +1,366 @@
+"""The keepers' wire, written once: the request loop of the fd holder and the log keeper
+(lock file, bind, select, recv_fds/send_fds, JSON) and the agent's side of it (connect,
+start one when none runs, ask with a bound, hand everything back to a new one).
+
+Every message is one JSON object on a SOCK_SEQPACKET unix socket, the fds it carries in
+the same datagram (SCM_RIGHTS); a reply is `{"ok": true, ...}` or `{"ok": false, "error":
+why}`. The format is the one the helpers always spoke, so an agent of this code talks to
+helpers an older one started, and the other way round.
+
+Bounds (issue 20): a running helper answers each exchange within BOUND seconds, or it is
+treated as dead: the agent SIGKILLs it by pid and start time, but only when it holds a
+copy of everything that helper holds (the helper was started by this agent, or this agent
+has taken back all it had); a new helper is then started and given everything. A helper
+that holds what the agent has no copy of is left running and the exchange fails with a
+line that says so (killing it would lose what only it has). A new helper has START_BOUND
+seconds to answer. The helpers' side: a connection is served only for its own uid
+(SO_PEERCRED), and a bad request is answered with an error, nothing held is touched.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import selectors
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from runners.base.doorbell import lock_holder
+from runners.keepers.spawn import BOUND, kill_and_wait, reap, spawn, start_time
+
+START_BOUND = 10.0  # seconds a new helper has to answer (a loaded box starts Python slowly)
+SEND_BOUND = 1.0  # seconds a helper waits to send a reply before it drops that client
+MAX_FDS = 200  # per message (the kernel takes at most 253: SCM_MAX_FD)
+MAX_MESSAGE = 1 << 16
+MAX_CLIENTS = 64  # connections a helper serves at once (the agent uses one)
+IDLE = 5.0  # seconds with nothing held and no client before a helper exits
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+log = logging.getLogger("vigil.keepers")
+Handler = Callable[[dict[str, Any], list[int]], tuple[dict[str, Any], list[int]]]
+
+
+class BadRequest(ValueError):
+    """A request a helper refuses (answered with the reason; nothing held is touched)."""
+
+
+def log_line(name: str, msg: str) -> None:
+    print(f"ts={time.strftime('%Y-%m-%dT%H:%M:%S')} logger=vigil.{name} {msg}",
+          file=sys.stderr, flush=True)
+
+
+# -- the helper's side -----------------------------------------------------------------------
+
+
+def claim(lock_path: Path) -> IO[str] | None:
+    """The helper's lock (one per state dir), its pid written in it; None: another runs."""
+    lock = open(lock_path, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def bind(path: Path) -> socket.socket:
+    """The helper's socket, owner-only (a dead helper's file is replaced: the lock says
+    none runs)."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    old = os.umask(0o177)
+    try:
+        server.bind(str(path))
+    finally:
+        os.umask(old)
+    server.listen(16)
+    return server
+
+
+def parse(data: bytes) -> dict[str, Any]:
+    """One request: a JSON object with a string `op`. BadRequest otherwise."""
+    try:
+        request = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"not JSON: {exc}") from None
+    if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+        raise BadRequest("not a request: a JSON object with a string 'op' is expected")
+    return request
+
+
+def keys_of(request: dict[str, Any], limit: int | None = None) -> list[str]:
+    keys = request.get("keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise BadRequest("'keys' must be a list of strings")
+    return keys if limit is None else keys[:limit]
+
+
+def text_of(request: dict[str, Any], field: str) -> str:
+    value = request.get(field)
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{field!r} must be a non-empty string")
+    return value
+
+
+def same_uid(conn: socket.socket) -> bool:
+    _, uid, _ = _CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return uid == os.getuid()
+
+
+class Loop:
+    """A helper's select loop: its server socket, its clients, and any other fd it reads
+    (the log keeper's pipes), each with its own callback."""
+
+    def __init__(self, server: socket.socket, name: str) -> None:
+        self.server, self.name = server, name
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(server, selectors.EVENT_READ)
+        self.clients: set[socket.socket] = set()
+
+    def watch(self, fd: int, on_ready: Callable[[], None]) -> None:
+        self.sel.register(fd, selectors.EVENT_READ, on_ready)
+
+    def unwatch(self, fd: int) -> None:
+        self.sel.unregister(fd)
+
+    def run(self, handle: Handler, holding: Callable[[], bool]) -> int:
+        """Serve until nothing is held, no client is connected and no request came for
+        IDLE seconds."""
+        last = time.monotonic()
+        while True:
+            idle = not holding() and not self.clients
+            ready = self.sel.select(max(0.0, IDLE - (time.monotonic() - last)) if idle else None)
+            if not ready and not holding() and not self.clients:
+                log_line(self.name, "nothing held: exiting")
+                return 0
+            for key, _ in ready:
+                if key.data is not None:
+                    key.data()
+                    continue
+                last = time.monotonic()
+                if key.fileobj is self.server:
+                    self._accept()
+                else:
+                    self._serve(key.fileobj, handle)  # type: ignore[arg-type]
+
+    def _accept(self) -> None:
+        try:
+            client, _ = self.server.accept()
+        except OSError:  # out of fds, say: the client retries
+            return
+        if len(self.clients) >= MAX_CLIENTS or not same_uid(client):
+            log_line(self.name, "refused a connection (another uid, or too many clients)")
+            client.close()
+            return
+        client.settimeout(SEND_BOUND)  # a client that never reads its replies is dropped
+        self.sel.register(client, selectors.EVENT_READ)
+        self.clients.add(client)
+
+    def _drop(self, conn: socket.socket) -> None:
+        self.sel.unregister(conn)
+        self.clients.discard(conn)
+        conn.close()
+
+    def _serve(self, conn: socket.socket, handle: Handler) -> None:
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, MAX_FDS)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            self._drop(conn)
+            return
+        try:
+            reply, out = handle(parse(data), fds)
+        except Exception as exc:  # one bad request never ends the helper
+            reply, out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, []
+        finally:
+            for fd in fds:  # what a request carried and the helper did not keep
+                os.close(fd)
+        try:
+            socket.send_fds(conn, [json.dumps(reply).encode()], out)
+        except OSError:
+            self._drop(conn)
+
+
+def standby_of(lock_path: Path) -> Path:
+    return lock_path.with_suffix(".standby")
+
+
+def serve(state_dir: Path, lock_name: str, socket_name: str, name: str,
+          setup: Callable[[Loop], tuple[Handler, Callable[[], bool]]]) -> int:
+    """A helper's whole life: its lock, its socket, its loop (`setup` makes the handler and
+    says whether anything is held). With `--standby` (argv) it first waits, already
+    started, for the running one's lock: the moment that one dies it takes over, so the
+    agent's re-hand does not wait for a Python to start (one standby per kind)."""
+    if "--standby" in sys.argv[2:]:
+        standby = claim(standby_of(state_dir / lock_name))
+        if standby is None:
+            return 0  # another standby waits already
+        lock = open(state_dir / lock_name, "a+")
+        fcntl.flock(lock, fcntl.LOCK_EX)  # blocks until the running helper is gone
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        standby.close()
+    else:
+        lock = claim(state_dir / lock_name)
+    if lock is None:
+        return 0  # another helper of this kind keeps this state dir's things
+    loop = Loop(bind(state_dir / socket_name), name)
+    log_line(name, f"started pid={os.getpid()} state_dir={state_dir}")
+    handle, holding = setup(loop)
+    return loop.run(handle, holding)
+
+
+# -- the agent's side ------------------------------------------------------------------------
+
+
+class Peer:
+    """One helper as the agent sees it. The owner (the fd holder's or the log keeper's
+    client) serializes every call with its own lock and says, through `everything`, what
+    a new helper must be given: (put request, [fd]) pairs."""
+
+    def __init__(self, state_dir: Path, *, module: str, socket_name: str, lock_name: str,
+                 log_name: str, what: str,
+                 everything: Callable[[], Iterable[tuple[dict[str, Any], list[int]]]]) -> None:
+        self.state_dir = state_dir.absolute()
+        self.module, self.what, self.log_name = module, what, log_name
+        self.path = self.state_dir / socket_name
+        self.lock_path = self.state_dir / lock_name
+        self.everything = everything
+        self.told: int | None = None  # the helper that has been given everything held here
+        self.complete: int | None = None  # a helper whose every fd this agent has a copy of
+        self.started: list[int] = []  # helpers this process started (its children)
+        self.on_start: Callable[[], None] = lambda: None  # the watcher registers the new one
+
+    def running(self) -> tuple[int, float] | None:
+        """(pid, start time) of the helper running now, or None."""
+        pid = lock_holder(self.lock_path)
+        if pid is None or pid <= 0:
+            return None
+        ctime = start_time(pid)
+        return None if ctime is None else (pid, ctime)
+
+    def _connect(self, start: bool) -> tuple[socket.socket, int] | None:
+        """A connection to the helper (one started if none runs and `start`) and its pid."""
+        deadline = time.monotonic() + START_BOUND
+        soon = time.monotonic() + 1.0  # a standby takes over at once; none is started meanwhile
+        started = False
+        while True:
+            pid = lock_holder(self.lock_path)
+            if pid is not None:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.settimeout(BOUND)
+                try:
+                    s.connect(str(self.path))
+                    return s, pid
+                except OSError:
+                    s.close()
+            if not start:
+                return None
+            waiting = lock_holder(standby_of(self.lock_path)) is not None
+            if not started and pid is None and not (waiting and time.monotonic() < soon):
+                reap(self.started)
+                self.started.append(spawn(self.module, self.state_dir, self.log_name))
+                started = True
+                self.on_start()
+            if time.monotonic() > deadline:
+                raise OSError(errno.ETIMEDOUT, f"the {self.what} did not answer on {self.path}")
+            time.sleep(0.002)
+
+    def standby(self) -> None:
+        """A standby helper waits beside the running one (started if none waits)."""
+        if lock_holder(standby_of(self.lock_path)) is None:
+            reap(self.started)
+            self.started.append(spawn(self.module, self.state_dir, self.log_name, standby=True))
+
+    def _exchange(self, conn: socket.socket, request: dict[str, Any], fds: Iterable[int],
+                  maxfds: int) -> tuple[bytes, list[int]]:
+        socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
+        data, got, _, _ = socket.recv_fds(conn, MAX_MESSAGE, max(1, maxfds))
+        if not data:
+            raise ConnectionResetError(f"the {self.what} closed the connection")
+        return data, got
+
+    def put_all(self, conn: socket.socket) -> None:
+        for request, fds in self.everything():
+            _, got = self._exchange(conn, request, fds, 0)
+            for fd in got:
+                os.close(fd)
+
+    def ask(self, request: dict[str, Any], fds: Iterable[int] = (), *, start: bool = True,
+            maxfds: int = 0) -> tuple[dict[str, Any], list[int]] | None:
+        """One request. A helper not yet given everything held here is given it first (it
+        is new: the one told died). One that does not answer within BOUND is killed when
+        that loses nothing (see the module's doc) and the request goes to a new one. None:
+        no helper runs and `start` is False. OSError when it cannot be done."""
+        for tried in range(2):
+            got_conn = self._connect(start)
+            if got_conn is None:
+                return None
+            conn, pid = got_conn
+            try:
+                with conn:
+                    if pid != self.told:
+                        self.put_all(conn)
+                        self.told = pid
+                    data, got = self._exchange(conn, request, fds, maxfds)
+            except TimeoutError:
+                self.told = None
+                self._unresponsive(pid)
+                if tried:
+                    raise
+                continue
+            except OSError:
+                self.told = None
+                if tried:
+                    raise
+                continue
+            return self._reply(data, got)
+        return None
+
+    def _reply(self, data: bytes, got: list[int]) -> tuple[dict[str, Any], list[int]]:
+        for fd in got:
+            os.set_inheritable(fd, False)  # SCM_RIGHTS gives them without close-on-exec
+        try:
+            reply = json.loads(data)
+        except ValueError:
+            reply = {"ok": False, "error": "not JSON"}
+        if not isinstance(reply, dict) or not reply.get("ok"):
+            for fd in got:
+                os.close(fd)
+            why = reply.get("error") if isinstance(reply, dict) else reply
+            raise OSError(errno.EPROTO, f"the {self.what} refused: {why}")
+        return reply, got
+
+    def _unresponsive(self, pid: int) -> None:
+        """A helper that did not answer within BOUND: killed when this agent has a copy of
+        all it holds; otherwise left alone, and the exchange fails."""
+        ctime = start_time(pid)
+        if ctime is None:
+            return  # gone already
+        if pid not in self.started and pid != self.complete:
+            raise OSError(errno.ETIMEDOUT, f"the {self.what} (pid {pid}) does not answer within "
+                          f"{BOUND:g}s and holds what this agent has no copy of, so it is left "
+                          f"running; `kill -CONT {pid}` if it is stopped, or kill it to lose them")
+        log.warning("%s pid=%d did not answer within %gs: killed, a new one gets everything",
+                    self.what, pid, BOUND)
+        kill_and_wait(pid, ctime)
+        reap(self.started)
