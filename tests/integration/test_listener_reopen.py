@@ -19,7 +19,7 @@ from sqlalchemy import update
 from models.tables import Listener
 from runners.keepers.fdholder import holder_pid
 from tests.conftest import HELLO, Vigil, pid_dead, wait_for
-from tests.listening import free_port, serving_inode, store_inode
+from tests.listening import free_port, reopened_events, serving_inode, stopped_with_a_lost_socket
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -59,33 +59,6 @@ def listen_foreign(started: list[subprocess.Popen[str]], address: str,
     started.append(p)
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     return p
-
-
-def stopped_with_a_lost_socket(v: Vigil, address: str) -> int:
-    """Add `app` on `address`, wake it, stop it, then kill -9 its agent and its fd holder
-    (by pid, one after the other) and start a new agent: nothing has the socket any more.
-    Returns the lost socket's inode."""
-    v.run("host", "add", "app", "--build", str(HELLO), "--listen", address)
-    agent = v.start_agent()
-    v.wait_ready(agent)
-    v.run("wake", "app", "--wait")
-    inode = store_inode(v, "app")
-    v.run("stop", "app", "--wait")
-    v.quiesce()
-    holder = holder_pid(v.state_dir)
-    assert holder and inode
-    os.kill(agent.pid, signal.SIGKILL)
-    agent.wait(10)
-    os.kill(holder, signal.SIGKILL)
-    wait_for(lambda: pid_dead(holder), 10, what="the holder gone")
-    before = v.ready_count()
-    v.wait_ready_after(v.start_agent(), before)
-    assert v.status("app")["listeners"][0]["state"] == "lost"
-    return inode
-
-
-def reopened_events(v: Vigil) -> list[dict]:
-    return [e for e in v.json("events", "app") if e["kind"] == "listener_reopened"]
 
 
 def test_a_reboot_reopens_the_socket_and_says_so(vigil: Vigil, short_tmp: Path) -> None:
