@@ -175,9 +175,10 @@ TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
     ListenerState: {
         ListenerState.new: frozenset({ListenerState.opening}),
         ListenerState.opening: frozenset({ListenerState.held}),
-        # held -> opening: a new boot (nothing of the last one can hold it); -> lost: gone
+        # held -> opening: bound again (the agent lacks it); -> lost: gone, or a new boot
         ListenerState.held: frozenset({ListenerState.opening, ListenerState.lost}),
-        ListenerState.lost: frozenset({ListenerState.new}),  # the operator's reopen
+        # lost -> opening: the host's next start binds it again; -> new: `vigil host reopen`
+        ListenerState.lost: frozenset({ListenerState.opening, ListenerState.new}),
     },
     RolloutState: {
         RolloutState.running: frozenset({RolloutState.paused, RolloutState.halted,

@@ -165,7 +165,7 @@ class Listener(Base):
     inode: Mapped[int | None] = mapped_column(BigInteger)
     boot_id: Mapped[str | None] = mapped_column(String(36))  # the box's boot it was opened in
     opened_at: Mapped[datetime | None] = mapped_column(DateTime)
-    reason: Mapped[str | None] = mapped_column(Text)  # why it is lost
+    reason: Mapped[str | None] = mapped_column(Text)  # why it was lost (kept once reopened)
 
 
 class Generation(Base):

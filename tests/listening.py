@@ -4,6 +4,7 @@ client on it, and the socket's inode as the store, the fd holder and the app eac
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -15,7 +16,8 @@ from sqlalchemy import select
 
 from models.tables import Listener
 from runners.backend.listen import Listeners
-from tests.conftest import ROOT, Vigil, wait_for
+from runners.keepers.fdholder import holder_pid
+from tests.conftest import HELLO, ROOT, Vigil, pid_dead, wait_for
 
 GUNICORN_DIR = ROOT / "examples" / "gunicorn"
 GUNICORN = Path(sys.executable).parent / "gunicorn"  # installed by the test extra
@@ -135,3 +137,30 @@ def serving_inode(v: Vigil, host: str) -> int:
 def awake(v: Vigil, host: str, timeout: float = 90) -> dict:
     return wait_for(lambda: (st := v.status(host))["state"] == "awake" and st, timeout,
                     interval=0.1, what=f"{host} awake")
+
+
+def stopped_with_a_lost_socket(v: Vigil, address: str) -> int:
+    """Add `app` on `address`, wake it, stop it, then kill -9 its agent and its fd holder
+    (by pid, one after the other) and start a new agent: nothing has the socket any more.
+    Returns the lost socket's inode."""
+    v.run("host", "add", "app", "--build", str(HELLO), "--listen", address)
+    agent = v.start_agent()
+    v.wait_ready(agent)
+    v.run("wake", "app", "--wait")
+    inode = store_inode(v, "app")
+    v.run("stop", "app", "--wait")
+    v.quiesce()
+    holder = holder_pid(v.state_dir)
+    assert holder and inode
+    os.kill(agent.pid, signal.SIGKILL)
+    agent.wait(10)
+    os.kill(holder, signal.SIGKILL)
+    wait_for(lambda: pid_dead(holder), 10, what="the holder gone")
+    before = v.ready_count()
+    v.wait_ready_after(v.start_agent(), before)
+    assert v.status("app")["listeners"][0]["state"] == "lost"
+    return inode
+
+
+def reopened_events(v: Vigil) -> list[dict]:
+    return [e for e in v.json("events", "app") if e["kind"] == "listener_reopened"]

@@ -10,6 +10,7 @@ and hands it to a new holder. Only when none of them has it is the socket lost.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import os
@@ -18,6 +19,7 @@ import stat
 import threading
 from pathlib import Path
 
+from runners.backend.addresses import split, unix_in_use, why_unbindable
 from runners.keepers.fdholder import HOLDER_LOCK, HOLDER_SOCKET
 from runners.keepers.wire import MAX_FDS, Peer
 
@@ -33,33 +35,20 @@ def boot_id() -> str:
         return "unknown"
 
 
-def split(address: str) -> tuple[str, object]:
-    """'tcp:127.0.0.1:8080' -> ('tcp', ('127.0.0.1', 8080)); 'unix:/p' -> ('unix', '/p')."""
-    kind, _, rest = address.partition(":")
-    if kind == "unix":
-        return kind, rest
-    host, _, port = rest.rpartition(":")
-    return kind, (host.strip("[]"), int(port))
-
-
 def _family(host: str) -> int:
     return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
 
 
-def _unix_in_use(path: str) -> bool:
-    """Something listens on the unix socket at path (a stale file answers ECONNREFUSED)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(path)
-        except OSError:
-            return False
-    return True
-
-
 def open_socket(address: str) -> socket.socket:
-    """Bind and listen. Raises OSError (errno as the kernel said) or ValueError (a file
-    that is not a socket sits on the unix path)."""
+    """Bind and listen. Raises OSError (errno as the kernel said, strerror the one line of
+    why_unbindable) or ValueError (a file that is not a socket sits on the unix path)."""
+    try:
+        return _bind(address)
+    except OSError as exc:
+        raise OSError(exc.errno, why_unbindable(address, exc)) from exc
+
+
+def _bind(address: str) -> socket.socket:
     kind, where = split(address)
     if kind == "unix":
         path = str(where)
@@ -70,9 +59,10 @@ def open_socket(address: str) -> socket.socket:
         if st is not None:
             if not stat.S_ISSOCK(st.st_mode):
                 raise ValueError(f"{path} exists and is not a socket")
-            if _unix_in_use(path):
+            if unix_in_use(path):
                 raise OSError(errno.EADDRINUSE, "something already listens there")
-            os.unlink(path)  # a stale socket file: nothing listens on it
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # a stale socket file: nothing listens on it
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     else:
         host, port = where  # type: ignore[misc]
@@ -103,21 +93,13 @@ def probe_address(address: str) -> str | None:
         if os.path.lexists(path):
             if not stat.S_ISSOCK(os.lstat(path).st_mode):
                 return f"{address}: {path} exists and is not a socket; remove it or pick another path"
-            if _unix_in_use(path):
-                return f"{address}: something already listens on {path}; stop it or pick another path"
+            if unix_in_use(path):
+                return why_unbindable(address, OSError(errno.EADDRINUSE, "in use"))
         return None
     try:
         open_socket(address).close()
-    except PermissionError:
-        return (f"{address}: port {where[1]} is privileged and vigil may not bind it "  # type: ignore[index]
-                "(no CAP_NET_BIND_SERVICE); run the agent as root or with that capability, "
-                "or pick a port above 1023")
     except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            return f"{address}: the port is in use; stop what holds it (see `ss -ltnp`) or pick another port"
-        if exc.errno == errno.EADDRNOTAVAIL:
-            return f"{address}: {where[0]} is not an address of this box; pick one it has"  # type: ignore[index]
-        return f"{address}: cannot bind ({exc.strerror}); pick another address"
+        return exc.strerror or str(exc)
     return None
 
 

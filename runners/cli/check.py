@@ -179,22 +179,16 @@ def run_checks(store: Store, state_dir: Path) -> list[Violation]:
 
 
 def listener_violations(store: Store, state_dir: Path) -> list[Violation]:
-    """A lost listener; a held one (on this box, this boot) that the fd holder lacks."""
+    """A held listener (on this box, this boot) that the fd holder lacks. A lost one is no
+    violation: the host's next start binds it again (listener_notes says so)."""
     from runners.backend.listen import Listeners, boot_id
-    from workflows.generations.listeners import key_of, lost_line
+    from workflows.generations.listeners import key_of
 
     rows = store.read(lambda s: s.execute(select(Listener).order_by(
         Listener.host, Listener.position)).scalars().all())
     if not rows:
         return []
     bad = []
-    by_host: dict[str, list[Listener]] = {}
-    for r in rows:
-        by_host.setdefault(r.host, []).append(r)
-    for host, mine in by_host.items():
-        line = lost_line(host, mine)
-        if line is not None:
-            bad.append(Violation("listener_lost", line))
     me = (state_dir / "agent-id").read_text().strip() if (state_dir / "agent-id").exists() else None
     held = [r for r in rows if r.state is ListenerState.held and r.agent_id == me
             and r.boot_id == boot_id()]
@@ -214,3 +208,12 @@ def listener_violations(store: Store, state_dir: Path) -> list[Violation]:
                     bad.append(Violation("listener_holder", f"host {r.host}: the fd holder "
                                          f"does not keep {r.address} (inode {r.inode})"))
     return bad
+
+
+def listener_notes(store: Store) -> list[str]:
+    """Listeners that were lost: reopened (and why), or bound again at the next start."""
+    from workflows.generations.listeners import note
+
+    rows = store.read(lambda s: s.execute(select(Listener).order_by(
+        Listener.host, Listener.position)).scalars().all())
+    return [line for line in map(note, rows) if line is not None]

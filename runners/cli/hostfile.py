@@ -32,6 +32,7 @@ from workflows.generations.listeners import (
     Listen,
     check_set,
     default_ready,
+    overlaps,
     parse_listen,
     parse_ready,
 )
@@ -254,9 +255,10 @@ def load(path: str) -> list[HostSpec]:
     seen: dict[str, str] = {}
     for host_spec in specs:
         for a in host_spec.listens:
-            if a.address in seen:
+            other = next((b for b in seen if overlaps(a.address, b)), None)  # resolved paths
+            if other is not None:
                 raise f.bad(host_spec.name, LISTEN, f"{a.address} is also host "
-                            f"{seen[a.address]}'s listener", "give each host its own address")
+                            f"{seen[other]}'s listener", "give each host its own address")
             seen[a.address] = host_spec.name
     return specs
 

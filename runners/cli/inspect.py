@@ -122,13 +122,15 @@ def check(env: Env, as_json: bool) -> None:
     """Exit 0 when every invariant holds (one current generation per host, no stray
     process, every obligation visible, leases held iff needed, referenced builds kept, an
     agent running while obligations are open); else print each violation and exit 1."""
-    from runners.cli.check import run_checks
+    from runners.cli.check import listener_notes, run_checks
 
     store = env.store()
     violations = run_checks(store, env.state_dir)
     if as_json:
         echo_json([v.__dict__ for v in violations])
     else:
+        for line in listener_notes(store):  # not violations: said, never failed on
+            click.echo(f"note: {line}")
         for v in violations:
             click.echo(f"{v.name}: {v.message}")
         if not violations:

@@ -79,7 +79,8 @@ def attach(host: click.Group) -> None:
     @click.pass_obj
     def host_reopen(env: Any, name: str) -> None:
         """Open new listening sockets for a host whose sockets were lost (connections that
-        were queued on the old ones are gone with them)."""
+        were queued on the old ones are gone with them). Not needed: the host's next start
+        binds a lost one again by itself, and records why."""
         from workflows.generations.listeners import reopen
 
         n = env.store().write(lambda s: reopen(s, name))

@@ -74,8 +74,10 @@ def status_table(rows: list[dict[str, Any]]) -> Any:
 
 
 def _where(r: dict[str, Any]) -> str:
-    """Its own socket, or its shared listeners (a lost one says so)."""
-    shared = [f"{lst['address']}{' LOST' if lst['state'] == 'lost' else ''}"
+    """Its own socket, or its shared listeners (a lost one, bound again at the next start,
+    and a reopened one say so)."""
+    tags = {"lost": " (lost)", "opening": " (opening)"}
+    shared = [f"{lst['address']}{' (reopened)' if lst.get('reopened') else tags.get(lst['state'], '')}"
               for lst in r.get("listeners", [])]
     return ", ".join(shared) or r["socket"] or ""
 

@@ -13,10 +13,10 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from models.errors import BadInput, NotFound
-from models.states import Cause, HostKind, Mode
+from models.errors import BadInput, NotFound, Refused
+from models.states import Cause, HostKind, ListenerState, Mode
 from models.store import Store
-from models.tables import Attempt, Event, Generation, Host, Release, Stop, Wake
+from models.tables import Attempt, Event, Generation, Host, Listener, Release, Stop, Wake
 from runners.backend.files import stage_build
 from runners.quick import client
 from workflows.config.hosts import record_build
@@ -36,7 +36,23 @@ def plain(data: Any) -> Any:
 
 # -- intents --------------------------------------------------------------------------------
 
+def refuse_unbindable(store: Store, name: str) -> None:
+    """A lost listener is bound again at the host's next start; only one whose address
+    cannot be bound now (taken by another process, no right to it) refuses, naming what
+    holds it. Nothing else has the socket of a lost row, this agent included."""
+    from runners.backend.listen import probe_address
+
+    lost = store.read(lambda s: list(s.execute(select(Listener.address).where(
+        Listener.host == name, Listener.state == ListenerState.lost)).scalars()))
+    for address in lost:
+        problem = probe_address(address)
+        if problem is not None:
+            cause, _, fix = problem.rpartition("; ")
+            raise Refused(f"host {name}: its lost listener cannot be bound again: {cause}", fix)
+
+
 def wake(store: Store, name: str) -> dict[str, Any]:
+    refuse_unbindable(store, name)
     req = store.write(lambda s: request_wake(s, name))
     return {"id": req.id, "state": req.state}
 
@@ -66,6 +82,7 @@ def deploy(store: Store, state_dir: Path, name: str, build_path: str, *, cwd: st
         store.write(lambda s: stage_live(s, name, record_build(
             s, path, digest, str(Path(build_path).absolute()))))
         return {"converge": digest, "grace": h.converge_grace}
+    refuse_unbindable(store, name)
     path, digest = stage_build(build_path, state_dir, shown)
 
     def intent(s):  # type: ignore[no-untyped-def]

@@ -22,8 +22,10 @@ from tests.listening import (
     add_gunicorn,
     awake,
     free_port,
+    reopened_events,
     serve_builds,
     serving_inode,
+    stopped_with_a_lost_socket,
 )
 
 pytestmark = pytest.mark.timeout(600)
@@ -38,14 +40,14 @@ CHAINS = {
 MARKER_ONCE = pytest.mark.once("containment, not the store: the marker variant runs once")
 
 
-def crash(v: Vigil, point: str, drive: bool) -> None:
+def crash(v: Vigil, point: str, drive: bool, host: str = "web") -> None:
     before = v.ready_count()
     agent = v.start_agent(point)
     if drive:
         wait_for(lambda: agent.poll() is not None or v.ready_count() > before, 60,
                  what="crash agent ready")
         if agent.poll() is None:
-            v.run("wake", "web")
+            v.run("wake", host)
     try:
         rc = agent.wait(90)
     except subprocess.TimeoutExpired:
@@ -95,5 +97,25 @@ def test_socket_survives_the_agent(vigil: Vigil, short_tmp: Path, point: str) ->
         assert serving_inode(vigil, "web") == inode
     print(f"\n{point}: {client.ok} answered, {len(client.failures)} failed")
     assert not client.failures, f"{len(client.failures)} failed: {client.failures[:5]}"
+    vigil.quiesce(30)
+    vigil.check()
+
+
+@pytest.mark.parametrize("point", ["listen.opening", "listen.bound", "listen.handed",
+                                   "listen.held"])
+def test_a_reopen_cut_short_is_finished_once(vigil: Vigil, short_tmp: Path, point: str) -> None:
+    """A lost socket's rebind, the agent killed at each step of it: the restarted agent
+    finishes it, the host wakes, and `listener_reopened` is written exactly once."""
+    port = free_port()
+    first = stopped_with_a_lost_socket(vigil, f"tcp:127.0.0.1:{port}")
+    for p in list(vigil.agents):
+        vigil.stop_agent(p)
+    crash(vigil, point, drive=True, host="app")
+    restart(vigil)
+    vigil.run("wake", "app")
+    awake(vigil, "app", 120)
+    assert serving_inode(vigil, "app") != first
+    events = reopened_events(vigil)
+    assert len(events) == 1 and "both died" in str(events[0]), events
     vigil.quiesce(30)
     vigil.check()

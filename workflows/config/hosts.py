@@ -20,13 +20,14 @@ from models.states import (
     AttemptStep,
     GenState,
     HostKind,
+    ListenerState,
     Outcome,
     WakeState,
 )
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Lease, Listener, Stop, Wake
 from workflows.base.paths import CONTROL
-from workflows.generations.listeners import Listen, check_set, lost_line, stored, write_set
+from workflows.generations.listeners import Listen, check_set, note, reopened, stored, write_set
 from workflows.leases.lease import still_needed
 from workflows.lifecycle.workers import check_policy
 
@@ -207,17 +208,15 @@ def _probe_status(h: Host, gen: Generation | None) -> dict[str, Any]:
 
 
 def _listen_status(s: Session, h: Host) -> dict[str, Any]:
-    """A host on shared listeners: each one, and the line that says one is lost."""
+    """A host on shared listeners: each one, and what became of one that was lost (it is
+    bound again at the host's next start; then it says it was reopened, and why)."""
     rows = stored(s, h.name)
     if not rows:
         return {}
-    out: dict[str, Any] = {"ready": h.ready or "http", "listeners": [
-        {"name": r.name, "address": r.address, "state": r.state.value, "inode": r.inode}
+    return {"ready": h.ready or "http", "listeners": [
+        {"name": r.name, "address": r.address, "state": r.state.value, "inode": r.inode,
+         "reopened": r.state is ListenerState.held and reopened(r), "note": note(r)}
         for r in rows]}
-    line = lost_line(h.name, rows)
-    if line is not None:
-        out["problem"] = line
-    return out
 
 
 def _worker_status(s: Session, h: Host, gen: Generation | None) -> dict[str, Any]:

@@ -35,7 +35,6 @@ from workflows.deploys.steps import (
     relink,
 )
 from workflows.generations.ending import mark_retiring
-from workflows.generations.listeners import refuse_if_lost
 from workflows.leases.lease import owe_release, release_owed
 
 ENDED = define("swap.ended", "an attempt that did not switch is ended; its successor not reaped yet")
@@ -56,7 +55,6 @@ def request_deploy(s: Session, host: str, build: Build, *, mode: Mode, canary: b
     h = s.get(Host, host)
     if h is None:
         raise NotFound(f"no host named {host!r}", "see `vigil host list`")
-    refuse_if_lost(s, host)  # never run on a fresh socket by surprise
     effective = Mode.hold if h.kind is HostKind.worker else mode
     revision = (s.execute(select(func.max(Attempt.revision)).where(Attempt.host == host))
                 .scalar() or 0) + 1

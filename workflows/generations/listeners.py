@@ -7,9 +7,12 @@ A listener row moves new -> opening -> held (inode recorded) on the first spawn 
 it: the intent is written before the bind, and the socket is with the fd holder
 (runners/keepers/fdholder.py) before it is written held. On start the agent takes every held
 socket back from the holder, or, if the holder died too, from a live process of the host
-that inherited it (the same inode); if none has it, the listener is `lost`: `vigil status`
-and `vigil check` say so and every spawn of the host is refused until `vigil host reopen`.
-A socket opened in an earlier boot of the box is simply opened again.
+that inherited it (the same inode); if none has it (two deaths at once; a socket of an
+earlier boot of the box), the listener is `lost`, with why. A lost listener does not keep
+its host down: the host's next start binds the address again and records
+`listener_reopened` (with why); the row keeps that why, so `vigil status` and `vigil check`
+say it was reopened. Only an address that cannot be bound refuses (the agent's side names
+what holds it). `vigil host reopen` stays as an explicit verb.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import BadInput, BrokenInvariant, NotFound, Refused
+from models.errors import BadInput, BrokenInvariant, NotFound
 from models.states import LIVE_GEN, HostKind, ListenerState
 from models.store import emit, utcnow
 from models.tables import Generation, Host, Listener
@@ -69,7 +72,7 @@ def parse_listen(text: str, default_name: str, label: str = "--listen ") -> List
         if not rest.startswith("/") or "\0" in rest:
             raise BadInput(f"{label}{text!r}: a unix listener takes an absolute path",
                            "write e.g. unix:/run/app/http.sock")
-        path = os.path.normpath(rest)
+        path = "/" + os.path.normpath(rest).lstrip("/")  # POSIX keeps a leading '//'
         if len(os.fsencode(path)) > 107:
             raise BadInput(f"{label}{text!r}: the path is longer than 107 bytes, the most a unix "
                            "socket takes", "pick a shorter path")
@@ -125,13 +128,18 @@ def check_set(listens: list[Listen], kind: HostKind, ready: str | None, label: s
 
 
 def overlaps(a: str, b: str) -> bool:
-    """Two addresses one bind would refuse: the same unix path, or the same port where
-    either host is a wildcard of its family or both are the same."""
+    """Two addresses one bind would refuse: the same unix path (resolved: a path through a
+    symlinked directory is the same file), or the same port where either host is a
+    wildcard of its family or both are the same."""
     if a == b:
         return True
     ka, _, ra = a.partition(":")
     kb, _, rb = b.partition(":")
-    if ka != kb or ka != "tcp":
+    if ka != kb:
+        return False
+    if ka == "unix":
+        return os.path.realpath(ra) == os.path.realpath(rb)
+    if ka != "tcp":
         return False
     ha, _, pa = ra.rpartition(":")
     hb, _, pb = rb.rpartition(":")
@@ -174,21 +182,22 @@ def key_of(r: Listener) -> str:
     return f"{r.host}#{r.position}#{r.address}"
 
 
-def lost_line(host: str, rows: list[Listener]) -> str | None:
-    """The one line that says a host cannot be spawned because its socket is lost."""
-    lost = [r for r in rows if r.state is ListenerState.lost]
-    if not lost:
+def reopened(r: Listener) -> bool:
+    """A row whose socket was lost and is (being) bound again: it keeps why it was lost."""
+    return r.reason is not None and r.state is not ListenerState.new
+
+
+def note(r: Listener) -> str | None:
+    """What `vigil status` and `vigil check` say of a lost or reopened listener, or None."""
+    if r.reason is None:
         return None
-    return (f"host {host}: its listening socket {lost[0].address} was lost ({lost[0].reason}); "
-            "a fresh one would not be the socket clients queue on, so nothing of it is started; "
-            f"run `vigil host reopen {host}` to open a new one")
-
-
-def refuse_if_lost(s: Session, host: str) -> None:
-    line = lost_line(host, stored(s, host))
-    if line is not None:
-        cause, _, fix = line.rpartition("; ")
-        raise Refused(cause, fix)
+    if r.state is ListenerState.held:
+        at = f" at {r.opened_at.isoformat(timespec='seconds')}Z" if r.opened_at else ""
+        return f"host {r.host}: {r.address} was reopened{at} ({r.reason})"
+    if r.state in (ListenerState.lost, ListenerState.opening):
+        return (f"host {r.host}: {r.address} was lost ({r.reason}); its next start binds it "
+                "again")
+    return None
 
 
 def reopen(s: Session, host: str) -> int:
@@ -220,9 +229,6 @@ def fds_for(ctx: Context, host: Host, fence: int | None) -> tuple[tuple[int, ...
     if ctx.listeners is None:
         raise SpawnError(f"host {host.name} has listeners and this process holds none",
                          build_fault=False)
-    line = lost_line(host.name, rows)
-    if line is not None:
-        raise SpawnError(line, build_fault=False)
     todo = [r for r in rows if not (r.state is ListenerState.held and r.agent_id == ctx.agent_id
                                     and ctx.listeners.inode(key_of(r)) == r.inode)]
     if todo:
@@ -244,7 +250,8 @@ def _open(ctx: Context, host: str, rows: list[Listener], fence: int | None) -> N
             move(s, Listener, {"host": host, "position": r.position},
                  {"state": ListenerState.opening, "agent_id": ctx.agent_id, "inode": None},
                  f"listener {r.address} {r.state.value} -> opening", fence=guard, col="state",
-                 frm=(ListenerState.new, ListenerState.opening, ListenerState.held))
+                 frm=(ListenerState.new, ListenerState.opening, ListenerState.held,
+                      ListenerState.lost))
 
     ctx.store.write(intent)
     crashpoint(OPENING)
@@ -257,8 +264,11 @@ def _open(ctx: Context, host: str, rows: list[Listener], fence: int | None) -> N
                 have = port.bind(key, r.address)
                 crashpoint(BOUND)
             port.hand(key)
-        except (OSError, ValueError) as exc:
-            raise SpawnError(f"cannot open {r.address}: {exc}", build_fault=False) from exc
+        except (OSError, ValueError) as exc:  # the port's error names what holds it, and the fix
+            named = isinstance(exc, OSError) and exc.strerror and exc.strerror.startswith(r.address)
+            why = exc.strerror if named else f"{r.address}: {exc}"
+            again = " again (it was lost)" if reopened(r) else ""
+            raise SpawnError(f"cannot open{again} {why}", build_fault=False) from exc
         crashpoint(HANDED)
         inodes[r.position] = have
     boot = port.boot()
@@ -267,11 +277,14 @@ def _open(ctx: Context, host: str, rows: list[Listener], fence: int | None) -> N
         for r in rows:
             move(s, Listener, {"host": host, "position": r.position},
                  {"state": ListenerState.held, "inode": inodes[r.position], "boot_id": boot,
-                  "opened_at": utcnow(), "reason": None},
+                  "opened_at": utcnow(), "reason": r.reason if reopened(r) else None},
                  f"listener {r.address} opening -> held", fence=guard, col="state",
                  frm=ListenerState.opening)
             emit(s, "listening", host, None, address=r.address, name=r.name,
                  inode=inodes[r.position])
+            if reopened(r) and r.state is not ListenerState.held:
+                emit(s, "listener_reopened", host, None, address=r.address,
+                     inode=inodes[r.position], reason=r.reason)
 
     ctx.store.write(held)
     crashpoint(HELD)
@@ -308,8 +321,9 @@ def recover_listeners(ctx: Context) -> dict[str, int]:
         if r.state is ListenerState.opening and key in have:
             moves.append((r, ListenerState.held, {"inode": have[key], "boot_id": boot,
                                                   "opened_at": utcnow()}))
-        elif r.state is ListenerState.held and r.boot_id != boot:
-            moves.append((r, ListenerState.opening, {"inode": None}))  # opened at next spawn
+        elif r.state is ListenerState.held and r.boot_id != boot and key not in have:
+            moves.append((r, ListenerState.lost, {
+                "reason": f"the box rebooted (boot id {r.boot_id} is now {boot})"}))
         elif r.state is ListenerState.held and have.get(key) != r.inode:
             pids: list[int] = []
             for g in gens.get(r.host, []):
@@ -319,7 +333,8 @@ def recover_listeners(ctx: Context) -> dict[str, int]:
                 rescued += 1
             else:
                 moves.append((r, ListenerState.lost, {
-                    "reason": "the fd holder and every process that had it are gone"}))
+                    "reason": "the agent and the fd holder both died, and no live process "
+                              "of the host had it"}))
     if moves:
         def step(s: Session) -> None:
             for r, to, values in moves:
@@ -328,6 +343,9 @@ def recover_listeners(ctx: Context) -> dict[str, int]:
                      fence=OWN_BOX, col="state", frm=r.state)
                 emit(s, f"listener_{to.value}", r.host, None, address=r.address,
                      **({"reason": values["reason"]} if "reason" in values else {}))
+                if to is ListenerState.held and reopened(r):  # bound again before a crash
+                    emit(s, "listener_reopened", r.host, None, address=r.address,
+                         inode=values["inode"], reason=r.reason)
 
         ctx.store.write(step)
         crashpoint(RECOVERED)

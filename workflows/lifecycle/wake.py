@@ -27,7 +27,6 @@ from workflows.builds.staged import mark_published, staged_problem
 from workflows.generations.access import grant_socket
 from workflows.generations.create import intend, launch, record
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
-from workflows.generations.listeners import refuse_if_lost
 from workflows.generations.readiness import ready_problem
 from workflows.leases.lease import Holding, acquire, owe_release, release_owed
 from workflows.lifecycle.workers import (
@@ -120,7 +119,6 @@ def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
     if h is None:
         raise NotFound(f"no host named {host!r}", "see `vigil host list`, or add it with `vigil host add`")
     refuse_if_unproven(s, host)
-    refuse_if_lost(s, host)
     move_many(s, Host, [Host.name == host], {"desired": Desired.up}, f"host {host} up",
               fence=OPERATOR, col="desired", frm=tuple(Desired))
     open_wake = s.execute(select(Wake).where(Wake.host == host, Wake.state.in_(OPEN_WAKE))
