@@ -89,7 +89,11 @@ class UnixHTTP(http.client.HTTPConnection):
     def connect(self) -> None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.timeout)
-        s.connect(self.path)
+        try:
+            s.connect(self.path)
+        except OSError:
+            s.close()
+            raise
         self.sock = s
 
 
