@@ -14,7 +14,8 @@ from runners.cli import docs
 pytestmark = pytest.mark.no_db
 
 ROOT = Path(__file__).resolve().parents[2]
-LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")
+HEADING = re.compile(r"^#+ (.+)$", re.M)
 
 
 @pytest.mark.parametrize("path", sorted(docs.FILES))
@@ -47,21 +48,34 @@ def test_readme_is_a_landing_page() -> None:
     assert len(lines) <= 200, f"README.md has {len(lines)} lines; move detail into docs/"
 
 
-def links(page: Path) -> list[str]:
-    return [m.group(1) for m in LINK.finditer(page.read_text())
+def links(page: Path) -> list[tuple[str, str | None]]:
+    """(path, anchor) of every relative link on the page; path "" is the page itself."""
+    return [(m.group(1), m.group(2)) for m in LINK.finditer(page.read_text())
             if not m.group(1).startswith(("http://", "https://", "mailto:"))]
 
 
+def broken(page: Path) -> list[str]:
+    """Links to a file that does not exist, or to a heading its target does not have."""
+    bad = []
+    for target, anchor in links(page):
+        file = page.parent / target if target else page
+        if not file.exists():
+            bad.append(f"{page.relative_to(ROOT)} -> {target}")
+        elif anchor and file.suffix == ".md":
+            anchors = {docs._anchor(h) for h in HEADING.findall(file.read_text())}
+            if anchor not in anchors:
+                bad.append(f"{page.relative_to(ROOT)} -> {target}#{anchor}")
+    return bad
+
+
 def test_readme_links_exist() -> None:
-    targets = links(ROOT / "README.md")
-    assert any(t.startswith("docs/") for t in targets)
-    missing = [t for t in targets if not (ROOT / t).exists()]
-    assert not missing, f"README.md links to missing files: {missing}"
+    assert any(t.startswith("docs/") for t, _ in links(ROOT / "README.md"))
+    missing = broken(ROOT / "README.md")
+    assert not missing, f"README.md links to missing files or headings: {missing}"
 
 
 def test_links_inside_docs_exist() -> None:
-    missing = [f"{page.relative_to(ROOT)} -> {t}" for page in sorted((ROOT / "docs").rglob("*.md"))
-               for t in links(page) if not (page.parent / t).exists()]
+    missing = [b for page in sorted((ROOT / "docs").rglob("*.md")) for b in broken(page)]
     assert not missing, f"broken links: {missing}"
 
 
@@ -89,3 +103,14 @@ def test_a_change_in_the_code_makes_the_pages_stale(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setitem(crash.REGISTERED, "docs.example", "a point only this test defines")
     assert "`docs.example`" in docs.expected("docs/internals/crash-points.md")
+
+
+def test_errors_page_names_every_exit_code() -> None:
+    from models import errors
+
+    text = (ROOT / "docs/reference/errors.md").read_text()
+    classes = [errors.VigilError, *(c for c in vars(errors).values()
+                                    if isinstance(c, type) and issubclass(c, errors.VigilError))]
+    missing = [f"{c.__name__} ({c.exit_code})" for c in classes
+               if f"| `{c.exit_code}` |" not in text or f"`{c.__name__}`" not in text]
+    assert not missing, f"docs/reference/errors.md does not give the exit code of {missing}"
