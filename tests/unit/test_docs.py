@@ -109,8 +109,8 @@ def test_errors_page_names_every_exit_code() -> None:
     from models import errors
 
     text = (ROOT / "docs/reference/errors.md").read_text()
-    classes = [errors.VigilError, *(c for c in vars(errors).values()
-                                    if isinstance(c, type) and issubclass(c, errors.VigilError))]
+    classes: list[type[errors.VigilError]] = [
+        c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.VigilError)]
     missing = [f"{c.__name__} ({c.exit_code})" for c in classes
                if f"| `{c.exit_code}` |" not in text or f"`{c.__name__}`" not in text]
     assert not missing, f"docs/reference/errors.md does not give the exit code of {missing}"
