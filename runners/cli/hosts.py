@@ -142,7 +142,7 @@ def host_rm(env: Env, name: str) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.pass_obj
 def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
-    """Create, update and remove hosts to match a TOML file (see README: Operating vigil)."""
+    """Create, update and remove hosts to match a TOML file (see docs/reference/hosts-file.md)."""
     from runners.backend.files import LocalFiles, stage_build, staging_root
     from runners.base.doorbell import ring as ring_doorbell
     from runners.cli.hostfile import load
