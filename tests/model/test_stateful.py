@@ -56,7 +56,7 @@ from tests.conftest import drop_db, on_postgresql, pid_dead, wait_for
 from tests.model.apps import write_app
 from tests.model.box import Box, CrashTrap, template_db
 from workflows.base import crash as crash_mod
-from workflows.deploys.driver import request_deploy
+from workflows.deploys.request import request_deploy
 from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.wake import request_wake
 
