@@ -89,6 +89,7 @@ class Cause(str, enum.Enum):
     restart = "restart"
     config = "config"
     rollout = "rollout"  # one wave of a rollout (workflows/rollouts/rollout.py), or its revert
+    resumed = "resumed"  # an attempt interrupted before its switch, written again (resumed_from)
 
 
 class RolloutState(str, enum.Enum):

@@ -298,6 +298,9 @@ class Attempt(RetryColumns, Base):
     executed: Mapped[bool | None] = mapped_column(Boolean)
     drain_seconds: Mapped[float | None] = mapped_column(Float)
     clean_exit: Mapped[bool | None] = mapped_column(Boolean)  # a one-shot run exited 0
+    # The attempt this one writes again (cause `resumed`). No foreign key: a self-reference
+    # would make SQLite's table rebuilds (migrations 0009, 0014) fail on their own rows.
+    resumed_from: Mapped[int | None] = mapped_column(Integer, index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime)
 

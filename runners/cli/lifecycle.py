@@ -120,8 +120,14 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -
     quick = env.quick()
     after = quick.call("last_event")
     seen: list[str] = []  # steps printed, in order
+    passed: list[int] = []  # attempts reported abandoned and written again
 
     def tick(a: dict[str, Any], elapsed: float) -> None:
+        for r in a["resumed"]:  # the agent restarted: the request goes on as a new attempt
+            if r["id"] not in passed:
+                passed.append(r["id"])
+                seen.clear()
+                click.echo(f"{elapsed:7.2f}s  attempt #{r['id']} abandoned: {r['reason']}")
         # A fast attempt can pass `switched` between two polls: its event says it did.
         if a["switched"] and "switched" not in seen and a["step"] != "switched":
             seen.append("switched")
@@ -131,7 +137,7 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -
             click.echo(f"{elapsed:7.2f}s  {a['step']}")
 
     def late(a: dict[str, Any]) -> VigilError:
-        return VigilError(f"timed out after {timeout:.0f}s: attempt #{attempt_id} is at "
+        return VigilError(f"timed out after {timeout:.0f}s: attempt #{a['id']} is at "
                           f"{a['step']} ({a['last_error'] or 'no error yet'})",
                           "watch `vigil obligations`; the agent keeps working on it")
 

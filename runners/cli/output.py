@@ -65,11 +65,12 @@ def show(t: Any) -> None:
 
 
 def status_table(rows: list[dict[str, Any]]) -> Any:
-    t = table("host", "kind", "state", "gen", "pid", "build", "up for", "socket")
+    t = table("host", "kind", "state", "gen", "pid", "build", "up for", "socket", "deploy")
     for r in rows:
         t.add_row(r["host"], r["kind"], r["state"],
                   f"g{r['generation']}" if r["generation"] else "", str(r["pid"] or ""),
-                  (r["build_digest"] or "")[:12], age(r["since"]), _where(r))
+                  (r["build_digest"] or "")[:12], age(r["since"]), _where(r),
+                  r.get("deploy") or "")
     return t
 
 

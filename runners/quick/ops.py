@@ -14,14 +14,14 @@ from typing import Any
 from sqlalchemy import func, select
 
 from models.errors import BadInput, NotFound, Refused
-from models.states import Cause, HostKind, ListenerState, Mode
+from models.states import Cause, HostKind, ListenerState, Mode, Outcome
 from models.store import Store
 from models.tables import Attempt, Event, Generation, Host, Listener, Release, Stop, Wake
 from runners.backend.files import stage_build
 from runners.quick import client
 from workflows.config.hosts import record_build
 from workflows.config.hosts import status as host_rows
-from workflows.deploys.driver import last_failed, no_longer_staged, request_deploy
+from workflows.deploys.request import last_failed, no_longer_staged, request_deploy
 from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.wake import request_wake
 
@@ -149,15 +149,26 @@ def row_progress(store: Store, kind: str, row_id: int) -> dict[str, Any]:
 
 
 def attempt_progress(store: Store, attempt_id: int, after_event: int) -> dict[str, Any]:
-    """An attempt's step and, once ended, its outcome. `switched`: a `switched` event of its
-    host came after `after_event` (a fast attempt passes that step between two polls)."""
+    """An attempt's step and, once ended, its outcome; an attempt abandoned and written again
+    (cause `resumed`) is followed to the one that replaces it, so a --wait across an agent
+    restart reports the request's end, not the interruption. `resumed`: the attempts passed,
+    oldest first, each with why it ended. `switched`: a `switched` event of its host came
+    after `after_event` (a fast attempt passes that step between two polls)."""
     def read(s):  # type: ignore[no-untyped-def]
         a = s.get(Attempt, attempt_id)
+        passed = []
+        # The abandonment and the new attempt are one commit: seeing one shows the other.
+        while a.outcome is Outcome.abandoned:
+            nxt = s.execute(select(Attempt).where(Attempt.resumed_from == a.id)).scalar()
+            if nxt is None:
+                break
+            passed.append({"id": a.id, "reason": a.reason})
+            a = nxt
         out = {"id": a.id, "host": a.host, "step": a.step.value,
                "outcome": a.outcome.value if a.outcome is not None else None,
                "effective_mode": a.effective_mode.value, "executed": a.executed,
                "drain_seconds": a.drain_seconds, "reason": a.reason, "last_error": a.last_error,
-               "switched": False}
+               "resumed": passed, "switched": False}
         if a.step.value in ("drained", "ended"):
             out["switched"] = s.execute(select(Event.id).where(
                 Event.id > after_event, Event.host == a.host,
@@ -165,7 +176,6 @@ def attempt_progress(store: Store, attempt_id: int, after_event: int) -> dict[st
         return out
 
     return store.read(read)
-
 
 
 def notify_boxes(store: Store) -> None:

@@ -35,7 +35,7 @@ from tests.model.apps import write_app
 from tests.model.box import Box
 from workflows.base.context import Result
 from workflows.base.ports import ProcessPort, ProcRef
-from workflows.deploys.driver import request_deploy
+from workflows.deploys.request import request_deploy
 from workflows.engine.obligations import KINDS, Due, backoff, due
 from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.wake import request_wake

@@ -25,7 +25,8 @@ from runners.wiring import open_store
 from tests.conftest import HELLO, Vigil, pid_dead
 from workflows.base.context import Context, Result
 from workflows.config.hosts import record_build
-from workflows.deploys.driver import drive_attempt, request_deploy
+from workflows.deploys.driver import drive_attempt
+from workflows.deploys.request import request_deploy
 from workflows.engine.obligations import Due, run_one
 from workflows.lifecycle.stop import drive_stop, request_stop
 from workflows.lifecycle.wake import drive_wake, request_wake

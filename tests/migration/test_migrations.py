@@ -250,6 +250,23 @@ def seed_0013(conn: Connection) -> None:
                                           "job_state": _job_state("runners.agent.schedules:fire")})
 
 
+def seed_0014(conn: Connection) -> None:
+    """An overlap attempt interrupted before its switch and the attempt that writes it
+    again (0014: cause `resumed`, attempts.resumed_from)."""
+    common = {"host": "web", "build_id": 3, "digest": "cd" * 32, "mode": "overlap",
+              "effective_mode": "overlap", "canary": False, "fence": None,
+              "successor_id": None, "retiring_id": None, "drain_seconds": None,
+              "clean_exit": None, "created_at": T0}
+    raw_insert(conn, "attempts", {
+        **common, "id": 140, "cause": "release", "revision": 14, "step": "ended",
+        "outcome": "abandoned", "reason": "interrupted at step spawned", "executed": True,
+        "resumed_from": None, "ended_at": T0, **retry_cols(0)})
+    raw_insert(conn, "attempts", {
+        **common, "id": 141, "cause": "resumed", "revision": 15, "step": "queued",
+        "outcome": None, "reason": None, "executed": None, "resumed_from": 140,
+        "ended_at": None, **retry_cols(0)})
+
+
 def _job_state(func: str) -> bytes:
     """A job's state as APScheduler 3 pickles it: a dict whose `func` is a textual reference."""
     import pickle
@@ -275,6 +292,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0011": seed_0011,
     "0012": seed_0012,
     "0013": seed_0013,
+    "0014": seed_0014,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
@@ -406,6 +424,9 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         assert ("rollout", "rollout #9", None) in open_kinds
         assert conn.execute(text("SELECT cause FROM attempts WHERE id = 90")).scalar() == "rollout"
         assert conn.execute(text("SELECT count(*) FROM rollout_targets")).scalar() == 3
+        assert tuple(conn.execute(text("SELECT cause, resumed_from FROM attempts WHERE id = 141"
+                                       )).one()) == ("resumed", 140)
+        assert conn.execute(text("SELECT resumed_from FROM attempts WHERE id = 90")).scalar() is None
 
 
 def test_stored_schedules_follow_the_move(store: Store) -> None:

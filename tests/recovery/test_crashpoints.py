@@ -250,6 +250,10 @@ class Flow:
     raised:       the target's parent limit is marked raised before the crash agent starts.
     attempt:      deploys: the expected (outcome, executed) of the one attempt; executed
                   None is not checked. The target then must serve the new build iff done.
+    resumed:      deploys interrupted before the switch: the attempt above was abandoned
+                  and written again (cause resumed, each naming the one it replaces, maybe
+                  more than once); the expected (outcome, executed) of the last of them,
+                  which then decides the build the target serves.
     """
 
     name: str
@@ -262,6 +266,7 @@ class Flow:
     target_fate: str | None = None
     raised: bool = False
     attempt: tuple[str, bool | None] | None = None
+    resumed: tuple[str, bool | None] | None = None
     # Workers: the kind, its args and policy (workflows/lifecycle/workers.py), the settle window,
     # a step run after the crashes and before the clean agent, and which build the target
     # must run at the end ("live": the host's build; "first": the one it was added with).
@@ -331,12 +336,15 @@ ADOPT = Flow("adopt", None, end="awake", pre_awake=True, setup_signal=signal.SIG
              target_fate="kept")
 _DEPLOY = dict(end="awake", build=STUBBORN, host={"drain_timeout": 1.0, "health_timeout": 2.0},
                pre_awake=True)
-# overlap: before the switch the attempt is abandoned and the old generation keeps serving;
-# at or after it, the attempt finishes and the old one is drained.
+# overlap: before the switch the attempt is abandoned (its successor killed, the old
+# generation serving on) and the same request is written again, which the clean agent
+# runs to its end: the old one is drained, the host serves the new build. At or after the
+# switch, the attempt itself finishes.
 OVERLAP_ABANDONED = Flow("overlap", cli_deploy("overlap"), **_DEPLOY, target_fate="kept",
                          attempt=("abandoned", True))
+OVERLAP_RESUMED = OVERLAP_ABANDONED.but(target_fate="ended", resumed=("done", True))
 OVERLAP_DONE = OVERLAP_ABANDONED.but(target_fate="ended", attempt=("done", True))
-CANARY = OVERLAP_ABANDONED.but(drive=cli_deploy("overlap", HELLO, "--canary"))
+CANARY = OVERLAP_RESUMED.but(drive=cli_deploy("overlap", HELLO, "--canary"))
 OVERLAP_FAILED = OVERLAP_ABANDONED.but(drive=cli_deploy("overlap", FIXTURES / "bad_health.py"),
                                        attempt=("failed", True))
 # hold: the old generation is stopped first; recovery always goes on to the new build.
@@ -478,13 +486,14 @@ SCENARIOS: dict[str, Scenario] = {
     # adoption on start after the agent was SIGKILLed
     "recover.adopted": Scenario(ADOPT),
     "takeover.done": Scenario(TAKEOVER),
-    # overlap deploy: abandoned before the switch (executed only once the spawn is written)
-    "swap.admitted": Scenario(OVERLAP_ABANDONED.but(attempt=("abandoned", False))),
-    "swap.raised": Scenario(OVERLAP_ABANDONED.but(attempt=("abandoned", False))),
-    "swap.published": Scenario(OVERLAP_ABANDONED.but(attempt=("abandoned", False))),
-    "swap.spawning": Scenario(OVERLAP_ABANDONED),
-    "swap.execd": Scenario(OVERLAP_ABANDONED),
-    "swap.spawned": Scenario(OVERLAP_ABANDONED),
+    # overlap deploy: abandoned before the switch (executed only once the spawn is written),
+    # then resumed by a new attempt that is done
+    "swap.admitted": Scenario(OVERLAP_RESUMED.but(attempt=("abandoned", False))),
+    "swap.raised": Scenario(OVERLAP_RESUMED.but(attempt=("abandoned", False))),
+    "swap.published": Scenario(OVERLAP_RESUMED.but(attempt=("abandoned", False))),
+    "swap.spawning": Scenario(OVERLAP_RESUMED),
+    "swap.execd": Scenario(OVERLAP_RESUMED),
+    "swap.spawned": Scenario(OVERLAP_RESUMED),
     # Without a canary, "healthy" is written in the switch's commit: a crash there is past it.
     "swap.healthy": Scenario(OVERLAP_DONE),
     "swap.settled": Scenario(CANARY),
@@ -781,12 +790,20 @@ def check_invariants(v: Vigil, flow: Flow, before: Snapshot, at_crash: list[Snap
 
 def check_attempt(v: Vigil, flow: Flow, current: Generation | None) -> None:
     assert flow.attempt is not None
-    attempts = rows(v, Attempt, Attempt.host == TARGET)
-    assert len(attempts) == 1, f"{len(attempts)} attempts"
-    a = attempts[0]
-    outcome, executed = flow.attempt
-    assert a.outcome is not None and a.outcome.value == outcome, (
-        f"attempt #{a.id} ended {a.outcome} ({a.reason}), expected {outcome}")
+    attempts = sorted(rows(v, Attempt, Attempt.host == TARGET), key=lambda a: a.id)
+    first = attempts[0]
+    assert first.outcome is not None and (first.outcome.value, first.executed) == (
+        flow.attempt[0], first.executed if flow.attempt[1] is None else flow.attempt[1]), (
+        f"attempt #{first.id} ended {first.outcome} executed={first.executed} ({first.reason}), "
+        f"expected {flow.attempt}")
+    if flow.resumed is None:
+        assert len(attempts) == 1, f"{len(attempts)} attempts: {describe_attempts(attempts)}"
+        a, (outcome, executed) = first, flow.attempt
+    else:
+        check_chain(attempts)
+        a, (outcome, executed) = attempts[-1], flow.resumed
+        assert a.outcome is not None and a.outcome.value == outcome, (
+            f"attempt #{a.id} ended {a.outcome} ({a.reason}), expected {outcome}")
     if executed is not None:
         assert a.executed is executed, f"attempt #{a.id} executed={a.executed}, expected {executed}"
     host = rows(v, Host, Host.name == TARGET)[0]
@@ -806,6 +823,24 @@ def check_attempt(v: Vigil, flow: Flow, current: Generation | None) -> None:
     else:
         assert current.build_id == host.build_id != a.build_id, (
             f"serving build #{current.build_id}, host's #{host.build_id}, attempt's #{a.build_id}")
+
+
+def check_chain(attempts: list[Attempt]) -> None:
+    """An interrupted request and the attempts that wrote it again: each one after the
+    first has cause resumed and names the one before, which was abandoned saying so; the
+    same build, mode and canary all along."""
+    assert len(attempts) >= 2, f"not resumed: {describe_attempts(attempts)}"
+    for prev, nxt in zip(attempts, attempts[1:], strict=False):
+        assert prev.outcome is Outcome.abandoned, describe_attempts(attempts)
+        assert nxt.cause is Cause.resumed and nxt.resumed_from == prev.id, describe_attempts(attempts)
+        assert f"resumed as attempt #{nxt.id}" in (prev.reason or ""), prev.reason
+        assert (nxt.build_id, nxt.mode, nxt.canary) == (prev.build_id, prev.mode, prev.canary)
+
+
+def describe_attempts(attempts: list[Attempt]) -> str:
+    return "; ".join(f"#{a.id} {a.cause.value} from={getattr(a, 'resumed_from', None)} "
+                     f"{a.outcome.value if a.outcome else a.step.value}: {a.reason}"
+                     for a in attempts)
 
 
 def assert_running(v: Vigil, host: str, flow: Flow) -> None:

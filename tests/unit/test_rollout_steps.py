@@ -44,7 +44,7 @@ from models.transition import Unfenced, move
 from tests.conftest import drop_db, new_db
 from workflows.base.context import Context, Result
 from workflows.builds import book
-from workflows.deploys.driver import request_deploy
+from workflows.deploys.request import request_deploy
 from workflows.deploys.schedules import request_restart
 from workflows.engine.obligations import Due, run_one
 from workflows.lifecycle.stop import request_stop

@@ -18,6 +18,11 @@ class Stale(Exception):
     """The attempt gate refused; nothing of this step's build ran because of it."""
 
 
+class Interrupted(Stale):
+    """A new driver found the attempt mid-way before its switch (the agent restarted): it
+    is abandoned like any stale attempt, and then written again (workflows/deploys/resume.py)."""
+
+
 class Cancelled(Exception):
     """A stop or the agent's shutdown ended the attempt."""
 

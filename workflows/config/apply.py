@@ -28,7 +28,7 @@ from models.store import emit, utcnow
 from models.tables import Attempt, Build, Host, Lease
 from models.transition import Unfenced, move
 from workflows.config.hosts import check_name, host_state, record_build, remove_host
-from workflows.deploys.driver import request_deploy
+from workflows.deploys.request import request_deploy
 from workflows.generations.listeners import Listen, as_listens, check_free, stored, write_set
 from workflows.leases.lease import still_needed
 

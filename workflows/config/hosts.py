@@ -187,11 +187,32 @@ def status(s: Session, name: str | None = None) -> list[dict[str, Any]]:
             "socket": gen.socket if gen else None,
             "since": (gen.current_at.isoformat() + "Z") if gen and gen.current_at else None,
             "lease": {"holder": lease.holder, "fence": lease.fence} if lease else None,
+            **_deploy_status(s, h),
             **_probe_status(h, gen),
             **_listen_status(s, h),
             **_worker_status(s, h, gen),
         })
     return out
+
+
+def _deploy_status(s: Session, h: Host) -> dict[str, Any]:
+    """The host's newest attempt and the line that says where it is: `deploying #12
+    (resumed from #11)`, `last deploy #12 done`, or why it ended otherwise."""
+    a = s.execute(select(Attempt).where(Attempt.host == h.name).order_by(Attempt.id.desc())
+                  .limit(1)).scalar_one_or_none()
+    if a is None:
+        return {}
+    outcome = a.outcome.value if a.outcome is not None else None
+    line = (f"last deploy #{a.id} {outcome}" if outcome is not None
+            else f"deploy #{a.id} queued" if a.step is AttemptStep.queued
+            else f"deploying #{a.id}")
+    if a.resumed_from is not None:
+        line += f" (resumed from #{a.resumed_from})"
+    if outcome not in (None, Outcome.done.value) and a.reason:
+        line += f": {a.reason}"
+    return {"last_attempt": {"id": a.id, "step": a.step.value, "outcome": outcome,
+                             "cause": a.cause.value, "resumed_from": a.resumed_from,
+                             "reason": a.reason}, "deploy": line}
 
 
 def _probe_status(h: Host, gen: Generation | None) -> dict[str, Any]:

@@ -1,33 +1,31 @@
-"""Deploy attempts: the request, and the driver that runs an attempt in its mode (overlap
-or hold). Every step is written on the attempt row before it is taken; a driver that finds
-an attempt mid-way (the agent died) abandons it before the switch and finishes it at or
-after the switch."""
+"""Deploy attempts: the driver that runs an attempt in its mode (overlap or hold). Every
+step is written on the attempt row before it is taken; a driver that finds an attempt
+mid-way (the agent died) abandons it before the switch, writing the same request again
+(workflows/deploys/request.py), and finishes it at or after the switch."""
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from models.errors import BadInput, BrokenInvariant, NotFound, Refused
+from models.errors import BrokenInvariant
 from models.states import (
     AttemptStep,
-    Cause,
     GenState,
-    HostKind,
     MemberRole,
     Mode,
     Outcome,
 )
 from models.store import emit, utcnow
-from models.tables import Attempt, Build, Generation, Host, Member
+from models.tables import Attempt, Generation, Member
 from models.transition import move, move_many
-from workflows.base.classify import BuildFailed, Cancelled, Stale, StepEnd, classify
+from workflows.base.classify import BuildFailed, Cancelled, Interrupted, Stale, StepEnd, classify
 from workflows.base.context import Context, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.ports import SpawnError
 from workflows.builds.book import attempt_ended
 from workflows.deploys.hold import run_hold
 from workflows.deploys.overlap import run_overlap
+from workflows.deploys.request import resume_in
 from workflows.deploys.steps import (
     BY_STEP,
     load,
@@ -46,49 +44,6 @@ _FINISH_HOLD = {AttemptStep.stopping_old, AttemptStep.published, AttemptStep.spa
 # Steps at or past which the build has been exec'd.
 _EXECUTED_FROM = {AttemptStep.spawning, AttemptStep.spawned, AttemptStep.healthy,
                   AttemptStep.settled, AttemptStep.switched, AttemptStep.drained}
-
-
-def request_deploy(s: Session, host: str, build: Build, *, mode: Mode, canary: bool,
-                   cause: Cause) -> Attempt:
-    """The CLI's intent: one attempt row (write-ahead: cause, build, digest, both modes,
-    the host's next scheduler revision, canary)."""
-    h = s.get(Host, host)
-    if h is None:
-        raise NotFound(f"no host named {host!r}", "see `vigil host list`")
-    effective = Mode.hold if h.kind is HostKind.worker else mode
-    revision = (s.execute(select(func.max(Attempt.revision)).where(Attempt.host == host))
-                .scalar() or 0) + 1
-    now = utcnow()
-    a = Attempt(host=host, build_id=build.id, digest=build.digest, cause=cause, mode=mode,
-                effective_mode=effective, revision=revision, canary=canary,
-                step=AttemptStep.queued, since=now, next_attempt_at=now, created_at=now)
-    s.add(a)
-    s.flush()
-    emit(s, "deploy_requested", host, attempt=a.id, build=build.digest[:12], mode=mode.value,
-         effective_mode=effective.value, cause=cause.value, canary=canary)
-    return a
-
-
-def last_failed(s: Session, host: str) -> tuple[Build, Attempt]:
-    """What `vigil retry` re-arms: the newest attempt of the host that failed, and its build."""
-    if s.get(Host, host) is None:
-        raise NotFound(f"no host named {host!r}", "see `vigil host list`")
-    a = s.execute(select(Attempt).where(Attempt.host == host, Attempt.outcome.in_(
-        (Outcome.failed, Outcome.down))).order_by(Attempt.id.desc()).limit(1)).scalar_one_or_none()
-    if a is None:
-        raise BadInput(f"host {host} has no failed deploy to retry", "deploy a build with `vigil deploy`")
-    b = s.get(Build, a.build_id)
-    if b is None:
-        raise BrokenInvariant("b is missing")
-    if b.deleted_at is not None:
-        raise no_longer_staged(host, b)
-    return b, a
-
-
-def no_longer_staged(host: str, b: Build) -> Refused:
-    return Refused(f"the last failed build of {host} ({b.digest[:12]}) is no longer staged "
-                   "(`vigil gc` removed it)",
-                   f"stage it again with `vigil deploy {host} {b.source}`")
 
 
 def drive_attempt(ctx: Context, attempt_id: int) -> Result:
@@ -132,6 +87,14 @@ def _end(ctx: Context, attempt_id: int, exc: BaseException) -> None:
     successor = a.successor_id if a.step is not AttemptStep.switched else None
 
     def step(s: Session) -> None:
+        reason, resumed = str(exc), None
+        if isinstance(exc, Interrupted):  # the operator's request outlives the agent
+            resumed, why_not = resume_in(s, a)
+            if resumed is not None:
+                reason += f"; resumed as attempt #{resumed.id}"
+            elif why_not is not None:
+                reason += f"; not resumed: {why_not}"
+                emit(s, "deploy_not_resumed", a.host, attempt=a.id, reason=why_not)
         if successor is not None:
             g = s.get(Generation, successor)
             if g is not None and g.state in (GenState.spawning, GenState.running):
@@ -141,15 +104,16 @@ def _end(ctx: Context, attempt_id: int, exc: BaseException) -> None:
                       f"member g{successor} retiring", fence=BY_STEP, col="role",
                       frm=tuple(MemberRole))
         move(s, Attempt, [Attempt.id == a.id, Attempt.outcome.is_(None)],
-             {"step": AttemptStep.ended, "outcome": outcome, "reason": str(exc),
+             {"step": AttemptStep.ended, "outcome": outcome, "reason": reason,
               "executed": executed, "ended_at": utcnow()},
              f"attempt #{a.id} -> ended", fence=BY_STEP, col="step",
              frm=[st for st in AttemptStep if st is not AttemptStep.ended])
-        emit(s, f"deploy_{outcome.value}", a.host, successor, attempt=a.id, reason=str(exc),
-             executed=executed, mode=a.effective_mode.value)
+        emit(s, f"deploy_{outcome.value}", a.host, successor, attempt=a.id, reason=reason,
+             executed=executed, mode=a.effective_mode.value,
+             **({"resumed_as": resumed.id} if resumed is not None else {}))
         if outcome is Outcome.down:
-            emit(s, "down", a.host, None, attempt=a.id, reason=str(exc))
-        attempt_ended(s, a, outcome, str(exc))  # the failure book; its rollout, if any
+            emit(s, "down", a.host, None, attempt=a.id, reason=reason)
+        attempt_ended(s, a, outcome, reason)  # the failure book; its rollout, if any
         owe_release(s, ctx, a.host)  # e.g. a one-shot attempt's lease, when nothing needs it
 
     ctx.store.write(step)

@@ -16,7 +16,7 @@ from models.states import (
 from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Host, Member
 from models.transition import move
-from workflows.base.classify import BuildFailed, Stale
+from workflows.base.classify import BuildFailed, Interrupted, Stale
 from workflows.base.context import Context, Poke
 from workflows.base.crash import crashpoint, define
 from workflows.builds.book import attempt_ended
@@ -51,8 +51,8 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
     if a.step in (AttemptStep.switched, AttemptStep.drained):
         return _drain(ctx, a)
     if a.step is not AttemptStep.queued:
-        raise Stale(f"interrupted at step {a.step.value}, before the switch (found mid-way by a "
-                    "new driver: the agent restarted)")
+        raise Interrupted(f"interrupted at step {a.step.value}, before the switch (found mid-way "
+                          "by a new driver: the agent restarted)")
     build = verify(ctx, a)
 
     def admit(s: Session) -> tuple[Host, Generation] | None:

@@ -14,7 +14,7 @@ from models.states import Cause, GenState, Mode
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host
 from workflows.builds.book import held, held_line
-from workflows.deploys.driver import request_deploy
+from workflows.deploys.request import request_deploy
 
 # A second firing this soon after a restart attempt is a repeat (the agent died after the
 # attempt was written and before the job store recorded the run): a cron fires at most

@@ -57,7 +57,7 @@ from models.transition import Unfenced, move, move_many
 from workflows.base.context import Context, Poke, Result, Until
 from workflows.base.crash import crashpoint, define
 from workflows.builds.book import held, held_line
-from workflows.deploys.driver import request_deploy
+from workflows.deploys.request import request_deploy
 
 WAVE_ADMITTED = define("rollout.wave_admitted", "a wave's attempts are written (cause rollout) "
                        "and its targets deploying; none of them driven yet")
