@@ -3,7 +3,7 @@ from the app's pipe, capped and rotated, with no byte ever only in the keeper's 
 
 Why in the kernel. A keeper that read() a chunk and then write() it lost the chunk when it
 was killed between the two (kill -9 at a random instant of its draining lost 960 to 17,520
-lines of 25,000 to 90,000 in 20 kills). Here the bytes go from the pipe to the file by
+lines of 25,000 to 100,000 in 20 kills). Here the bytes go from the pipe to the file by
 splice(2): the kernel writes them into the file and only then takes them out of the pipe,
 so at every instant a byte is either still in the pipe (whose read end the agent holds too:
 the next keeper writes it) or in the file, never both and never neither. The file's end is
