@@ -45,12 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from runners.base.doorbell import lock_holder
+from runners.keepers.logfile import Rotating
 from runners.keepers.wire import MAX_FDS, BadRequest, Loop, Peer, keys_of, serve, text_of
 
 KEEPER_SOCKET = "logs.sock"
 KEEPER_LOCK = "logs.lock"
 KEEP = 5  # generations' files kept per host
-CHUNK = 1 << 16
 LIST_PAGE = 100  # keys per list reply (a path of up to ~400 bytes each fits a datagram)
 MIN_BYTES = 4096  # the smallest file a put may ask for (`--log-max-bytes` starts at 4K)
 _FILE = re.compile(r"g(\d+)\.log(?:\.\d+)?")
@@ -76,61 +76,6 @@ def prune(directory: str, keep: int = KEEP) -> None:
                 os.unlink(os.path.join(directory, n))
             except OSError:
                 pass
-
-
-class Rotating:
-    """One generation's file, rotated at `max_bytes` (cut at a line end when one fits)."""
-
-    def __init__(self, path: str, max_bytes: int, files: int) -> None:
-        self.path, self.max_bytes, self.files = path, max_bytes, max(1, files)
-        self.fd = -1
-        self.size = 0
-        self._open()
-
-    def _open(self) -> None:
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        self.size = os.fstat(self.fd).st_size
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-    def _rotate(self) -> None:
-        os.close(self.fd)
-        if self.files == 1:
-            os.unlink(self.path)
-        else:
-            for i in range(self.files - 1, 0, -1):  # .1 -> .2, ..., base -> .1
-                src = self.path if i == 1 else f"{self.path}.{i - 1}"
-                try:
-                    os.replace(src, f"{self.path}.{i}")
-                except FileNotFoundError:
-                    pass
-        self._open()
-
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            room = self.max_bytes - self.size
-            if room <= 0:
-                try:
-                    self._rotate()
-                except OSError:  # the dir is gone or full: this output is lost
-                    return
-                continue
-            part = view[:room]
-            if len(view) > room:  # cut at the last whole line that fits, if any
-                nl = bytes(part).rfind(b"\n")
-                if nl >= 0:
-                    part = part[:nl + 1]
-                elif self.size > 0:
-                    self.size = self.max_bytes  # start the line in a fresh file
-                    continue
-            try:
-                n = os.write(self.fd, part)
-            except OSError:  # disk full, I/O error: this output is lost, the app goes on
-                n = len(part)
-            self.size += n
-            view = view[n:]
 
 
 class Keeper:
@@ -187,14 +132,12 @@ class Keeper:
         writer of it has closed it: the generation's output is complete."""
         fd, out = self.pipes[key]
         try:
-            data = os.read(fd, CHUNK)
+            if out.take(fd):  # pipe to file in the kernel: nothing held here (logfile.py)
+                return
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
-        if data:
-            out.write(data)
-            return
+            pass
         self.sel.unregister(fd)
         os.close(fd)
         out.close()

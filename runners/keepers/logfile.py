@@ -1,0 +1,151 @@
+"""One generation's log file, written by the log keeper (runners/keepers/logkeeper.py)
+from the app's pipe, capped and rotated, with no byte ever only in the keeper's memory.
+
+Why in the kernel. A keeper that read() a chunk and then write() it lost the chunk when it
+was killed between the two (kill -9 at a random instant of its draining lost 960 to 17,520
+lines of 25,000 to 100,000 in 20 kills). Here the bytes go from the pipe to the file by
+splice(2): the kernel writes them into the file and only then takes them out of the pipe,
+so at every instant a byte is either still in the pipe (whose read end the agent holds too:
+the next keeper writes it) or in the file, never both and never neither. The file's end is
+the only cursor, and it is on disk: a new keeper opens the file and appends, exactly once
+and in order, whatever the instant the last one died. (A keeper that kept its own buffer
+or a journal of what it had read would need that journal to be as crash-proof as the file;
+the pipe already is one.)
+
+Rotation at the cap still cuts at a line end: when what waits in the pipe would cross the
+cap, tee(2) (through ctypes: os has splice but not tee) copies the bytes up to the cap into
+a scratch pipe, without taking them out of the app's pipe; the keeper looks there for the
+last line end and splices exactly that much. A line longer than the cap starts a fresh file
+and is cut at the cap. The shift of the old files (g.log -> g.log.1 ...) is one rename at a
+time: a keeper killed in between leaves a gap in the numbers, never two copies, and the
+next one opens g.log again (or creates it) and appends.
+
+What the app sees while no keeper runs (between a keeper's death and its restart by the
+agent): its writes go into the pipe (64 KiB by default) and, once the pipe is full, the
+app waits in its write() until a keeper is back and drains it, as an app under systemd's
+journal does; nothing it writes is dropped, and an app that writes faster than the pipe
+drains is slowed to the keeper's pace. An app whose pipe is non-blocking gets EAGAIN
+instead, as from any full pipe. Only a file that cannot be written (disk full, the dir
+gone) drops output: those bytes are read and discarded, so the app is never blocked on
+disk trouble. Linux only (splice, tee), like the rest of vigil.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import sys
+import termios
+
+CHUNK = 1 << 16  # at most this much per call: every pipe gets its turn
+_libc = ctypes.CDLL(None, use_errno=True)
+_tee = _libc.tee
+_tee.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]
+_tee.restype = ctypes.c_ssize_t
+
+
+def waiting(pipe: int) -> int:
+    """How many bytes wait in the pipe (FIONREAD)."""
+    got = fcntl.ioctl(pipe, termios.FIONREAD, b"\0\0\0\0")
+    return int.from_bytes(got, sys.byteorder)
+
+
+def peek(pipe: int, want: int) -> bytes:
+    """Up to `want` of the bytes that wait in the pipe, left in it (tee into a scratch
+    pipe, read from there). BlockingIOError when it is empty."""
+    r, w = os.pipe()
+    try:
+        n = _tee(pipe, w, want, os.SPLICE_F_NONBLOCK)
+        if n < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+        out = b""
+        while len(out) < n:
+            out += os.read(r, n - len(out))
+        return out
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+class Rotating:
+    """One generation's file, rotated at `max_bytes` (cut at a line end when one fits)."""
+
+    def __init__(self, path: str, max_bytes: int, files: int) -> None:
+        self.path, self.max_bytes, self.files = path, max_bytes, max(1, files)
+        self.fd = -1
+        self.size = 0
+        self._open()
+
+    def _open(self) -> None:  # not O_APPEND: splice(2) refuses it; this is the only writer
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.size = os.lseek(self.fd, 0, os.SEEK_END)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _rotate(self) -> None:
+        self.close()
+        if self.files == 1:
+            os.unlink(self.path)
+        else:
+            for i in range(self.files - 1, 0, -1):  # .1 -> .2, ..., base -> .1
+                src = self.path if i == 1 else f"{self.path}.{i - 1}"
+                try:
+                    os.replace(src, f"{self.path}.{i}")
+                except FileNotFoundError:
+                    pass
+        self._open()
+
+    def _count(self, pipe: int) -> int:
+        """How much of the pipe goes into this file now (0: rotate first)."""
+        room = self.max_bytes - self.size
+        if room <= 0:
+            return 0
+        ready = waiting(pipe)
+        if ready <= room or room >= CHUNK:  # nothing crosses the cap (1: to see EOF)
+            return min(max(ready, 1), CHUNK, room)
+        nl = peek(pipe, room).rfind(b"\n")
+        if nl >= 0:
+            return nl + 1
+        if self.size > 0:  # the line starts in a fresh file
+            return 0
+        return room  # a line longer than the cap: cut at the cap
+
+    def take(self, pipe: int) -> int:
+        """Move what waits in the pipe (a non-blocking read end) into the file, in the
+        kernel, up to CHUNK and never past the cap. How many bytes; 0 at EOF (every writer
+        has closed it); BlockingIOError when it is empty; OSError when the pipe fails."""
+        while True:
+            count = self._count(pipe)
+            if count:
+                break
+            try:
+                self._rotate()
+            except OSError:  # the dir is gone or full: this output is lost
+                return self._copy(pipe, CHUNK)
+        try:
+            n = os.splice(pipe, self.fd, count, flags=os.SPLICE_F_NONBLOCK)
+        except (BlockingIOError, InterruptedError):
+            raise
+        except OSError:  # no splice here (EINVAL), disk full, I/O error, no file
+            return self._copy(pipe, count)
+        self.size += n
+        return n
+
+    def _copy(self, pipe: int, count: int) -> int:
+        """The way without splice: read, then write what the file takes; what it does
+        not take is dropped (the app is never blocked on disk trouble). Counted as
+        written, so a file that fails is rotated in time."""
+        data = os.read(pipe, count)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError:
+            pass
+        self.size += len(data)
+        return len(data)

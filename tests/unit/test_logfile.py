@@ -1,0 +1,102 @@
+"""Rotating, the log keeper's file (runners/keepers/logfile.py), against real pipes and
+files: what it takes from a pipe is in the file once and in order, a rotation at the cap
+cuts at a line end (tee shows the line end without taking the bytes), a line longer than
+the cap starts a fresh file, and a file that cannot be written drops output rather than
+blocking the app."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runners.keepers.logfile import Rotating, peek, waiting
+
+pytestmark = pytest.mark.no_db
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[int, int]]:
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    yield r, w
+    for fd in (r, w):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def take_all(out: Rotating, r: int) -> int:
+    moved = 0
+    while waiting(r):
+        moved += out.take(r)
+    return moved
+
+
+def files_oldest_first(path: Path) -> list[bytes]:
+    rotated = sorted(path.parent.glob(path.name + ".*"), key=lambda p: -int(p.suffix[1:]))
+    return [p.read_bytes() for p in [*rotated, path] if p.exists()]
+
+
+def test_peek_leaves_the_bytes_in_the_pipe(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    os.write(w, b"one\ntwo\n")
+    assert peek(r, 5) == b"one\nt"
+    assert waiting(r) == 8 and os.read(r, 100) == b"one\ntwo\n"
+    with pytest.raises(BlockingIOError):
+        peek(r, 5)
+
+
+def test_rotation_cuts_at_a_line_end(tmp_path: Path, pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    log = tmp_path / "g1.log"
+    out = Rotating(str(log), 100, 50)
+    sent = b"".join(b"line %03d %s\n" % (i, b"y" * (i % 23)) for i in range(200))
+    for i in range(0, len(sent), 1000):  # lines cross the 1,000-byte writes
+        os.write(w, sent[i:i + 1000])
+        take_all(out, r)
+    kept = files_oldest_first(log)
+    assert b"".join(kept) == sent
+    assert all(len(f) <= 100 and f.endswith(b"\n") for f in kept), [len(f) for f in kept]
+    assert len(kept) > 40
+
+
+def test_a_line_longer_than_the_cap_starts_a_fresh_file(tmp_path: Path,
+                                                         pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    log = tmp_path / "g1.log"
+    out = Rotating(str(log), 10, 5)
+    os.write(w, b"ab\n" + b"z" * 25 + b"\nc\n")
+    take_all(out, r)
+    assert files_oldest_first(log) == [b"ab\n", b"z" * 10, b"z" * 10, b"zzzzz\nc\n"]
+    os.close(w)
+    assert out.take(r) == 0  # every writer closed it: EOF
+
+
+def test_reopened_it_appends_where_the_file_ends(tmp_path: Path, pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    log = tmp_path / "g1.log"
+    first = Rotating(str(log), 1 << 20, 2)
+    os.write(w, b"before\n")
+    take_all(first, r)  # then the keeper dies: its successor opens the file again
+    again = Rotating(str(log), 1 << 20, 2)
+    os.write(w, b"after\n")
+    take_all(again, r)
+    assert log.read_bytes() == b"before\nafter\n"
+
+
+def test_a_file_that_cannot_be_written_drops_output(tmp_path: Path,
+                                                    pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    d = tmp_path / "h"
+    d.mkdir()
+    out = Rotating(str(d / "g1.log"), 10, 2)
+    os.write(w, b"123456789\n")
+    take_all(out, r)
+    (d / "g1.log").unlink()
+    d.rmdir()  # the host's dir is gone: the rotation fails
+    os.write(w, b"lost\n" * 100)
+    assert take_all(out, r) == 500 and waiting(r) == 0  # drained: the app is not blocked
