@@ -206,6 +206,21 @@ class Generation(Base):
     )
 
 
+class KnownProcess(Base):
+    """A descendant of a generation's leader seen by a walk (at spawn, health, probe and the
+    liveness backstop): pid and start time. It stays a process of the generation even after
+    it leaves the cgroup and clears its environment, so the proof and `vigil check` look
+    for it too. Insert-only: a row has no state (a pid seen twice may be written twice)."""
+
+    __tablename__ = "known_processes"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    generation_id: Mapped[int] = mapped_column(ForeignKey("generations.id", ondelete="CASCADE"))
+    pid: Mapped[int] = mapped_column(Integer)
+    create_time: Mapped[float] = mapped_column(Float)
+    seen_at: Mapped[datetime] = mapped_column(DateTime)
+    __table_args__ = (Index("ix_known_processes_generation", "generation_id"),)
+
+
 class Lease(Base):
     __tablename__ = "leases"
     host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), primary_key=True)

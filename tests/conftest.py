@@ -184,19 +184,40 @@ def ignores_sigterm(pid: int) -> bool:
     return False
 
 
-def marked_pids(state_dir: Path) -> list[int]:
-    """Live processes spawned for this state dir (by the VIGIL_HOME marker)."""
+def store_uuids(state_dir: Path, db_url: str | None = None) -> set[str]:
+    """Every generation uuid the box's store knows (empty when it cannot be read: a test
+    may have damaged it)."""
+    if db_url is None and not (state_dir / "vigil.db").exists():
+        return set()
+    engine = sa.create_engine(db_url or sqlite_url(state_dir), poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return set(conn.execute(sa.text("SELECT uuid FROM generations")).scalars())
+    except sa.exc.SQLAlchemyError:
+        return set()
+    finally:
+        engine.dispose()
+
+
+def marked_pids(state_dir: Path, db_url: str | None = None) -> list[int]:
+    """Live processes spawned for this state dir: they carry the marker of a generation of
+    its store (apps get no VIGIL_HOME), or, where the store cannot be read, a socket under
+    the state dir."""
+    uuids = store_uuids(state_dir, db_url)
+    home = str(state_dir) + os.sep
     out = []
     for p in psutil.process_iter(["pid"]):
         try:
             if p.status() == psutil.STATUS_ZOMBIE:
                 continue
             env = p.environ()
-            # The generation marker too: the agent and the CLI carry VIGIL_HOME as well.
-            if env.get("VIGIL_HOME") == str(state_dir) and "VIGIL_GENERATION" in env:
-                out.append(p.pid)
         except (psutil.Error, OSError):
             continue
+        if "VIGIL_GENERATION" not in env:
+            continue
+        if env["VIGIL_GENERATION"] in uuids or any(
+                env.get(k, "").startswith(home) for k in ("VIGIL_SOCKET", "NOTIFY_SOCKET")):
+            out.append(p.pid)
     return out
 
 
@@ -303,7 +324,7 @@ class Vigil:
     def app_pids(self) -> list[int]:
         """Live marked processes that are not one of this box's agents: what the apps left."""
         agents = {p.pid for p in self.agents}
-        return [pid for pid in marked_pids(self.state_dir) if pid not in agents]
+        return [pid for pid in marked_pids(self.state_dir, self.db_url) if pid not in agents]
 
     # -- agent -------------------------------------------------------------------------
     def start_agent(self, crash_at: str | None = None, *extra: str) -> subprocess.Popen[bytes]:
@@ -361,12 +382,12 @@ class Vigil:
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
-        for pid in marked_pids(self.state_dir):
+        for pid in marked_pids(self.state_dir, self.db_url):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for pid in marked_pids(self.state_dir):
+        for pid in marked_pids(self.state_dir, self.db_url):
             wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"pid {pid} to die")
         end_holder(self.state_dir)
         if self.owns_db and self.db_url:  # after every process that used it is gone

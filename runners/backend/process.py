@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 
+from runners.backend.known import live_known, walk
 from runners.base.pids import CTIME_TOLERANCE, MARKER, matches, pid_status, signal_same
 from runners.keepers.logkeeper import LogPipes
 from workflows.base.ports import ProcRef, Spawned, SpawnError, SpawnSpec
@@ -55,6 +56,16 @@ def _cgroup2_mount() -> str | None:
     return None
 
 
+def _private(base: str) -> None:
+    """Not world-readable: its entries are named by the generations' uuids (the marker's
+    value). A box that refuses the mode keeps working (the marker scan checks the uid)."""
+    try:
+        if os.stat(base).st_mode & 0o077:
+            os.chmod(base, 0o700)
+    except OSError:
+        pass
+
+
 def _probe(root: str | None) -> tuple[str | None, str]:
     """(base dir, reason it is unusable)."""
     mount = root or _cgroup2_mount()
@@ -64,6 +75,8 @@ def _probe(root: str | None) -> tuple[str | None, str]:
     probe = os.path.join(base, f".probe-{os.getpid()}-{uuidlib.uuid4().hex[:8]}")
     try:
         os.makedirs(base, exist_ok=True)
+        # Not world-readable: its names are the generations' uuids (the marker's value).
+        _private(base)
         os.mkdir(probe)
     except OSError as e:
         return None, f"cannot create cgroups under {base}: {e.strerror}"
@@ -359,12 +372,14 @@ class ProcessBackend:
     def _marker_scan(self, generation_uuid: str) -> dict[int, float]:
         """Live processes carrying VIGIL_GENERATION=<uuid>: pid -> create_time."""
         hits: dict[int, float] = {}
-        me = os.getpid()
+        me, uid = os.getpid(), os.getuid()
         for p in psutil.process_iter():
             if p.pid == me:
                 continue
             try:
-                if p.environ().get(MARKER) != generation_uuid:
+                # Only the generation's own uid (today the agent's): another user may set
+                # the marker in a process of theirs, and must not keep a proof from passing.
+                if p.uids().real != uid or p.environ().get(MARKER) != generation_uuid:
                     continue
                 if p.status() != psutil.STATUS_ZOMBIE:
                     hits[p.pid] = p.create_time()
@@ -384,9 +399,12 @@ class ProcessBackend:
                 continue
         return pids
 
+    def descendants(self, refs: list[ProcRef]) -> dict[str, list[tuple[int, float]]]:
+        return walk(refs)
+
     def live_members(self, ref: ProcRef) -> list[int]:
         self.reap(ref.pid)
-        live = set(self._marker_scan(ref.generation_uuid))
+        live = set(self._marker_scan(ref.generation_uuid)) | set(live_known(ref))
         if ref.cgroup:
             for pid in self._cgroup_pids(ref.cgroup):
                 st = pid_status(pid)
@@ -399,7 +417,7 @@ class ProcessBackend:
             signal_same(ref.pid, ref.create_time, signal.SIGTERM)
 
     def terminate_all(self, ref: ProcRef) -> None:
-        pids: dict[int, float] = dict(self._marker_scan(ref.generation_uuid))
+        pids: dict[int, float] = {**live_known(ref), **self._marker_scan(ref.generation_uuid)}
         if ref.cgroup:
             for pid in self._cgroup_pids(ref.cgroup):
                 st = pid_status(pid)
@@ -415,7 +433,7 @@ class ProcessBackend:
                     f.write("1")
             except FileNotFoundError:
                 pass
-        # Leader's session group first (cheap), then every marker carrier, each pid-verified.
+        # Leader's session group first (cheap).
         if ref.pid is not None and ref.create_time is not None:
             if matches(ref.pid, ref.create_time):
                 try:
@@ -423,7 +441,9 @@ class ProcessBackend:
                 except (ProcessLookupError, PermissionError):
                     pass
             signal_same(ref.pid, ref.create_time, signal.SIGKILL)
-        for pid, ctime in self._marker_scan(ref.generation_uuid).items():
+        # Then every carrier of the marker and every recorded descendant (an escaped one
+        # is in neither the cgroup nor the marker scan), each pid-verified.
+        for pid, ctime in {**live_known(ref), **self._marker_scan(ref.generation_uuid)}.items():
             signal_same(pid, ctime, signal.SIGKILL)
         self.reap(ref.pid)
 

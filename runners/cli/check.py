@@ -4,6 +4,7 @@ store and the box. Changes nothing."""
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from models.tables import (
     Build,
     Generation,
     Host,
+    KnownProcess,
     Lease,
     Listener,
     Member,
@@ -39,7 +41,7 @@ from models.tables import (
 )
 from runners.backend.files import LocalFiles
 from runners.backend.process import ProcessBackend
-from runners.base.pids import MARKER
+from runners.base.pids import CTIME_TOLERANCE, MARKER, pid_status
 from runners.quick.ops import agent_acting
 from workflows.generations.ending import ref_of
 from workflows.leases.lease import still_needed
@@ -51,20 +53,46 @@ class Violation:
     message: str
 
 
-def marked_processes(state_dir: Path) -> dict[int, str]:
-    """Live processes started by this state dir's agent: pid -> generation uuid."""
+def marked_processes(uuids: Collection[str], uid: int) -> dict[int, str]:
+    """Live processes of `uid` carrying the marker of one of `uuids` (the store's
+    generations): pid -> generation uuid. Apps no longer carry VIGIL_HOME, and a process of
+    another user that sets a generation's marker is not one of its processes."""
     found: dict[int, str] = {}
-    home = str(state_dir)
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.status() == psutil.STATUS_ZOMBIE:
+            if p.uids().real != uid or p.status() == psutil.STATUS_ZOMBIE:
                 continue
-            env = p.environ()
+            mark = p.environ().get(MARKER)
         except (psutil.Error, OSError):
             continue
-        if env.get("VIGIL_HOME") == home and MARKER in env:
-            found[p.pid] = env[MARKER]
+        if mark is not None and mark in uuids:
+            found[p.pid] = mark
     return found
+
+
+def escaped_processes(store: Store) -> list[tuple[int, Generation]]:
+    """Recorded descendants (known_processes) still alive as the same process, with their
+    generation: an escaped one is in neither its cgroup nor the marker scan."""
+    rows = store.read(lambda s: s.execute(select(KnownProcess.pid, KnownProcess.create_time,
+                                                 Generation).join(
+        Generation, Generation.id == KnownProcess.generation_id)).all())
+    out, seen = [], set()
+    for pid, ctime, gen in rows:
+        st = pid_status(pid)
+        if (st is None or st[1] == psutil.STATUS_ZOMBIE or abs(st[0] - ctime) > CTIME_TOLERANCE
+                or pid in seen):
+            continue
+        seen.add(pid)
+        out.append((pid, gen))
+    return out
+
+
+def _agent_uid(state_dir: Path) -> int:
+    """The generations' uid: today the agent's, the owner of its state dir."""
+    try:
+        return state_dir.stat().st_uid
+    except OSError:
+        return os.getuid()
 
 
 def run_checks(store: Store, state_dir: Path) -> list[Violation]:
@@ -143,16 +171,26 @@ def run_checks(store: Store, state_dir: Path) -> list[Violation]:
         if g.state is not GenState.current and g.id not in members and g.id not in tracked:
             bad.append(Violation("untracked_generation", f"generation g{g.id} of {g.host} is "
                                  f"{g.state.value} but no open obligation tracks it"))
-    for pid, uuid in marked_processes(state_dir).items():
-        g = known.get(uuid)
-        if g is None:
-            bad.append(Violation("stray_process", f"pid {pid} carries generation {uuid} unknown to the store"))
-        elif g.state is GenState.proven:
+    marked = marked_processes(set(known), _agent_uid(state_dir))
+    for pid, uuid in marked.items():
+        g = known[uuid]
+        if g.state is GenState.proven:
             bad.append(Violation("stray_process", f"pid {pid} belongs to g{g.id} of {g.host}, "
                                  "which the store says is proven gone"))
         elif g.state is not GenState.current and g.id not in members and g.id not in tracked:
             bad.append(Violation("stray_process", f"pid {pid} belongs to g{g.id} of {g.host} "
                                  f"({g.state.value}), neither current nor an open obligation"))
+    for pid, g in escaped_processes(store):
+        if pid in marked:
+            continue  # reported above
+        if g.state is GenState.proven:
+            bad.append(Violation("escaped_process", f"pid {pid}, a descendant of g{g.id} of "
+                                 f"{g.host}, is alive, yet the store says g{g.id} is proven "
+                                 "gone (it left the generation's containment)"))
+        elif g.state is not GenState.current and g.id not in members and g.id not in tracked:
+            bad.append(Violation("escaped_process", f"pid {pid}, a descendant of g{g.id} of "
+                                 f"{g.host} ({g.state.value}), is alive, and no open "
+                                 "obligation tracks its generation"))
     if open_rows and not agent_acting(store, state_dir):
         bad.append(Violation("agent_alive", f"{open_rows} obligation(s) are open and no agent "
                              f"runs on {state_dir} to act on them; start one with "

@@ -278,6 +278,12 @@ def _job_state(func: str) -> bytes:
         "next_run_time": None}, pickle.HIGHEST_PROTOCOL)
 
 
+def seed_0017(conn: Connection) -> None:
+    """A descendant of g40's leader seen by a walk (0017: known_processes)."""
+    raw_insert(conn, "known_processes", {"id": 1, "generation_id": 40, "pid": 4041,
+                                         "create_time": 2.0, "seen_at": T0})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -293,10 +299,12 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0012": seed_0012,
     "0013": seed_0013,
     "0014": seed_0014,
+    "0017": seed_0017,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
-LATER_TABLES = {"apscheduler_jobs", "listeners", "rollouts", "rollout_targets", "held_builds"}
+LATER_TABLES = {"apscheduler_jobs", "listeners", "known_processes", "rollouts", "rollout_targets",
+                "held_builds"}
 SEEDED_KINDS_0001 = {("wake", "web", 1), ("stop", "web", 1), ("release", "web", None),
                      ("restore", "web", None), ("attempt", "web", 1), ("member", "web", 2)}
 

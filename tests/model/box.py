@@ -288,7 +288,7 @@ class Box:
         return [f"{kind} g{gen} {detail}" for kind, gen, detail in reversed(rows)]
 
     def app_pids(self) -> set[int]:
-        return set(marked_pids(self.state_dir))
+        return set(marked_pids(self.state_dir, self.db_url))
 
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> None:
@@ -302,7 +302,7 @@ class Box:
         for g in gens:
             if g.state is not GenState.proven:
                 proc.kill_all(ref_of(g))
-        for pid in marked_pids(self.state_dir):
+        for pid in marked_pids(self.state_dir, self.db_url):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -319,7 +319,7 @@ class Box:
                 except subprocess.TimeoutExpired:
                     pass
         deadline = time.monotonic() + 10
-        while (left := [p for p in marked_pids(self.state_dir) if not pid_dead(p)]) and \
+        while (left := [p for p in marked_pids(self.state_dir, self.db_url) if not pid_dead(p)]) and \
                 time.monotonic() < deadline:
             time.sleep(0.02)
         assert not left, f"teardown left processes {left}"

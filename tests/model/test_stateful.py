@@ -148,7 +148,8 @@ def env() -> Iterator[Env]:
             drop_db(ENV.template)
             ENV = None
             # Each example's teardown ends its own processes; this catches an example that
-            # failed before it could (every app here carries VIGIL_HOME under root).
+            # failed before it could (an agent carries VIGIL_HOME under root, an instance
+            # its socket there; apps get no VIGIL_HOME).
             for pid in leftovers(root):
                 os.kill(pid, signal.SIGKILL)
             shutil.rmtree(root, ignore_errors=True)
@@ -158,8 +159,11 @@ def leftovers(root: Path) -> list[int]:
     found = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and \
-                    p.environ().get("VIGIL_HOME", "").startswith(f"{root}/"):
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            env = p.environ()
+            if any(env.get(k, "").startswith(f"{root}/")
+                   for k in ("VIGIL_HOME", "VIGIL_SOCKET", "NOTIFY_SOCKET")):
                 found.append(p.pid)
         except (psutil.Error, OSError):
             continue

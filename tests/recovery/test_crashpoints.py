@@ -169,7 +169,7 @@ def same_process_alive(pid: int, create_time: float | None) -> bool:
 
 def app_pids(v: Vigil) -> set[int]:
     """Live processes of this state dir that are not an agent (apps and their children)."""
-    return set(marked_pids(v.state_dir)) - {a.pid for a in v.agents}
+    return set(marked_pids(v.state_dir, v.db_url)) - {a.pid for a in v.agents}
 
 
 def env_of(pid: int) -> dict[str, str]:

@@ -53,6 +53,9 @@ class ProcRef:
     pid: int | None
     create_time: float | None
     cgroup: str | None
+    # Descendants of the leader seen by a walk (pid, start time): processes of the
+    # generation even once they have left the cgroup and dropped the marker.
+    known: tuple[tuple[int, float], ...] = ()
 
 
 class ProcessPort(Protocol):
@@ -82,6 +85,10 @@ class ProcessPort(Protocol):
 
     def release(self, ref: ProcRef) -> None:
         """Drop the containment's leftovers (an empty cgroup dir) after a proof."""
+
+    def descendants(self, refs: list[ProcRef]) -> dict[str, list[tuple[int, float]]]:
+        """For each live leader: its live descendants now (pid, start time), by generation
+        uuid. One walk of the process table for all of them."""
 
     def containments(self) -> list[str]:
         """The cgroup dirs of generations that exist on this machine (none in marker mode):

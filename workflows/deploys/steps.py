@@ -32,6 +32,7 @@ from workflows.builds.staged import mark_published, staged_problem
 from workflows.generations.access import grant_socket
 from workflows.generations.create import launch, record
 from workflows.generations.ending import end_generation, ref_of
+from workflows.generations.known import note
 from workflows.generations.readiness import ready_problem
 from workflows.leases.lease import held_fence
 from workflows.lifecycle.members import drive_member
@@ -153,6 +154,7 @@ def spawn(ctx: Context, a: Attempt, host: Host, build: Build, gen: Generation) -
     ctx.store.write(recorded)
     gen.pid, gen.create_time, gen.state = spawned.pid, spawned.create_time, GenState.running
     crashpoint(SPAWNED)
+    note(ctx, {gen.id: ref_of(gen)})  # what it forked already (mostly nothing yet)
     return gen
 
 

@@ -61,7 +61,7 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:
             ctx.ready.open_notify(gen.uuid, notify, host.name, gen.id)
         spec = SpawnSpec(generation_uuid=gen.uuid, host=host.name,
                          argv=[build.path, *json.loads(host.args)],
-                         env={**json.loads(host.env), "VIGIL_HOME": str(ctx.state_dir)},
+                         env=json.loads(host.env),
                          cwd=host.cwd, socket_path=gen.socket, log_path=ctx.log_for(host.name, gen.id),
                          cgroup=gen.cgroup, listen_fds=fds, listen_names=names,
                          notify_socket=notify)

@@ -16,6 +16,7 @@ from models.transition import Unfenced, move
 from workflows.base.context import Context, Until
 from workflows.base.crash import crashpoint, define
 from workflows.base.ports import ProcRef
+from workflows.generations.known import note, with_known
 
 log = logging.getLogger("vigil.proof")
 
@@ -55,7 +56,10 @@ def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
     drain before SIGKILL (a server's workers on a shared listener finish the requests they
     accepted instead of being killed in the middle of one).
     Returns None when proven terminated, else why not (the caller keeps its obligation)."""
-    ref = ref_of(gen)
+    # A last walk while the leader lives, then every descendant ever recorded: one that
+    # left the cgroup and dropped the marker is still signalled and still blocks the proof.
+    note(ctx, {gen.id: ref_of(gen)})
+    ref = with_known(ctx, ref_of(gen), gen.id)
     if drain_until is not None and ctx.proc.leader_alive(ref):
         if gen.uuid not in ctx.termed:
             ctx.proc.terminate(ref)

@@ -18,6 +18,7 @@ from models.states import HostKind
 from models.tables import Generation, Host
 from workflows.base.context import Context
 from workflows.generations.ending import ref_of
+from workflows.generations.known import note
 from workflows.generations.listeners import EXEC
 
 ADOPT_BOUND = 5.0  # seconds each adoption on start may take to answer
@@ -36,14 +37,22 @@ def own_socket(host: Host) -> bool:
 def probe_env(ctx: Context, host: Host, gen: Generation) -> dict[str, str]:
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
     env.update(json.loads(host.env))
-    env.update(VIGIL_HOME=str(ctx.state_dir), VIGIL_HOST=host.name, VIGIL_PID=str(gen.pid or ""))
+    env.update(VIGIL_HOST=host.name, VIGIL_PID=str(gen.pid or ""))
     if gen.socket:
         env["VIGIL_SOCKET"] = gen.socket
     return env
 
 
 def ready_problem(ctx: Context, host: Host, gen: Generation, timeout: float | None = None) -> str | None:
-    """None once the generation is ready, else why not (the build's own failure)."""
+    """None once the generation is ready, else why not (the build's own failure). Its
+    leader's descendants are walked and recorded after the check, either way."""
+    try:
+        return _ready_problem(ctx, host, gen, timeout)
+    finally:
+        note(ctx, {gen.id: ref_of(gen)})
+
+
+def _ready_problem(ctx: Context, host: Host, gen: Generation, timeout: float | None) -> str | None:
     ref = ref_of(gen)
     bound = host.health_timeout if timeout is None else timeout
 

@@ -25,6 +25,7 @@ from workflows.base.queue import enqueue_wake
 from workflows.base.sanity import impossible_hosts
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, ref_of
+from workflows.generations.known import note
 from workflows.leases.lease import owe_release, release_owed
 from workflows.lifecycle.workers import restart_delay, worker_exited
 
@@ -98,9 +99,13 @@ def retire_dead_currents(ctx: Context, only: Collection[int] | None = None,
         return s.execute(q).all(), impossible_hosts(s)  # type: ignore[return-value]
 
     rows, refused = ctx.store.read(read)
+    refs = {r.id: ProcRef(generation_uuid=r.uuid, pid=r.pid, create_time=r.create_time,
+                          cgroup=r.cgroup) for r in rows}
     # A host in an impossible state is not acted on (its obligations say why).
-    dead = [r.id for r in rows if r.host not in refused and r.id not in skip and not ctx.proc.leader_alive(
-        ProcRef(generation_uuid=r.uuid, pid=r.pid, create_time=r.create_time, cgroup=r.cgroup))]
+    dead = [r.id for r in rows if r.host not in refused and r.id not in skip
+            and not ctx.proc.leader_alive(refs[r.id])]
+    if only is None:  # the backstop: one walk of every live leader's descendants
+        note(ctx, {gid: ref for gid, ref in refs.items() if gid not in dead})
     retired = 0
     for gen_id in dead:
         def step(s: Session, gen_id: int = gen_id) -> Generation:

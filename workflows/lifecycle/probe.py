@@ -29,6 +29,8 @@ from models.store import emit, utcnow
 from models.tables import Generation, Host, Lease
 from models.transition import affected
 from workflows.base.context import Context
+from workflows.base.ports import ProcRef
+from workflows.generations.known import note
 from workflows.lifecycle.members import retire
 
 REREAD = 5.0  # seconds between reads of what is probed
@@ -67,6 +69,7 @@ class Probed:
     restart: bool
     failures: int
     next_at: float = 0.0
+    ref: ProcRef | None = None  # whose descendants each probe walks
 
 
 class Prober:
@@ -106,6 +109,7 @@ class Prober:
     def _read(self) -> None:
         rows = self.ctx.store.read(lambda s: s.execute(
             select(Generation.id, Generation.host, Generation.socket, Generation.health_failures,
+                   Generation.uuid, Generation.pid, Generation.create_time, Generation.cgroup,
                    Host.health_interval, Host.unhealthy_after, Host.unhealthy_restart)
             .join(Host, Host.name == Generation.host).join(Lease, Lease.host == Generation.host)
             .where(Generation.state == GenState.current, Host.health_interval.is_not(None),
@@ -118,7 +122,8 @@ class Prober:
             self.targets[r.id] = Probed(
                 r.id, r.host, r.socket, float(r.health_interval), int(r.unhealthy_after),
                 bool(r.unhealthy_restart), int(r.health_failures),
-                t.next_at if t is not None else now + float(r.health_interval))
+                t.next_at if t is not None else now + float(r.health_interval),
+                ProcRef(r.uuid, r.pid, r.create_time, r.cgroup))
 
     def round(self) -> int:
         """Probe what is due; returns how many were probed."""
@@ -134,6 +139,7 @@ class Prober:
             self.pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="probe")
         problems = list(self.pool.map(
             lambda t: self.ctx.health.probe(t.socket, min(PROBE_TIMEOUT, t.interval)), due))
+        note(self.ctx, {t.gen_id: t.ref for t in due if t.ref is not None})
         for t, problem in zip(due, problems, strict=True):
             t.next_at = time.monotonic() + t.interval
             if problem is None and t.failures == 0:

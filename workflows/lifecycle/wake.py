@@ -27,6 +27,7 @@ from workflows.builds.staged import mark_published, staged_problem
 from workflows.generations.access import grant_socket
 from workflows.generations.create import intend, launch, record
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
+from workflows.generations.known import note
 from workflows.generations.readiness import ready_problem
 from workflows.leases.lease import Holding, acquire, owe_release, release_owed
 from workflows.lifecycle.workers import (
@@ -303,9 +304,11 @@ def _start(ctx: Context, wake_id: int) -> Result | None:
         ctx.store.write(recorded_current)
         crashpoint(RECORDED)
         crashpoint(CURRENT)
+        note(ctx, {gen.id: ref})  # the walk at spawn (an instance's next one is at health)
         return Result.progress
     ctx.store.write(recorded)
     crashpoint(RECORDED)
+    note(ctx, {gen.id: ref})
     if host.kind is HostKind.instance:
         problem = ready_problem(ctx, host, gen)
     elif host.one_shot:
