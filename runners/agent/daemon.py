@@ -33,7 +33,7 @@ from runners.base import wakeup
 from runners.base.doorbell import DOORBELL, LOCK
 from runners.base.doorbell import ring as ring_doorbell
 from runners.base.storewatch import FileGuard, StoreWatch, write_back
-from runners.quick.control import ControlServer
+from runners.quick.control import ControlServer, raise_open_file_limit
 from runners.quick.control import version as control_version
 from workflows.base.context import Context, Result
 from workflows.engine.claim import claim
@@ -577,6 +577,7 @@ class AgentDaemon:
         self._signalled = True
 
     def run(self) -> int:
+        raise_open_file_limit()  # before anything opens: the control socket's cap follows it
         self._take_lock()
         self.watch = StoreWatch(self.ctx.store.url, self.ctx.state_dir, log,
                                 on_halt=self._halted)
