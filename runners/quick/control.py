@@ -27,9 +27,11 @@ from workflows.base.paths import CONTROL
 
 log = logging.getLogger("vigil.control")
 
-# Reads answered at once; the others wait their turn. The store's pool (5 + 10 overflow on
-# SQLite) keeps room for the drive and for intents, which never wait behind reads.
+# Reads answered at once, per kind; the others wait their turn. The store's pool (5 + 10
+# overflow on SQLite) keeps room for the drive and for intents, which never wait behind
+# reads; a `--wait`'s progress polls (one row each) never wait behind listings (every host).
 READ_LANES = 3
+POLLS = frozenset({"progress", "last_event"})
 IDLE = 120.0  # seconds a connection may wait between two requests (the CLI polls faster)
 DRAIN = 10.0  # seconds spent reading the rest of a refused oversized line before closing
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
@@ -87,6 +89,7 @@ class ControlServer:
         self._closed = threading.Event()
         self._slots = threading.BoundedSemaphore(connection_cap())
         self._reads = threading.BoundedSemaphore(READ_LANES)
+        self._polls = threading.BoundedSemaphore(READ_LANES)
         self._starved_since: float | None = None  # out of fds since (monotonic), if it is
 
     def start(self) -> None:
@@ -224,7 +227,8 @@ class ControlServer:
             elif op in ops.INTENTS:
                 result = ops.run(self.ctx.store, self.ctx.state_dir, op, args)
             else:
-                with self._reads:  # many reads at once would take every pooled connection
+                # many reads at once would take every pooled connection
+                with self._polls if op in POLLS else self._reads:
                     result = ops.run(self.ctx.store, self.ctx.state_dir, op, args)
             if op == "agent":
                 result.update(self.live())
