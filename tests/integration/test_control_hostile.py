@@ -6,7 +6,9 @@ them goes through."""
 from __future__ import annotations
 
 import json
+import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
+from runners.base.doorbell import running_agent_pid
 from runners.quick.client import CONTROL, Client
 from tests.conftest import HELLO, ROOT, Vigil, wait_for
 
@@ -192,3 +195,52 @@ def test_200_concurrent_statuses_all_answered_beside_a_deploy(
     assert errors == [], errors[:5]
     assert answered == [1] * 200
     assert deploy.returncode == 0 and "switched" in deploy.stdout, deploy.stdout + deploy.stderr
+
+
+def _bell_names(pid: int) -> list[str]:
+    """The abstract unix socket names process `pid` has bound (from /proc/net/unix, which
+    every local user may read, matched to its fds)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    names = []
+    for row in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        cols = row.split()
+        if len(cols) >= 8 and cols[6] in inodes and cols[7].startswith("@"):
+            names.append(cols[7][1:])
+    return names
+
+
+def test_agent_start_takes_ready_only_from_its_agent(vigil: Vigil) -> None:
+    """Failed before its fix: any local user's READY=1 on the start's abstract socket made
+    `vigil agent start` say "agent started" for an agent that was not ready."""
+    vigil.add_host("hello")
+    start = subprocess.Popen([sys.executable, "-m", "runners.cli", "agent", "start",
+                              "--safety-interval", "1"], env=vigil.env, cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    spoofed = 0
+    try:
+        names = wait_for(lambda: start.poll() is None and _bell_names(start.pid), 20,
+                         interval=0.005, what="the start's notify socket")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            for name in names:
+                s.sendto(b"READY=1", "\0" + name)
+                spoofed += 1
+        out, err = start.communicate(timeout=90)
+    finally:
+        if start.poll() is None:
+            start.kill()
+            start.wait(10)
+        pid = running_agent_pid(vigil.state_dir)
+        if pid and pid > 0:
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: running_agent_pid(vigil.state_dir) is None, 20, what="agent gone")
+    assert spoofed >= 1
+    assert start.returncode == 0 and b"agent started" in out, out + err
+    # It answered only once the agent itself was ready.
+    assert b"logger=vigil.agent ready" in (vigil.state_dir / "agent.log").read_bytes()
