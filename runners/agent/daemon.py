@@ -28,6 +28,7 @@ from runners.agent import schedules
 from runners.agent.exits import ExitWatcher, pidfds_supported
 from runners.agent.fencing import FencedProcess, FenceGuard, Timing
 from runners.agent.sd_notify import notify
+from runners.agent.storelock import hold_sqlite_store
 from runners.backend.sockets import settle_state_dir
 from runners.base import wakeup
 from runners.base.doorbell import DOORBELL, LOCK
@@ -304,6 +305,7 @@ class AgentDaemon:
         self.stop = threading.Event()
         self._signalled = False  # SIGTERM/SIGINT seen (set by the handler, read by run())
         self._lock_file = None
+        self._store_lock = None  # the SQLite file, flocked while this agent runs
         self.recovered = threading.Event()
         self.watcher: ExitWatcher | None = None
         self._last_beat = 0.0
@@ -340,6 +342,7 @@ class AgentDaemon:
         f.write(f"{os.getpid()}\n")
         f.flush()
         self._lock_file = f  # held until the process ends, even by SIGKILL
+        self._store_lock = hold_sqlite_store(self.ctx.store.url, self.ctx.state_dir)
 
     def _register(self) -> None:
         me = psutil.Process()

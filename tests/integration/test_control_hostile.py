@@ -244,3 +244,24 @@ def test_agent_start_takes_ready_only_from_its_agent(vigil: Vigil) -> None:
     assert start.returncode == 0 and b"agent started" in out, out + err
     # It answered only once the agent itself was ready.
     assert b"logger=vigil.agent ready" in (vigil.state_dir / "agent.log").read_bytes()
+
+
+def test_second_agent_on_the_same_sqlite_file_is_refused(vigil: Vigil, short_tmp: Path) -> None:
+    """Failed before its fix: an agent of another state dir pointed at the same SQLite file
+    ran, and took the hosts into its own run/."""
+    if vigil.db_url:
+        pytest.skip("several agents on one PostgreSQL store are fenced by leases")
+    vigil.add_host("hello")
+    first = vigil.start_agent()
+    vigil.wait_ready(first)
+    other = short_tmp / "other"
+    env = {**vigil.env, "VIGIL_HOME": str(other),
+           "VIGIL_DB": f"sqlite:///{vigil.state_dir / 'vigil.db'}"}
+    vigil.run("db", "upgrade", env=env)  # the other state dir, on the same (head) store
+    cp = subprocess.run([sys.executable, "-m", "runners.cli", "agent", "--safety-interval", "1"],
+                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert cp.returncode != 0, cp.stdout + cp.stderr
+    (line,) = cp.stderr.strip().splitlines()
+    assert f"another agent (pid {first.pid}) already runs on the database" in line, line
+    assert not (other / "run").exists() or not any((other / "run").iterdir())
+    assert hello(vigil)["pid"] == first.pid
