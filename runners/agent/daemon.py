@@ -29,12 +29,13 @@ from runners.agent.exits import ExitWatcher, pidfds_supported
 from runners.agent.fencing import FencedProcess, FenceGuard, Timing
 from runners.agent.helpers import HelperWatch
 from runners.agent.sd_notify import notify
+from runners.agent.storelock import hold_sqlite_store
 from runners.backend.sockets import settle_state_dir
 from runners.base import wakeup
 from runners.base.doorbell import DOORBELL, LOCK
 from runners.base.doorbell import ring as ring_doorbell
 from runners.base.storewatch import FileGuard, StoreWatch, write_back
-from runners.quick.control import ControlServer
+from runners.quick.control import ControlServer, raise_open_file_limit
 from runners.quick.control import version as control_version
 from workflows.base.context import Context, Result
 from workflows.engine.claim import claim
@@ -305,6 +306,7 @@ class AgentDaemon:
         self.stop = threading.Event()
         self._signalled = False  # SIGTERM/SIGINT seen (set by the handler, read by run())
         self._lock_file = None
+        self._store_lock = None  # the SQLite file, flocked while this agent runs
         self.recovered = threading.Event()
         self.watcher: ExitWatcher | None = None
         self._last_beat = 0.0
@@ -341,6 +343,7 @@ class AgentDaemon:
         f.write(f"{os.getpid()}\n")
         f.flush()
         self._lock_file = f  # held until the process ends, even by SIGKILL
+        self._store_lock = hold_sqlite_store(self.ctx.store.url, self.ctx.state_dir)
 
     def _register(self) -> None:
         me = psutil.Process()
@@ -578,6 +581,7 @@ class AgentDaemon:
         self._signalled = True
 
     def run(self) -> int:
+        raise_open_file_limit()  # before anything opens: the control socket's cap follows it
         self._take_lock()
         self.watch = StoreWatch(self.ctx.store.url, self.ctx.state_dir, log,
                                 on_halt=self._halted)

@@ -160,6 +160,9 @@ def agent_start(env: Env, ready_timeout: float, options: tuple[str, ...]) -> Non
     # The agent says READY=1 once recovered, as it does to systemd (runners/agent/sd_notify.py).
     name = f"vigil-start-{uuid.uuid4().hex}"
     bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    # The name is world-readable in /proc/net/unix: anyone may send to it, so each datagram
+    # comes with its sender's pid (the kernel's word) and only the child's READY=1 counts.
+    bell.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
     bell.bind("\0" + name)
     child_env = {**os.environ, "VIGIL_HOME": str(env.state_dir), "NOTIFY_SOCKET": "@" + name}
     child_env.pop("VIGIL_DB", None)
@@ -175,7 +178,7 @@ def agent_start(env: Env, ready_timeout: float, options: tuple[str, ...]) -> Non
         while True:
             bell.settimeout(0.1)
             try:
-                if b"READY=1" in bell.recv(4096):
+                if _ready_from(bell, child.pid):
                     break
             except TimeoutError:
                 pass
@@ -189,6 +192,18 @@ def agent_start(env: Env, ready_timeout: float, options: tuple[str, ...]) -> Non
     finally:
         bell.close()
     click.echo(f"agent started on {env.state_dir} (pid {child.pid}); log {log_path}")
+
+
+def _ready_from(bell: Any, pid: int) -> bool:
+    """One datagram off `bell`: True when it says READY=1 and process `pid` sent it."""
+    import socket
+    import struct
+
+    creds = struct.Struct("3i")  # struct ucred: pid, uid, gid
+    data, ancillary, _, _ = bell.recvmsg(4096, socket.CMSG_SPACE(creds.size))
+    senders = [creds.unpack(cdata[:creds.size])[0] for level, kind, cdata in ancillary
+               if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS]
+    return b"READY=1" in data and senders == [pid]
 
 
 def _why(log_path: os.PathLike[str], offset: int) -> str:

@@ -8,20 +8,59 @@ reached a crash point before the reply would leave the client without its answer
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import resource
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from models.errors import BrokenInvariant, VigilError
 from runners.quick import ops
+from runners.quick.shapes import MAX_REQUEST, NotARequest, parse
 from workflows.base.context import Context
 from workflows.base.paths import CONTROL
 
 log = logging.getLogger("vigil.control")
+
+# Reads answered at once, per kind; the others wait their turn. The store's pool (5 + 10
+# overflow on SQLite) keeps room for the drive and for intents, which never wait behind
+# reads; a `--wait`'s progress polls (one row each) never wait behind listings (every host).
+READ_LANES = 3
+POLLS = frozenset({"progress", "last_event"})
+IDLE = 120.0  # seconds a connection may wait between two requests (the CLI polls faster)
+DRAIN = 10.0  # seconds spent reading the rest of a refused oversized line before closing
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
+_SOCKET_GONE = (errno.EBADF, errno.EINVAL, errno.ENOTSOCK)
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """The soft RLIMIT_NOFILE raised to the hard limit (apps each hold pipes, pidfds and
+    sockets of the agent's): (soft, hard) as they are now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # a hard limit over the kernel's nr_open
+            pass
+    return soft, hard
+
+
+def connection_cap() -> int:
+    """Control connections served at once: a quarter of the open-file limit (each is one
+    fd), at most 256 (each may buffer a request of up to MAX_REQUEST)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(4, min(256, soft // 4))
+
+
+def refusal(why: str, fix: str | None = None) -> dict[str, Any]:
+    return {"ok": False, "error": {"cause": f"not a vigil request: {why}", "fix": fix,
+                                   "exit_code": 2}}
 
 
 def version() -> str:
@@ -48,6 +87,10 @@ class ControlServer:
         self.path = ctx.state_dir / CONTROL
         self.sock: socket.socket | None = None
         self._closed = threading.Event()
+        self._slots = threading.BoundedSemaphore(connection_cap())
+        self._reads = threading.BoundedSemaphore(READ_LANES)
+        self._polls = threading.BoundedSemaphore(READ_LANES)
+        self._starved_since: float | None = None  # out of fds since (monotonic), if it is
 
     def start(self) -> None:
         try:
@@ -64,7 +107,7 @@ class ControlServer:
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
-        s.listen(64)
+        s.listen(connection_cap())
         self.sock = s
         threading.Thread(target=self._accept, name="control", daemon=True).start()
 
@@ -86,39 +129,107 @@ class ControlServer:
         if self.sock is None:
             raise BrokenInvariant("the control socket accepts only once it is bound")
         while not self._closed.is_set():
+            # At the cap, a client waits in the listen queue until a connection ends.
+            if not self._slots.acquire(timeout=0.5):
+                continue
             try:
                 conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), name="control-conn",
-                             daemon=True).start()
+            except OSError as exc:
+                self._slots.release()
+                if self._closed.is_set() or exc.errno in _SOCKET_GONE:
+                    return
+                self._accept_failed(exc)
+                continue
+            if self._starved_since is not None:
+                log.info("control socket accepts again after %.1fs without fds",
+                         time.monotonic() - self._starved_since)
+                self._starved_since = None
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="control-conn",
+                                 daemon=True).start()
+            except RuntimeError:  # no thread to be had: this client is not answered
+                conn.close()
+                self._slots.release()
+                self._closed.wait(0.1)
+
+    def _accept_failed(self, exc: OSError) -> None:
+        """A failed accept is waited out: out of fds, connections end and free theirs; said
+        once per spell, not once per attempt."""
+        if exc.errno in _OUT_OF_FDS:
+            if self._starved_since is None:
+                self._starved_since = time.monotonic()
+                soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+                log.warning("control socket: too many open files (limit %d): new connections "
+                            "wait until some close; raise the agent's `ulimit -n`", soft)
+        else:
+            log.warning("control socket: accept failed (%s); trying again", exc)
+        self._closed.wait(0.1)
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn, conn.makefile("rb") as reader:
-            for line in reader:
-                answer, intent = self.answer(line)
-                try:
-                    conn.sendall(json.dumps(answer, default=str).encode() + b"\n")
-                except OSError:
+        try:
+            with conn, conn.makefile("rb") as reader:
+                conn.settimeout(IDLE)
+                while True:
+                    line = reader.readline(MAX_REQUEST + 1)
+                    if not line:
+                        return
+                    if len(line) > MAX_REQUEST and not line.endswith(b"\n"):
+                        self._send(conn, refusal(f"longer than {MAX_REQUEST} bytes",
+                                                 "send one JSON request a line"))
+                        self._drain(conn, reader)
+                        return
+                    answer, intent = self.answer(line)
+                    try:
+                        if not self._send(conn, answer):
+                            return
+                    finally:
+                        if intent:
+                            ops.notify_boxes(self.ctx.store)
+                            self.kick()
+        except OSError:  # timed out idle, reset: the client is gone
+            return
+        finally:
+            self._slots.release()
+
+    @staticmethod
+    def _send(conn: socket.socket, answer: dict[str, Any]) -> bool:
+        try:
+            conn.sendall(json.dumps(answer, default=str).encode() + b"\n")
+            return True
+        except OSError:
+            return False
+
+    @staticmethod
+    def _drain(conn: socket.socket, reader: Any) -> None:
+        """Read (and drop) the rest of a refused line, so the client, still sending it,
+        reads the refusal instead of a reset; bounded in time, not in bytes."""
+        conn.settimeout(1.0)
+        until = time.monotonic() + DRAIN
+        try:
+            while time.monotonic() < until:
+                chunk = reader.readline(1 << 16)
+                if not chunk or chunk.endswith(b"\n"):
                     return
-                finally:
-                    if intent:
-                        ops.notify_boxes(self.ctx.store)
-                        self.kick()
+        except OSError:
+            return
 
     def answer(self, line: bytes) -> tuple[dict[str, Any], bool]:
         """(the reply, whether an intent was written)."""
         try:
-            req = json.loads(line)
-            op, args = req["op"], req.get("args") or {}
-        except (ValueError, KeyError, TypeError):
-            return {"ok": False, "error": {"cause": "not a vigil request", "fix": None,
-                                           "exit_code": 2}}, False
-        if req.get("db") != self.db or (op != "hello" and not self.may_act()):
+            op, args, db = parse(line)
+        except NotARequest as exc:
+            return refusal(str(exc), "send what a vigil of the agent's version sends"), False
+        if db != self.db or (op != "hello" and not self.may_act()):
             return {"ok": False, "other_store": True}, False
         try:
-            result = self.live() if op == "hello" else ops.run(
-                self.ctx.store, self.ctx.state_dir, op, args)
+            if op == "hello":
+                result = self.live()
+            elif op in ops.INTENTS:
+                result = ops.run(self.ctx.store, self.ctx.state_dir, op, args)
+            else:
+                # many reads at once would take every pooled connection
+                with self._polls if op in POLLS else self._reads:
+                    result = ops.run(self.ctx.store, self.ctx.state_dir, op, args)
             if op == "agent":
                 result.update(self.live())
         except VigilError as exc:
