@@ -47,7 +47,7 @@ class Checker:
 
     def check(self, meant_up: dict[str, bool]) -> list[str]:
         found = [f"open obligation: {o}" for o in self.v.obligations()]
-        procs = generation_procs(self.v.state_dir)
+        procs = generation_procs(self.v.state_dir, self.v.db_url)
         found += self.processes(procs, meant_up)
         found += self.serving(procs, meant_up)
         found += self.listeners()

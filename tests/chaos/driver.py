@@ -167,7 +167,7 @@ class Driver:
         currents = self.v.store.read(lambda s: dict(s.execute(text(
             "SELECT uuid, pid FROM generations WHERE host = :h AND state = 'current'"),
             {"h": a.host}).all()))
-        procs = [p for p in generation_procs(self.v.state_dir) if p.marker in currents]
+        procs = [p for p in generation_procs(self.v.state_dir, self.v.db_url) if p.marker in currents]
         if a.kind == "kill_leader":
             procs = [p for p in procs if p.pid == currents[p.marker]]
         else:

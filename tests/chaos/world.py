@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import HELLO, Vigil
+from tests.conftest import HELLO, Vigil, store_uuids
 
 TICKER = Path(__file__).resolve().parent / "ticker.py"
 LABELS = ("a", "b", "c")
@@ -174,8 +174,12 @@ class Proc:
     leader: bool  # the server (examples/hello), not the ticker
 
 
-def generation_procs(state_dir: Path) -> list[Proc]:
-    """Every live (not zombie) process carrying a generation marker of this state dir."""
+def generation_procs(state_dir: Path, db_url: str | None = None) -> list[Proc]:
+    """Every live (not zombie) process carrying a generation marker of this state dir: a
+    uuid of its store's generations, or a socket under the state dir (apps carry no
+    VIGIL_HOME)."""
+    uuids = store_uuids(state_dir, db_url)
+    home = str(state_dir) + os.sep
     out = []
     for p in psutil.process_iter(["pid", "ppid", "cmdline"]):
         try:
@@ -184,7 +188,10 @@ def generation_procs(state_dir: Path) -> list[Proc]:
             env = p.environ()
         except (psutil.Error, OSError):
             continue
-        if env.get("VIGIL_HOME") != str(state_dir) or "VIGIL_GENERATION" not in env:
+        if "VIGIL_GENERATION" not in env:
+            continue
+        if env["VIGIL_GENERATION"] not in uuids and not any(
+                env.get(k, "").startswith(home) for k in ("VIGIL_SOCKET", "NOTIFY_SOCKET")):
             continue
         cmd = p.info["cmdline"] or []
         out.append(Proc(p.pid, p.info["ppid"], env.get("VIGIL_HOST", "?"),
