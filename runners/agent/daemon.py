@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import IO, cast
 
 import psutil
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -27,7 +28,7 @@ from models.tables import Agent as AgentRow
 from runners.agent import schedules
 from runners.agent.exits import ExitWatcher, pidfds_supported
 from runners.agent.fencing import FencedProcess, FenceGuard, Timing
-from runners.agent.helpers import HelperWatch
+from runners.agent.helpers import Helper, HelperWatch
 from runners.agent.sd_notify import notify
 from runners.agent.storelock import hold_sqlite_store
 from runners.backend.sockets import settle_state_dir
@@ -305,8 +306,8 @@ class AgentDaemon:
         self.max_hosts = max_hosts
         self.stop = threading.Event()
         self._signalled = False  # SIGTERM/SIGINT seen (set by the handler, read by run())
-        self._lock_file = None
-        self._store_lock = None  # the SQLite file, flocked while this agent runs
+        self._lock_file: IO[str] | None = None
+        self._store_lock: IO[bytes] | None = None  # the SQLite file, flocked while this agent runs
         self.recovered = threading.Event()
         self.watcher: ExitWatcher | None = None
         self._last_beat = 0.0
@@ -632,7 +633,7 @@ class AgentDaemon:
         else:
             log.warning("this kernel has no pidfds: exits are found by the %gs sweep",
                         self.monitor_interval)
-        helpers = HelperWatch([h for h in (self.ctx.listeners, self.logs, guard)
+        helpers = HelperWatch([cast(Helper, h) for h in (self.ctx.listeners, self.logs, guard)
                                if h is not None and hasattr(h, "revive")])
         helpers.start()  # each checked, restored and watched before the first round
         reconciler.start()

@@ -7,6 +7,7 @@ import errno
 import ipaddress
 import os
 import socket
+from typing import cast
 
 
 def split(address: str) -> tuple[str, object]:
@@ -50,7 +51,7 @@ def _listening(address: str) -> list[int]:
             if c.laddr and os.path.realpath(str(c.laddr)) == os.path.realpath(str(where)):
                 found.append(c.pid)
             continue
-        host, port = where  # type: ignore[misc]
+        host, port = cast(tuple[str, int], where)
         if c.status != psutil.CONN_LISTEN or not c.laddr or c.laddr.port != port:
             continue
         ip, mine = ipaddress.ip_address(c.laddr.ip), ipaddress.ip_address(host)

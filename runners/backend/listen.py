@@ -18,6 +18,7 @@ import socket
 import stat
 import threading
 from pathlib import Path
+from typing import cast
 
 from runners.backend.addresses import split, unix_in_use, why_unbindable
 from runners.keepers.fdholder import HOLDER_LOCK, HOLDER_SOCKET
@@ -65,7 +66,7 @@ def _bind(address: str) -> socket.socket:
                 os.unlink(path)  # a stale socket file: nothing listens on it
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     else:
-        host, port = where  # type: ignore[misc]
+        host, port = cast(tuple[str, int], where)
         s = socket.socket(_family(host), socket.SOCK_STREAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no user
         if _family(host) == socket.AF_INET6:

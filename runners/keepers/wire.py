@@ -212,13 +212,14 @@ def serve(state_dir: Path, lock_name: str, socket_name: str, name: str,
         standby = claim(standby_of(state_dir / lock_name))
         if standby is None:
             return 0  # another standby waits already
-        lock = open(state_dir / lock_name, "a+")
-        fcntl.flock(lock, fcntl.LOCK_EX)  # blocks until the running helper is gone
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"{os.getpid()}\n")
-        lock.flush()
+        taken = open(state_dir / lock_name, "a+")
+        fcntl.flock(taken, fcntl.LOCK_EX)  # blocks until the running helper is gone
+        taken.seek(0)
+        taken.truncate()
+        taken.write(f"{os.getpid()}\n")
+        taken.flush()
         standby.close()
+        lock: IO[str] | None = taken
     else:
         lock = claim(state_dir / lock_name)
     if lock is None:

@@ -242,12 +242,12 @@ class ControlServer:
 
             trouble = diagnose(exc)
             if trouble is not None:  # the store itself (full, read-only, ...): its one line
-                line = explain(trouble, self.ctx.store.url,
+                said = explain(trouble, self.ctx.store.url,
                                holder=self.ctx.store.lock_holder() if trouble.kind == "locked"
                                else None)
-                log.warning("control request op=%s: %s", op, line.line())
-                return {"ok": False, "error": {"cause": line.cause, "fix": line.fix,
-                                               "exit_code": line.exit_code}}, False
+                log.warning("control request op=%s: %s", op, said.line())
+                return {"ok": False, "error": {"cause": said.cause, "fix": said.fix,
+                                               "exit_code": said.exit_code}}, False
             log.exception("control request op=%s failed", op)
             return {"ok": False, "error": {"cause": f"the agent failed on {op}: "
                                            f"{type(exc).__name__}: {exc}",

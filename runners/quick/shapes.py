@@ -11,7 +11,7 @@ from typing import Any
 MAX_REQUEST = 1 << 20  # bytes a line: a deploy's request is a few hundred
 
 # op -> {field: (its types, required)}
-_NAME = {"name": ((str,), True)}
+_NAME: dict[str, tuple[tuple[type, ...], bool]] = {"name": ((str,), True)}
 SHAPES: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "hello": {},
     "agent": {},

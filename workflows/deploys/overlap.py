@@ -124,7 +124,7 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
              frm=GenState.running)
         s.execute(Member.__table__.delete().where(Member.generation_id == gen.id))
         if old is not None:
-            join_set(s, old.id, a.host, MemberRole.retiring, a.fence, attempt_id=a.id)
+            join_set(s, old.id, a.host, MemberRole.retiring, a.fence or 0, attempt_id=a.id)
         s.execute(Host.__table__.update().where(Host.name == a.host).values(build_id=a.build_id))
         step_to(s, a, AttemptStep.switched, retiring_id=old_id)
         emit(s, "switched", a.host, gen.id, attempt=a.id, retiring=old_id)

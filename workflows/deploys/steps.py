@@ -176,7 +176,10 @@ def check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Gener
             ctx.store.read(lambda s: gate(s, ctx, a))
             next_gate = ctx.clock.now() + 0.5
         ctx.clock.sleep(0.05)
-    ctx.store.write(lambda s: (gate(s, ctx, a), step_to(s, a, AttemptStep.settled)))
+    def settled(s: Session) -> None:
+        gate(s, ctx, a)
+        step_to(s, a, AttemptStep.settled)
+    ctx.store.write(settled)
     crashpoint(SETTLED)
     return False
 

@@ -5,6 +5,8 @@ written step (a wake found mid-spawn is reaped and retried; a stop re-signals an
 
 from __future__ import annotations
 
+from functools import partial
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -24,6 +26,10 @@ from workflows.lifecycle.members import retire
 from workflows.lifecycle.takeover import take_over
 
 ADOPTED = define("recover.adopted", "the current generations were adopted or retired on start")
+
+
+def _refused(s: Session, name: str) -> None:
+    emit(s, "refused", name, reason=impossible(s, name))
 
 
 def release_leftovers(ctx: Context) -> int:
@@ -49,7 +55,7 @@ def recover(ctx: Context) -> dict[str, int]:
         .where(Generation.state == GenState.current, Lease.holder == ctx.agent_id)).all())
     refused = ctx.store.read(impossible_hosts)
     for name in sorted(refused):  # not acted on: neither adopted nor retired
-        ctx.store.write(lambda s, n=name: emit(s, "refused", n, reason=impossible(s, n)))
+        ctx.store.write(partial(_refused, name=name))
     # Decide first (probes only read), then write every adoption and retirement in one
     # transaction: a thousand adoptions cost one commit, not a thousand.
     adopt: list[tuple[Generation, dict[str, str]]] = []

@@ -48,7 +48,7 @@ def _drain(ctx: Context, gen: Generation, drain_until: float, done: Callable[[],
 
 
 def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
-                   points: tuple[str, str] | None = None, drain_rest: bool = False) -> str | None:
+                   points: tuple[str | None, str] | None = None, drain_rest: bool = False) -> str | None:
     """Drive the generation's processes to their end. `drain_until` (epoch seconds) is how
     long the leader may drain after SIGTERM; None means kill at once (a failed start).
     `points` names the crash points after the TERM and after the KILL. `drain_rest`: when
@@ -64,14 +64,14 @@ def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
         if gen.uuid not in ctx.termed:
             ctx.proc.terminate(ref)
             ctx.termed.add(gen.uuid)
-            if points:
+            if points and points[0]:
                 crashpoint(points[0])
         _drain(ctx, gen, drain_until, lambda: not ctx.proc.leader_alive(ref))
     elif drain_until is not None and drain_rest and ctx.proc.live_members(ref):
         if gen.uuid not in ctx.termed:
             ctx.proc.terminate_all(ref)
             ctx.termed.add(gen.uuid)
-            if points:
+            if points and points[0]:
                 crashpoint(points[0])
         _drain(ctx, gen, drain_until, lambda: ctx.proc.proven(ref))
     if not ctx.proc.proven(ref):

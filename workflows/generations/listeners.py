@@ -265,8 +265,8 @@ def _open(ctx: Context, host: str, rows: list[Listener], fence: int | None) -> N
                 crashpoint(BOUND)
             port.hand(key)
         except (OSError, ValueError) as exc:  # the port's error names what holds it, and the fix
-            named = isinstance(exc, OSError) and exc.strerror and exc.strerror.startswith(r.address)
-            why = exc.strerror if named else f"{r.address}: {exc}"
+            said = exc.strerror if isinstance(exc, OSError) else None
+            why = said if said and said.startswith(r.address) else f"{r.address}: {exc}"
             again = " again (it was lost)" if reopened(r) else ""
             raise SpawnError(f"cannot open{again} {why}", build_fault=False) from exc
         crashpoint(HANDED)

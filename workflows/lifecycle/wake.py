@@ -9,6 +9,7 @@ proven; only the proof closes it and owes the lease back.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Integer, bindparam, func, select
 from sqlalchemy.orm import Session
@@ -75,7 +76,7 @@ _HOST_BUILD = select(Host, Build).join(
 _H, _L, _S, _W = Host.__table__.c, Lease.__table__.c, Stop.__table__.c, Wake.__table__.c
 
 
-def _first(col: object, *where: object) -> object:
+def _first(col: Any, *where: Any) -> Any:
     return select(col).where(*where).order_by(col).limit(1).scalar_subquery()  # type: ignore[arg-type]
 
 
@@ -149,11 +150,15 @@ def drive_wake(ctx: Context, wake_id: int) -> Result:
         # failed) between spawn and current. Whatever ran is ended, then the wake retried.
         _to_reaping(ctx, w)
         w = ctx.store.read(lambda s: _wake(s, wake_id))
+        if w is None:
+            return Result.gone
     if w.state is WakeState.unproven:
         return _prove_failed(ctx, w)
     if w.state is WakeState.reaping:
         _reap(ctx, w)
         w = ctx.store.read(lambda s: _wake(s, wake_id))
+        if w is None:
+            return Result.gone
     if w.state in (WakeState.queued, WakeState.leased):
         return _start(ctx, wake_id) or Result.progress
     return Result.progress
@@ -366,6 +371,8 @@ def _fail(ctx: Context, w: Wake, gen: Generation, wake_from: WakeState, gen_from
     ctx.store.write(step)
     crashpoint(FAILING)
     w2 = ctx.store.read(lambda s: s.get(Wake, w.id))
+    if w2 is None:
+        raise BrokenInvariant(f"wake #{w.id} is missing")
     return _prove_failed(ctx, w2)
 
 
