@@ -26,14 +26,14 @@ from models.errors import Refused
 from models.states import Cause, HostKind, Mode
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Host, Lease
-from models.transition import Unfenced, move
+from models.transition import move
+from workflows.base.waivers import OPERATOR
 from workflows.config.hosts import check_name, host_state, record_build, remove_host
 from workflows.deploys.request import request_deploy
 from workflows.generations.listeners import Listen, as_listens, check_free, stored, write_set
 from workflows.leases.lease import still_needed
 
 # Moves that carry no lease fence, each with the reason it needs none.
-OPERATOR = Unfenced("an operator's intent (vigil apply), written by the CLI")
 
 JSON_COLUMNS = ("args", "env")  # stored as JSON text
 RUNS = ("awake", "unhealthy", "waking", "crashloop", "deploying")  # a changed build becomes a deploy attempt

@@ -20,11 +20,11 @@ from models.transition import move, move_many
 from workflows.base.classify import Stale
 from workflows.base.context import Context
 from workflows.base.crash import crashpoint, define
+from workflows.base.waivers import BY_STATE
 from workflows.builds.book import attempt_ended
 from workflows.builds.staged import mark_published
 from workflows.deploys.steps import (
     ADMITTED,
-    BY_STATE,
     BY_STEP,
     SWITCHED,
     asleep,

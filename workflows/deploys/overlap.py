@@ -19,10 +19,10 @@ from models.transition import move
 from workflows.base.classify import BuildFailed, Interrupted, Stale
 from workflows.base.context import Context, Poke
 from workflows.base.crash import crashpoint, define
+from workflows.base.waivers import BY_STATE
 from workflows.builds.book import attempt_ended
 from workflows.deploys.steps import (
     ADMITTED,
-    BY_STATE,
     HEALTHY,
     PUBLISHED,
     SWITCHED,

@@ -27,6 +27,7 @@ from workflows.base.context import Context, Poke
 from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import newest_revision, open_stop
 from workflows.base.queue import enqueue_wake
+from workflows.base.waivers import BY_STATE
 from workflows.builds.book import attempt_ended
 from workflows.builds.staged import mark_published, staged_problem
 from workflows.generations.access import grant_socket
@@ -43,7 +44,6 @@ from workflows.lifecycle.workers import (
 
 # Moves that carry no lease fence, each with the reason it needs none.
 BY_STEP = Unfenced("the attempt's own step guards it; the gate checks the lease before each step")
-BY_STATE = Unfenced("the attempt's own generation, guarded by its state; the gate checked the lease")
 
 ADMITTED = define("swap.admitted", "the attempt is admitted (overlap: its successor is a member)")
 PUBLISHED = define("swap.published", "the build is written as referenced; nothing spawned")

@@ -12,10 +12,11 @@ from sqlalchemy.orm import Session
 from models.states import GenState
 from models.store import utcnow
 from models.tables import Generation
-from models.transition import Unfenced, move
+from models.transition import move
 from workflows.base.context import Context, Until
 from workflows.base.crash import crashpoint, define
 from workflows.base.ports import ProcRef
+from workflows.base.waivers import BY_STATE
 from workflows.generations.known import note, with_known
 
 log = logging.getLogger("vigil.proof")
@@ -26,7 +27,6 @@ WAITING = define("obligation.waiting", "a drain outlasted the hold: the row give
                  "slot back and is due again shortly; SIGTERM was sent, nothing else changed")
 
 # Moves that carry no lease fence, each with the reason it needs none.
-BY_STATE = Unfenced("the generation's own state guards it; the step ending it holds the lease")
 
 
 def ref_of(gen: Generation) -> ProcRef:

@@ -33,6 +33,7 @@ from models.transition import Fence, Unfenced, move
 from workflows.base.context import Context
 from workflows.base.crash import crashpoint, define
 from workflows.base.ports import SpawnError
+from workflows.base.waivers import OPERATOR
 from workflows.generations.ending import ref_of
 
 OPENING = define("listen.opening", "a host's listeners are written opening; nothing bound yet")
@@ -43,7 +44,6 @@ HELD = define("listen.held", "the listeners are written held with their inodes; 
 RECOVERED = define("listen.recovered", "on start, the listeners were matched with what the fd "
                    "holder and live processes keep, and the store written (held, lost, reopened)")
 
-OPERATOR = Unfenced("an operator's intent (vigil host reopen), written by the CLI")
 OWN_BOX = Unfenced("this box's own sockets on start, before any lease: each row is guarded "
                    "by its state and by the box that opened it")
 

@@ -17,12 +17,13 @@ from models.errors import BrokenInvariant, LostRace
 from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole
 from models.store import emit, utcnow
 from models.tables import Generation, Host, Lease, Listener, Member, Restore, Wake
-from models.transition import Unfenced, move
+from models.transition import move
 from workflows.base.context import Context, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.ports import ProcRef
 from workflows.base.queue import enqueue_wake
 from workflows.base.sanity import impossible_hosts
+from workflows.base.waivers import BY_STATE
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, ref_of
 from workflows.generations.known import note
@@ -30,7 +31,6 @@ from workflows.leases.lease import owe_release, release_owed
 from workflows.lifecycle.workers import restart_delay, worker_exited
 
 # Moves that carry no lease fence, each with the reason it needs none.
-BY_STATE = Unfenced("read on a lease this agent holds; the generation's own state guards it")
 
 EXITED = define("member.exited", "a dead current generation is retiring and a member")
 PROVEN = define("member.proven", "a member is proven gone and has left the set")

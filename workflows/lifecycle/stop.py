@@ -16,16 +16,15 @@ from models.errors import BrokenInvariant, NotFound
 from models.states import OPEN_STOP, AttemptStep, Desired, GenState, Outcome, StopState, WakeState
 from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Host, Member, Stop, Wake
-from models.transition import Fence, Unfenced, move, move_many
+from models.transition import Fence, move, move_many
 from workflows.base.context import Context, Poke, Result
 from workflows.base.crash import crashpoint, define
+from workflows.base.waivers import BY_STATE, OPERATOR
 from workflows.builds.book import nudge
 from workflows.generations.ending import end_generation, mark_proven, ref_of
 from workflows.leases.lease import held_fence, owe_release, release_owed
 
 # Moves that carry no lease fence, each with the reason it needs none.
-OPERATOR = Unfenced("an operator's intent (vigil stop), written by the CLI before any lease")
-BY_STATE = Unfenced("the stop's own state guards it; its fence is written when it is signalled")
 
 INTENT = define("stop.intent", "the stop is signalled and the generation retiring; link still there")
 UNLINKED = define("stop.unlinked", "the canonical link is removed; nothing signalled yet")

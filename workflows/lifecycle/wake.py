@@ -18,12 +18,13 @@ from models.errors import BrokenInvariant, NotFound, Refused
 from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, WakeState
 from models.store import emit, utcnow
 from models.tables import Build, Generation, Host, Lease, Stop, Wake
-from models.transition import Fence, Unfenced, move, move_many
+from models.transition import Fence, move, move_many
 from workflows.base.context import Context, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import open_stop
 from workflows.base.ports import SpawnError
 from workflows.base.queue import enqueue_wake
+from workflows.base.waivers import BY_STATE, OPERATOR
 from workflows.builds.staged import mark_published, staged_problem
 from workflows.generations.access import grant_socket
 from workflows.generations.create import intend, launch, record
@@ -40,8 +41,6 @@ from workflows.lifecycle.workers import (
 )
 
 # Moves that carry no lease fence, each with the reason it needs none.
-OPERATOR = Unfenced("an operator's intent (vigil wake), written by the CLI before any lease")
-BY_STATE = Unfenced("the wake's own state guards it (a queued wake has no fence yet)")
 
 LEASED = define("wake.leased", "the lease is taken and its fence written on the wake")
 INTENT = define("wake.intent", "the generation row is written (spawning); nothing exec'd yet")

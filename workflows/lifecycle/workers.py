@@ -33,13 +33,13 @@ from workflows.base.pacing import exponential
 from workflows.base.ports import ProcRef
 from workflows.base.queue import enqueue_wake
 from workflows.base.sanity import impossible_hosts
+from workflows.base.waivers import BY_STATE
 from workflows.builds.book import held, held_line
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.leases.lease import owe_release, release_owed
 
 # Moves that carry no lease fence, each with the reason it needs none.
-BY_STATE = Unfenced("the wake's own state guards it (a queued wake has no fence yet)")
 ONE_SHOT = Unfenced("the attempt ending its one-shot run: its gate checked the lease")
 OWN_SWEEP = Unfenced("host-scoped bookkeeping of this agent's own sweep")
 

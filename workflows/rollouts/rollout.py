@@ -56,6 +56,7 @@ from models.tables import Attempt, Build, Generation, Host, Rollout, RolloutTarg
 from models.transition import Unfenced, move, move_many
 from workflows.base.context import Context, Poke, Result, Until
 from workflows.base.crash import crashpoint, define
+from workflows.base.waivers import OPERATOR
 from workflows.builds.book import held, held_line
 from workflows.deploys.request import request_deploy
 
@@ -76,7 +77,6 @@ ENDED = define("rollout.ended", "the rollout's outcome is written: no longer an 
 # Moves that carry no lease fence, each with the reason it needs none.
 BY_ROLLOUT = Unfenced("a rollout belongs to no host: its own state and wave counters (and each "
                       "target's state and attempt) guard it, and any agent may advance it")
-OPERATOR = Unfenced("an operator's intent (vigil rollout pause|resume|abort), written by the CLI")
 NOT_STARTED = Unfenced("an attempt still queued: its own step guards it, nothing of it has run")
 
 DEFAULT_WAVES = "1,25%,100%"
