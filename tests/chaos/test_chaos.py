@@ -77,7 +77,21 @@ def report(seed: int, d: Driver, prober: Prober, took: float, found: list[str]) 
         lines += [f"  run it again: VIGIL_CHAOS_SEED={seed} VIGIL_CHAOS_ACTIONS={ACTIONS} "
                   f"VIGIL_CHAOS_LOGS={int(LOGS)} .venv/bin/python -m pytest -q -s tests/chaos",
                   "  actions:"] + [f"    {line}" for line in d.log]
+        lines += ["  as vigil saw it at the end (for diagnosis only):"] + \
+            [f"    {line}" for line in vigil_view(d.v)]
     return "\n".join(lines)
+
+
+def vigil_view(v: Vigil) -> list[str]:
+    """vigil's own status and its last events: read only to explain a violation."""
+    out = []
+    for args in (("status",), ("events", "--limit", "60")):
+        try:
+            cp = v.run(*args, check=False)
+            out += (cp.stdout + cp.stderr).splitlines()
+        except Exception as exc:  # noqa: BLE001 (a report must not hide the violation)
+            out.append(f"vigil {' '.join(args)}: {exc}")
+    return out
 
 
 @pytest.mark.parametrize("seed", SEEDS)
