@@ -134,6 +134,11 @@ class Checker:
                                 "ORDER BY id DESC LIMIT 1", h=h.name)
             if last and last[0]["outcome"] == "abandoned":
                 a = last[0]
+                # An operator's stop written after the deploy supersedes it: not dropped.
+                if rows(self.v, "SELECT id FROM stops WHERE host = :h AND created_at >= "
+                                "(SELECT created_at FROM attempts WHERE id = :a)",
+                        h=h.name, a=a["id"]):
+                    continue
                 out.append(f"{h.name}: attempt #{a['id']} ({a['cause']}) was abandoned and "
                            f"nothing came after it: {a['reason']}")
         return out
