@@ -190,7 +190,8 @@ def test_lost_listener_is_bound_again_at_the_next_wake(vigil: Vigil, short_tmp: 
     assert "the agent and the fd holder both died" in str(reopened[0]), reopened
     st = vigil.status("app")
     assert st["listeners"][0]["reopened"] and "was reopened" in st["listeners"][0]["note"], st
-    assert "(reopened)" in vigil.run("status").stdout
+    # The table says so too (wide enough that rich does not shorten the cell).
+    assert "(reopened)" in vigil.run("status", env={"COLUMNS": "200"}).stdout
     cp = vigil.run("check", check=False)
     assert cp.returncode == 0 and "was reopened" in cp.stdout, cp.stdout
     with socket.create_connection(("127.0.0.1", port), timeout=10):
