@@ -98,12 +98,14 @@ class Box(Vigil):
 
 def app_procs(boxes: list[Box]) -> dict[str, dict[str, dict[int, str]]]:
     """box -> host -> {pid: generation marker} of its live processes (not zombies): one scan."""
-    homes = {str(b.state_dir): b.name for b in boxes}
+    # Apps carry no VIGIL_HOME: a box's apps are those whose own socket lies in its state dir.
+    homes = {str(b.state_dir) + os.sep: b.name for b in boxes}
     out: dict[str, dict[str, dict[int, str]]] = {}
     for p in psutil.process_iter(["pid"]):
         try:
             env = p.environ()
-            box = homes.get(env.get("VIGIL_HOME", ""))
+            box = next((name for home, name in homes.items() if any(
+                env.get(k, "").startswith(home) for k in ("VIGIL_SOCKET", "NOTIFY_SOCKET"))), None)
             if box is None or "VIGIL_GENERATION" not in env or p.status() == psutil.STATUS_ZOMBIE:
                 continue
             out.setdefault(box, {}).setdefault(env["VIGIL_HOST"], {})[p.pid] = env["VIGIL_GENERATION"]

@@ -65,13 +65,16 @@ def collect(s: Session) -> list[Build]:
     return doomed
 
 
-def staged_problem(ctx: Context, path: str, digest: str, *, executable: bool) -> str | None:
-    """Why a staged build must not be exec'd (nothing of it runs), or None: it lies under the
-    staging root, can be read, its bytes match the digest chosen, and (`executable`: a build
-    vigil execs itself) it may be executed. The one check before every spawn of a build."""
+def staged_problem(ctx: Context, path: str, digest: str, *, executable: bool,
+                   in_root: bool = True) -> str | None:
+    """Why a staged build must not be exec'd (nothing of it runs), or None: it can be read,
+    its bytes match the digest chosen, and (`executable`: a build vigil execs itself) it may
+    be executed; with `in_root`, it lies under this box's staging root. The one check before
+    every spawn of a build. An instance's wake skips the root: with several boxes on one
+    store a host's build may have been staged by another box (its digest still holds)."""
     fix = "stage it again with `vigil deploy HOST BUILD`"
     root = os.path.realpath(ctx.state_dir / "builds") + os.sep
-    if not os.path.realpath(path).startswith(root):
+    if in_root and not os.path.realpath(path).startswith(root):
         return f"staged build {path} is outside the staging root {root}: {fix}"
     try:
         found = ctx.files.digest(path)

@@ -234,7 +234,8 @@ def _start(ctx: Context, wake_id: int) -> Result | None:
             return _Intent(w, fresh, why_not=why)
         host, build = s.execute(_HOST_BUILD, {"pinned": w.build_id, "name": w.host}).one()
         refusal = staged_problem(ctx, build.path, build.digest,
-                                 executable=host.kind is HostKind.worker)
+                                 executable=host.kind is HostKind.worker,
+                                 in_root=host.kind is HostKind.worker)
         if refusal is not None:
             if fresh:
                 _lease(s, ctx, w, fence)
