@@ -213,12 +213,18 @@ def marked_pids(state_dir: Path, db_url: str | None = None) -> list[int]:
             env = p.environ()
         except (psutil.Error, OSError):
             continue
-        if "VIGIL_GENERATION" not in env:
-            continue
-        if env["VIGIL_GENERATION"] in uuids or any(
-                env.get(k, "").startswith(home) for k in ("VIGIL_SOCKET", "NOTIFY_SOCKET")):
+        if of_box(env, uuids, home):
             out.append(p.pid)
     return out
+
+
+def of_box(env: dict[str, str], uuids: set[str], home: str) -> bool:
+    """A process spawned for a box: it carries the marker of a generation of the box's store
+    (`uuids`), or a socket under its state dir (`home`, ending in a separator)."""
+    if "VIGIL_GENERATION" not in env:
+        return False
+    return env["VIGIL_GENERATION"] in uuids or any(
+        env.get(k, "").startswith(home) for k in ("VIGIL_SOCKET", "NOTIFY_SOCKET"))
 
 
 def end_holder(state_dir: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import HELLO, Vigil, store_uuids
+from tests.conftest import HELLO, Vigil, of_box, store_uuids
 
 TICKER = Path(__file__).resolve().parent / "ticker.py"
 LABELS = ("a", "b", "c")
@@ -188,10 +188,7 @@ def generation_procs(state_dir: Path, db_url: str | None = None) -> list[Proc]:
             env = p.environ()
         except (psutil.Error, OSError):
             continue
-        if "VIGIL_GENERATION" not in env:
-            continue
-        if env["VIGIL_GENERATION"] not in uuids and not any(
-                env.get(k, "").startswith(home) for k in ("VIGIL_SOCKET", "NOTIFY_SOCKET")):
+        if not of_box(env, uuids, home):
             continue
         cmd = p.info["cmdline"] or []
         out.append(Proc(p.pid, p.info["ppid"], env.get("VIGIL_HOST", "?"),
