@@ -6,21 +6,111 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 HELLO = ROOT / "examples" / "hello" / "hello.py"
 PEERS = ROOT / "bench" / ".peers"
 PEERS_PY = PEERS / "bin" / "python"
+if str(ROOT) not in sys.path:  # vigil's own modules, for reading its lock files
+    sys.path.append(str(ROOT))
+# What PRAGMA synchronous reads back as.
+SYNC_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+# The helpers the agent starts in a state dir, by the flock file each holds (its pid in
+# it); each may have a standby beside it (<lock>.standby), waiting, already started.
+HELPER_LOCKS = ("listeners.lock", "logs.lock", "fence.lock")
 
 
 def loadavg() -> str:
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
+
+
+def durability(side: str, journal: str, synchronous: str) -> str:
+    """The `result:` line's fields saying how durable one side's commits were; a side with
+    no store of its own (supervisord, the bare app) says `none`."""
+    return f"{side}.journal={journal} {side}.synchronous={synchronous}"
+
+
+def no_store(side: str) -> str:
+    return durability(side, "none", "none")
+
+
+def sqlite_modes(con: sqlite3.Connection) -> tuple[str, str]:
+    """(journal mode, synchronous) of one open SQLite connection."""
+    journal = con.execute("PRAGMA journal_mode").fetchone()[0]
+    sync = con.execute("PRAGMA synchronous").fetchone()[0]
+    return str(journal).lower(), SYNC_NAMES.get(sync, str(sync))
+
+
+def vigil_synchronous() -> str:
+    """The synchronous level vigil's SQLite connections run at here: VIGIL_SYNCHRONOUS (default
+    FULL) applied as the store applies it, read back (SQLite ignores a value it does not know)."""
+    con = sqlite3.connect(":memory:")
+    try:
+        con.execute(f"PRAGMA synchronous={os.environ.get('VIGIL_SYNCHRONOUS', 'FULL')}")
+        return sqlite_modes(con)[1]
+    finally:
+        con.close()
+
+
+def vigil_durability(db: Path | None, side: str = "vigil") -> str:
+    """vigil's side: the store file's journal mode (WAL is kept in the file; `none` when `db`
+    is None: the bench touches no store), the synchronous level its connections use, and the
+    VIGIL_SYNCHRONOUS the agents inherited (`unset` when none: an inherited OFF shows)."""
+    journal = "none"
+    if db is not None:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            journal = sqlite_modes(con)[0]
+        finally:
+            con.close()
+    sync = vigil_synchronous() if db is not None else "none"
+    return f"{durability(side, journal, sync)} VIGIL_SYNCHRONOUS={os.environ.get('VIGIL_SYNCHRONOUS', 'unset')}"
+
+
+def vigil_pids(home: Path) -> list[int]:
+    """Every process of vigil on the state dir `home` now: the agent and each helper (fd
+    holder, log keeper, fence keeper) and standby that holds its lock."""
+    from runners.base.doorbell import lock_holder  # vigil's own reading of its lock files
+    from workflows.base.paths import LOCK
+
+    locks = [LOCK, *HELPER_LOCKS, *(Path(n).with_suffix(".standby").name for n in HELPER_LOCKS)]
+    pids = (lock_holder(home / name) for name in locks)
+    return sorted({p for p in pids if p is not None and p > 0})
+
+
+def cpu_s(pids: Iterable[int]) -> float:
+    """CPU seconds (user + system) of these processes so far; gone ones count 0."""
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def memory_mb(pids: Iterable[int]) -> tuple[float, float]:
+    """(RSS summed, PSS summed) in MB: PSS splits pages shared between them, so the sum of
+    several processes is not inflated by what they share (the interpreter, libraries)."""
+    rss = pss = 0
+    for pid in pids:
+        try:
+            m = psutil.Process(pid).memory_full_info()
+            rss, pss = rss + m.rss, pss + m.pss
+        except psutil.NoSuchProcess:
+            pass
+    return rss / 2**20, pss / 2**20
 
 
 def get_ok(sock: str, timeout: float = 1.0) -> bool:
@@ -76,6 +166,11 @@ def ms(x: float) -> str:
     return f"{x * 1000:.1f} ms"
 
 
+def ratios(xs: list[float], ys: list[float]) -> list[float]:
+    """x / y per interleaved run: the ratio's spread, not only the ratio of medians."""
+    return [x / y for x, y in zip(xs, ys, strict=True)]
+
+
 def summary(xs: list[float], unit: str = "ms") -> str:
     """median (min-max)"""
     if not xs:
@@ -84,6 +179,10 @@ def summary(xs: list[float], unit: str = "ms") -> str:
         return f"{statistics.median(xs) * 1000:.1f} ms ({min(xs) * 1000:.1f}-{max(xs) * 1000:.1f})"
     if unit == "/s":
         return f"{statistics.median(xs):,.0f}/s ({min(xs):,.0f}-{max(xs):,.0f})"
+    if unit == "s":
+        return f"{statistics.median(xs):.2f} s ({min(xs):.2f}-{max(xs):.2f})"
+    if unit == "x":
+        return f"{statistics.median(xs):.2f}x ({min(xs):.2f}-{max(xs):.2f})"
     return f"{statistics.median(xs):.3g} ({min(xs):.3g}-{max(xs):.3g})"
 
 
