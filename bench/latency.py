@@ -2,8 +2,11 @@
 """Deploy latency, side by side in one run on the example app.
 
 floor:  the app's own spawn -> healthy time (Popen, poll GET / on its socket)
-vigil:  intent -> switch (the `deploy_requested` and `switched` event rows) and
-        intent -> drain proven (`swapped`), for overlap deploys alternating two builds.
+vigil:  intent -> switch committed (from the `deploy_requested` event's timestamp to the
+        moment a reader polling the store every 2 ms first sees the `switched` event, i.e.
+        after the switch's commit and its fsync), the same to the `switched` event's own
+        timestamp (taken inside the transaction, before the fsync), and intent -> drain
+        proven (`swapped`'s timestamp), for overlap deploys alternating two builds.
 Runs are interleaved (floor, deploy, floor, deploy, ...) so both see the same machine.
 Reports median and min-max of each and the ratio intent->switch / floor (goal <= 1.25).
 """
@@ -17,16 +20,20 @@ import shutil
 import signal
 import socket
 import statistics
+import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HELLO = ROOT / "examples" / "hello" / "hello.py"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from common import no_store, ratios, summary, vigil_durability  # noqa: E402
 
 
 def get_ok(sock: str) -> bool:
@@ -73,6 +80,36 @@ def events(home: Path, attempt: int) -> dict[str, datetime]:
     return out
 
 
+class SwitchSeen(threading.Thread):
+    """Polls the store (every 2 ms) for the first `switched` event after `after`: the time
+    a reader first sees the switch committed."""
+
+    def __init__(self, home: Path, after: int) -> None:
+        super().__init__(daemon=True)
+        self.home, self.after, self.at = home, after, None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        con = sqlite3.connect(f"file:{self.home / 'vigil.db'}?mode=ro", uri=True, timeout=30)
+        try:
+            while not self.stop.is_set():
+                if con.execute("SELECT 1 FROM events WHERE id > ? AND kind = 'switched'",
+                               (self.after,)).fetchone():
+                    self.at = time.time()
+                    return
+                time.sleep(0.002)
+        finally:
+            con.close()
+
+
+def last_event(home: Path) -> int:
+    con = sqlite3.connect(f"file:{home / 'vigil.db'}?mode=ro", uri=True, timeout=30)
+    try:
+        return con.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+    finally:
+        con.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=7)
@@ -94,15 +131,22 @@ def main() -> None:
                                  cwd=ROOT, env={**os.environ, "VIGIL_HOME": str(home)},
                                  stderr=open(tmp / "agent.log", "wb"))
         vigil(home, "wake", "hello", "--wait")
-        floors, switch, drained = [], [], []
+        floors, switch, stamped, drained = [], [], [], []
         for i in range(runs):
             floors.append(floor_once(tmp))
             build = other if i % 2 == 0 else HELLO
+            seen = SwitchSeen(home, last_event(home))
+            seen.start()
             out = vigil(home, "deploy", "hello", str(build), "--wait")
+            seen.stop.set()
+            seen.join(10)
             attempt = int(out.split("attempt #")[1].split()[0])
             ev = events(home, attempt)
             t0 = ev["deploy_requested"]
-            switch.append((ev["switched"] - t0).total_seconds())
+            if seen.at is None:
+                raise RuntimeError(f"attempt #{attempt}: no switched event seen")
+            switch.append(seen.at - t0.replace(tzinfo=UTC).timestamp())
+            stamped.append((ev["switched"] - t0).total_seconds())
             drained.append((ev["swapped"] - t0).total_seconds())
 
         def fmt(xs: list[float]) -> str:
@@ -111,14 +155,16 @@ def main() -> None:
         print(f"runs: {runs} (interleaved); loadavg start {' '.join(load0)}, "
               f"end {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
         print(f"floor  spawn->healthy (bare Popen) : {fmt(floors)}")
-        print(f"vigil  intent->switch              : {fmt(switch)}")
+        print(f"vigil  intent->switch committed    : {fmt(switch)}")
+        print(f"vigil  intent->switch's timestamp  : {fmt(stamped)} (in the transaction, before its fsync)")
         print(f"vigil  intent->drain proven        : {fmt(drained)}")
-        ratios = [s / f for s, f in zip(switch, floors, strict=True)]
+        per_pair = ratios(switch, floors)
         ratio = statistics.median(switch) / statistics.median(floors)
-        print(f"ratio  intent->switch / floor      : {ratio:.2f} (goal <= 1.25); per pair "
-              f"median {statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})")
-        print(f"result: latency ratio={ratio:.2f} switch_ms={statistics.median(switch) * 1000:.1f} "
-              f"floor_ms={statistics.median(floors) * 1000:.1f}")
+        print(f"ratio  intent->switch / floor      : {ratio:.2f} (goal <= 1.25); per pair {summary(per_pair, 'x')}")
+        print(f"result: latency ratio={ratio:.2f} pair_ratio={statistics.median(per_pair):.2f} "
+              f"vigil.switch_ms={statistics.median(switch) * 1000:.1f} "
+              f"floor.ms={statistics.median(floors) * 1000:.1f} "
+              f"{vigil_durability(home / 'vigil.db')} {no_store('floor')}")
         vigil(home, "stop", "hello", "--wait")
     finally:
         if agent is not None:
