@@ -167,8 +167,9 @@ def ms(x: float) -> str:
 
 
 def ratios(xs: list[float], ys: list[float]) -> list[float]:
-    """x / y per interleaved run: the ratio's spread, not only the ratio of medians."""
-    return [x / y for x, y in zip(xs, ys, strict=True)]
+    """x / y per interleaved run: the ratio's spread, not only the ratio of medians (inf
+    where y measured 0, e.g. CPU time below the clock's 10 ms tick in a short window)."""
+    return [x / y if y else float("inf") for x, y in zip(xs, ys, strict=True)]
 
 
 def summary(xs: list[float], unit: str = "ms") -> str:

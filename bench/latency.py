@@ -19,8 +19,8 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile

@@ -1,19 +1,27 @@
 #!/usr/bin/env python3
-"""Recovery and idle cost: N worker hosts awake, the agent killed with SIGKILL and started
-again, repeatedly.
+"""Recovery and idle cost: N worker hosts awake under vigil, beside the same N programs
+under supervisord in the same run; vigil's agent killed with SIGKILL and started again.
 
-Set-up (once): N hosts of kind `worker` (a `#!/bin/sh` build that `exec`s `sleep`), added
-and woken through vigil's own intents (written in-process, one ring of the doorbell), the
-agent started and left to wake them all.
-Each run: SIGKILL the agent; start a new one; time from its Popen to the moment its
-`recovered` event is written and `pending_obligations` is empty (split into the agent's
-start-up, Popen -> `agent_started` event, and its recovery, `agent_started` -> `recovered`);
-check every host was adopted (no generation restarted); then watch the idle agent for
---idle seconds: its CPU time over that window as a share of one core, and its peak RSS
-(VmHWM, i.e. including recovery).
-Goals: <= 1 s to quiescence, <= 1% of one core idle, <= 100 MB.
-At the end the agent is stopped and every worker process is ended by its pid (checked
-against its recorded start time).
+Each run, from a fresh state dir:
+  wake    N hosts of kind `worker` (a `#!/bin/sh` build that `exec`s `sleep`), added and
+          woken through vigil's own intents (written in-process, one ring of the doorbell),
+          timed from the agent's Popen to all awake and nothing open; beside it supervisord
+          with the same build as one `[program]` of numprocs=N, timed from its Popen to N
+          live children
+  recover SIGKILL the agent; start a new one; time from its Popen to the moment its
+          `recovered` event is written and `pending_obligations` is empty (split into the
+          agent's start-up, Popen -> `agent_started`, and its recovery, `agent_started` ->
+          `recovered`); check every host was adopted (no generation restarted)
+  idle    for --idle seconds, both at once: the CPU time of every vigil process (the agent,
+          and each helper and standby it started: fd holder, log keeper, fence keeper, by
+          the locks they hold) and of supervisord (one process), as a share of one core;
+          then their memory, RSS and PSS summed over the processes (PSS splits the pages
+          vigil's processes share), and the agent's peak RSS (VmHWM, recovery included)
+Goals: <= 1 s to quiescence, recovery <= 0.3 s; idle: vigil's processes together no more
+than supervisord's in the same run (the cost model: as cheap as supervisord), and <= 0.5 %
+of a core absolute; <= 100 MB; wake of N <= 10 s.
+At the end of each run the agent is stopped, every worker process is ended by its pid
+(checked against its recorded start time) and supervisord is ended (it stops its programs).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import shutil
 import signal
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,9 +42,25 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, end, loadavg, start_agent, vigil  # noqa: E402
+from common import (  # noqa: E402
+    PEERS,
+    ROOT,
+    cpu_s,
+    end,
+    loadavg,
+    memory_mb,
+    no_store,
+    ratios,
+    start_agent,
+    summary,
+    vigil,
+    vigil_durability,
+    vigil_pids,
+)
 
 sys.path.insert(0, str(ROOT))
+from runners.base.doorbell import lock_holder  # noqa: E402
+from workflows.base.paths import LOCK  # noqa: E402
 
 
 def db(home: Path) -> sqlite3.Connection:
@@ -101,20 +126,68 @@ def wait_quiet(home: Path, since_id: int, deadline: float) -> float:
     raise RuntimeError("no quiescence before the deadline")
 
 
-def idle_cost(pid: int, seconds: float) -> tuple[float, float, float]:
-    """(CPU share of one core over the window, peak RSS MB (VmHWM), max sampled RSS MB)"""
-    p = psutil.Process(pid)
-    t = p.cpu_times()
-    c0, w0, rss = t.user + t.system, time.monotonic(), 0
-    end_at = w0 + seconds
-    while time.monotonic() < end_at:
-        rss = max(rss, p.memory_info().rss)
-        time.sleep(0.5)
-    t = p.cpu_times()
-    share = (t.user + t.system - c0) / (time.monotonic() - w0)
-    with open(f"/proc/{pid}/status") as f:
-        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-    return share, hwm / 1024, rss / 2**20
+def idle_both(home: Path, sup: int | None, seconds: float) -> dict[str, float]:
+    """Both idle at once over one window: CPU share of one core of all of vigil's processes
+    and of supervisord; then RSS and PSS summed (MB), and the agent's VmHWM (MB)."""
+    pids = vigil_pids(home)
+    c0, s0, w0 = cpu_s(pids), cpu_s([sup] if sup else []), time.monotonic()
+    time.sleep(seconds)
+    now = vigil_pids(home)  # a helper started in the window counts from its start
+    c1 = cpu_s(now) - c0 + cpu_s(set(pids) - set(now))
+    wall = time.monotonic() - w0
+    out = {"cpu": c1 / wall, "procs": len(now)}
+    out["rss"], out["pss"] = memory_mb(now)
+    agent = lock_holder(home / LOCK)
+    with open(f"/proc/{agent}/status") as f:
+        out["hwm"] = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    if sup:
+        out["sup_cpu"] = (cpu_s([sup]) - s0) / wall
+        out["sup_rss"], out["sup_pss"] = memory_mb([sup])
+    return out
+
+
+class Supervisord:
+    """supervisord 4.3 (bench/.peers) running the same worker build as one [program] of
+    numprocs=N; its wake is timed from Popen to N live children."""
+
+    def __init__(self, tmp: Path, build: Path, n: int, timeout: float) -> None:
+        d = tmp / "sup"
+        d.mkdir()
+        conf = d / "supervisord.conf"
+        conf.write_text(f"""
+[unix_http_server]
+file={d}/supervisor.sock
+[supervisord]
+logfile={d}/supervisord.log
+pidfile={d}/supervisord.pid
+childlogdir={d}
+nodaemon=true
+minfds={max(1024, 4 * n + 64)}
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+[supervisorctl]
+serverurl=unix://{d}/supervisor.sock
+[program:w]
+command={build}
+numprocs={n}
+process_name=w%(process_num)04d
+startsecs=0
+autorestart=true
+""")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen([str(PEERS / "bin" / "supervisord"), "-c", str(conf)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        ps = psutil.Process(self.proc.pid)
+        deadline = t0 + timeout
+        while sum(c.status() != psutil.STATUS_ZOMBIE for c in ps.children()) < n:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"supervisord did not start {n} programs (see {d}/supervisord.log)")
+            time.sleep(0.2)
+        self.woken = time.monotonic() - t0
+
+    def close(self) -> None:
+        end(self.proc, timeout=120)  # supervisord stops its programs on SIGTERM
 
 
 def end_workers(home: Path) -> int:
@@ -136,23 +209,13 @@ def end_workers(home: Path) -> int:
     return ended
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hosts", type=int, default=1000)
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--idle", type=float, default=30.0, help="seconds of idle watching per run")
-    ap.add_argument("--quick", action="store_true", help="20 hosts, 1 run, 3 s idle: for CI")
-    args = ap.parse_args()
-    if args.quick:
-        args.hosts, args.runs, args.idle = 20, 1, 3.0
-    load0 = loadavg()
+def one_run(args: argparse.Namespace, i: int) -> dict[str, float]:
+    """A fresh state dir: the wake of N (and supervisord's of N), one kill -9 and recovery,
+    the idle window; everything started is ended before it returns."""
     tmp = Path(tempfile.mkdtemp(prefix="vgrec", dir="/tmp"))
     home = tmp / "state"
-    agent = None
-    rows = []
-    woken = float("nan")
+    agent = sup = None
     try:
-        t0 = time.monotonic()
         setup(home, tmp, args.hosts)
         t1 = time.monotonic()
         agent = start_agent(home, tmp / "agent.log")
@@ -164,52 +227,90 @@ def main() -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {awake} of {args.hosts} hosts awake")
             time.sleep(0.2)
-        woken = time.monotonic() - t1
-        print(f"set-up: intents of {args.hosts} worker hosts written in {t1 - t0:.1f}s (in-process); "
-              f"all awake {woken:.1f}s after the agent's Popen (its start-up included; goal <= 10 s)",
-              flush=True)
+        row = {"woken": time.monotonic() - t1}
+        if (PEERS / "bin" / "supervisord").exists():
+            sup = Supervisord(tmp, tmp / "worker.sh", args.hosts, 60 + args.hosts * 1.0)
+            row["sup_woken"] = sup.woken
         gens = q1(home, "SELECT group_concat(id) FROM generations WHERE state = 'current'")
-        for i in range(args.runs):
-            agent.send_signal(signal.SIGKILL)
-            agent.wait(10)
-            last = int(q1(home, "SELECT coalesce(max(id), 0) FROM events"))
-            started = time.time()
-            agent = start_agent(home, tmp / "agent.log")
-            done = wait_quiet(home, last, time.monotonic() + 120 + args.hosts * 0.5)
-            con = db(home)
-            a0 = con.execute("SELECT at FROM events WHERE kind = 'agent_started' AND id > ?", (last,)).fetchone()[0]
-            r0 = con.execute("SELECT at FROM events WHERE kind = 'recovered' AND id > ?", (last,)).fetchone()[0]
-            adopted = con.execute("SELECT count(*) FROM events WHERE kind = 'adopted' AND id > ?", (last,)).fetchone()[0]
-            con.close()
-            if adopted != args.hosts or q1(home, "SELECT group_concat(id) FROM generations WHERE state = 'current'") != gens:
-                raise RuntimeError(f"run {i + 1}: {adopted} of {args.hosts} adopted, or a generation changed")
-            share, hwm, rss = idle_cost(agent.pid, args.idle)
-            row = dict(total=done - started, startup=at(a0) - started, recovery=at(r0) - at(a0),
-                       cpu=share, hwm=hwm, rss=rss)
-            rows.append(row)
-            print(f"run {i + 1}: quiescent {row['total']:.2f}s after Popen (start-up {row['startup']:.2f}s, "
-                  f"recovery {row['recovery']:.2f}s), {adopted} adopted; idle {args.idle:.0f}s: "
-                  f"CPU {share:.2%} of a core, peak RSS {hwm:.1f} MB", flush=True)
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(10)
+        last = int(q1(home, "SELECT coalesce(max(id), 0) FROM events"))
+        started = time.time()
+        agent = start_agent(home, tmp / "agent.log")
+        done = wait_quiet(home, last, time.monotonic() + 120 + args.hosts * 0.5)
+        con = db(home)
+        a0 = con.execute("SELECT at FROM events WHERE kind = 'agent_started' AND id > ?", (last,)).fetchone()[0]
+        r0 = con.execute("SELECT at FROM events WHERE kind = 'recovered' AND id > ?", (last,)).fetchone()[0]
+        adopted = con.execute("SELECT count(*) FROM events WHERE kind = 'adopted' AND id > ?", (last,)).fetchone()[0]
+        con.close()
+        if adopted != args.hosts or q1(home, "SELECT group_concat(id) FROM generations WHERE state = 'current'") != gens:
+            raise RuntimeError(f"run {i + 1}: {adopted} of {args.hosts} adopted, or a generation changed")
+        row.update(total=done - started, startup=at(a0) - started, recovery=at(r0) - at(a0))
+        row.update(idle_both(home, sup.proc.pid if sup else None, args.idle))
+        row["modes"] = vigil_durability(home / "vigil.db")  # type: ignore[assignment]
+        peer = (f"; supervisord woke {args.hosts} in {row['sup_woken']:.1f}s, idle CPU {row['sup_cpu']:.2%}, "
+                f"RSS {row['sup_rss']:.1f} MB" if sup else "")
+        print(f"run {i + 1}: woke {args.hosts} in {row['woken']:.1f}s; quiescent {row['total']:.2f}s after Popen "
+              f"(start-up {row['startup']:.2f}s, recovery {row['recovery']:.2f}s), {adopted} adopted; idle "
+              f"{args.idle:.0f}s: {row['procs']:.0f} vigil processes CPU {row['cpu']:.2%} of a core, RSS "
+              f"{row['rss']:.1f} MB (PSS {row['pss']:.1f}){peer}", flush=True)
+        return row
     finally:
         end(agent)
         ended = end_workers(home) if (home / "vigil.db").exists() else 0
+        if sup is not None:
+            sup.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"ended {ended} worker processes by pid")
+        print(f"run {i + 1}: ended {ended} worker processes by pid", flush=True)
 
-    def col(k: str, scale: float = 1.0, fmt: str = ".2f") -> str:
-        xs = [r[k] * scale for r in rows]
-        return f"median {statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
 
-    print(f"\nhosts: {args.hosts}; runs: {args.runs}; loadavg start {load0}, end {loadavg()}")
-    print(f"kill -9 -> quiescent (Popen to recovered, none open) : {col('total')} s (goal <= 1 s)")
-    print(f"  agent start-up (Popen -> agent_started)            : {col('startup')} s")
-    print(f"  recovery (agent_started -> recovered)              : {col('recovery')} s (goal <= 0.3 s)")
-    print(f"idle CPU over {args.idle:.0f}s, share of one core              : {col('cpu', 100, '.2f')} % (goal <= 0.5%)")
-    print(f"peak RSS (VmHWM)                                     : {col('hwm', 1, '.1f')} MB (goal <= 100 MB)")
-    print(f"wake of {args.hosts} hosts (agent Popen -> all awake)           : {woken:.1f} s (goal <= 10 s)")
-    print(f"result: recovery quiescent_s={statistics.median([r['total'] for r in rows]):.2f} "
-          f"idle_cpu_pct={statistics.median([r['cpu'] for r in rows]) * 100:.2f} "
-          f"peak_rss_mb={statistics.median([r['hwm'] for r in rows]):.1f}")
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", type=int, default=1000)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--idle", type=float, default=30.0, help="seconds of idle watching per run")
+    ap.add_argument("--quick", action="store_true", help="20 hosts, 1 run, 3 s idle: for CI")
+    args = ap.parse_args()
+    if args.quick:
+        args.hosts, args.runs, args.idle = 20, 1, 3.0
+    load0 = loadavg()
+    rows = [one_run(args, i) for i in range(args.runs)]
+
+    def col(k: str, scale: float = 1.0, unit: str = "") -> str:
+        return summary([r[k] * scale for r in rows], unit)
+
+    n = args.hosts
+    print(f"\nhosts: {n}; runs: {args.runs}; loadavg start {load0}, end {loadavg()}")
+    print(f"kill -9 -> quiescent (Popen to recovered, none open) : {col('total', unit='s')} (goal <= 1 s)")
+    print(f"  agent start-up (Popen -> agent_started)            : {col('startup', unit='s')}")
+    print(f"  recovery (agent_started -> recovered)              : {col('recovery', unit='s')} (goal <= 0.3 s)")
+    print(f"wake of {n} (agent Popen -> all awake)                : {col('woken', unit='s')} (goal <= 10 s)")
+    print(f"idle {args.idle:.0f}s, all vigil processes, % of a core    : {col('cpu', 100)} % (goal <= 0.5 %)")
+    print(f"  RSS summed / PSS summed / agent VmHWM, MB          : {col('rss')} / {col('pss')} / {col('hwm')} "
+          f"(goal <= 100 MB)")
+    med = statistics.median
+    fields = [f"vigil.quiescent_s={med(r['total'] for r in rows):.2f}",
+              f"vigil.idle_cpu_pct={med(r['cpu'] for r in rows) * 100:.2f}",
+              f"vigil.rss_mb={med(r['rss'] for r in rows):.1f}", f"vigil.pss_mb={med(r['pss'] for r in rows):.1f}",
+              f"vigil.wake_s={med(r['woken'] for r in rows):.1f}", str(rows[-1]["modes"])]
+    if all("sup_cpu" in r for r in rows):
+        print(f"wake of {n}, supervisord (Popen -> {n} children)      : {col('sup_woken', unit='s')}")
+        print(f"idle, supervisord, % of a core                       : {col('sup_cpu', 100)} %")
+        print(f"  RSS / PSS, MB                                      : {col('sup_rss')} / {col('sup_pss')}")
+        cpu_ratio = ratios([r["cpu"] for r in rows], [r["sup_cpu"] for r in rows])
+        print(f"ratio idle CPU vigil / supervisord (per run)         : {summary(cpu_ratio, 'x')} (goal <= 1x)")
+        print(f"ratio PSS vigil / supervisord (per run)              : "
+              f"{summary(ratios([r['pss'] for r in rows], [r['sup_pss'] for r in rows]), 'x')}")
+        print(f"ratio wake vigil / supervisord (per run)             : "
+              f"{summary(ratios([r['woken'] for r in rows], [r['sup_woken'] for r in rows]), 'x')}")
+        fields += [f"supervisord.idle_cpu_pct={med(r['sup_cpu'] for r in rows) * 100:.2f}",
+                   f"supervisord.rss_mb={med(r['sup_rss'] for r in rows):.1f}",
+                   f"supervisord.pss_mb={med(r['sup_pss'] for r in rows):.1f}",
+                   f"supervisord.wake_s={med(r['sup_woken'] for r in rows):.1f}", no_store("supervisord"),
+                   f"idle_cpu_ratio={med(cpu_ratio):.2f}"]
+    else:
+        print("supervisord                                          : not installed (run bench/install-peers)")
+    print("result: recovery " + " ".join(fields))
 
 
 if __name__ == "__main__":
