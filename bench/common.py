@@ -62,19 +62,29 @@ def vigil_synchronous() -> str:
         con.close()
 
 
+def vigil_modes(db: Path | None) -> tuple[str, str]:
+    """(journal, synchronous) of vigil's store: the file's journal mode (WAL is kept in the
+    file) and the level its connections use; `none` for both when `db` is None (the bench
+    touches no store)."""
+    if db is None:
+        return "none", "none"
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        journal = sqlite_modes(con)[0]
+    finally:
+        con.close()
+    return journal, vigil_synchronous()
+
+
+def inherited_sync() -> str:
+    """VIGIL_SYNCHRONOUS as the agents inherit it (`unset` when none: an inherited OFF shows)."""
+    return f"VIGIL_SYNCHRONOUS={os.environ.get('VIGIL_SYNCHRONOUS', 'unset')}"
+
+
 def vigil_durability(db: Path | None, side: str = "vigil") -> str:
-    """vigil's side: the store file's journal mode (WAL is kept in the file; `none` when `db`
-    is None: the bench touches no store), the synchronous level its connections use, and the
-    VIGIL_SYNCHRONOUS the agents inherited (`unset` when none: an inherited OFF shows)."""
-    journal = "none"
-    if db is not None:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            journal = sqlite_modes(con)[0]
-        finally:
-            con.close()
-    sync = vigil_synchronous() if db is not None else "none"
-    return f"{durability(side, journal, sync)} VIGIL_SYNCHRONOUS={os.environ.get('VIGIL_SYNCHRONOUS', 'unset')}"
+    """vigil's side of a `result:` line: its store's journal and synchronous level, and the
+    VIGIL_SYNCHRONOUS the agents inherited."""
+    return f"{durability(side, *vigil_modes(db))} {inherited_sync()}"
 
 
 def vigil_pids(home: Path) -> list[int]:

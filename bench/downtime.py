@@ -12,6 +12,9 @@ Hold mode (stop, then start), the rows the comparison with (b) and (c) is about:
     gone before the new one starts, and connections wait in the socket's backlog meanwhile
 (e) vigil-hold: the same hold deploy of a host on its own socket (no --listen): nothing
     listens between the old one's exit and the new one's bind
+(f) supervisord-fcgi: `supervisorctl restart held:*` of an `[fcgi-program]`: supervisord
+    opens the socket itself and passes it to the app as fd 0 (hello `--fd 0`), the
+    like-for-like peer of (d) beside circus's fd passing; supervisord stops then starts
 
 The app is examples/hello/hello.py for all three (threaded, listen backlog 1024), on a unix
 socket. One closed-loop client (a new connection per request, GET /, 2 s timeout per
@@ -20,6 +23,8 @@ returned. Events are interleaved (vigil, supervisord, circus, vigil, ...). Repor
 event: failed requests (refused, reset, timed out or not 200), the longest gap between two
 successful responses, and the command's wall time. supervisord and circus run from
 bench/.peers (bench/install-peers); when they are not installed they are reported so.
+The `result:` line gives each row's failed requests and median gap, with its durability
+(vigil's store; the peers keep none).
 """
 
 from __future__ import annotations
@@ -44,11 +49,15 @@ from common import (  # noqa: E402
     HELLO,
     PEERS,
     PEERS_PY,
+    durability,
     end,
+    inherited_sync,
     loadavg,
+    no_store,
     start_agent,
     start_supervisord,
     vigil,
+    vigil_modes,
     wait_ok,
 )
 
@@ -226,6 +235,47 @@ autorestart=true
         end(self.proc)  # supervisord stops its programs on SIGTERM
 
 
+class SupervisordFcgi:
+    """supervisord holding the socket itself: an [fcgi-program], the socket passed as fd 0."""
+
+    who = "supervisord-fcgi"
+
+    def __init__(self, tmp: Path) -> None:
+        d = tmp / "sup-fcgi"
+        d.mkdir()
+        self.path = str(d / "held.sock")
+        self.conf = d / "supervisord.conf"
+        self.conf.write_text(f"""
+[unix_http_server]
+file={d}/supervisor.sock
+[supervisord]
+logfile={d}/supervisord.log
+pidfile={d}/supervisord.pid
+childlogdir={d}
+nodaemon=true
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+[supervisorctl]
+serverurl=unix://{d}/supervisor.sock
+[fcgi-program:held]
+socket=unix://{self.path}
+command={HELLO} --fd 0
+stopsignal=TERM
+stopwaitsecs=5
+autorestart=true
+""")
+        self.proc = subprocess.Popen([str(PEERS / "bin" / "supervisord"), "-c", str(self.conf)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        wait_ok(self.path)
+
+    def event(self) -> None:
+        run([str(PEERS / "bin" / "supervisorctl"), "-c", str(self.conf), "restart", "held:*"])
+
+    def close(self) -> None:
+        end(self.proc)  # supervisord stops its programs on SIGTERM
+
+
 class Circus:
     who = "circus"
 
@@ -285,6 +335,7 @@ def main() -> None:
         subjects.append(VigilHold(tmp, agent))
         if versions["supervisord"]:
             subjects.append(Supervisord(tmp))
+            subjects.append(SupervisordFcgi(tmp))
         if versions["circus"]:
             subjects.append(Circus(tmp))
         results: dict[str, list[Event]] = {s.who: [] for s in subjects}
@@ -293,9 +344,10 @@ def main() -> None:
                 ev = measure(s.who, s.path, s.event)
                 results[s.who].append(ev)
                 errs = " ".join(f"{k}={v}" for k, v in sorted(ev.errors.items()))
-                print(f"event {i + 1} {s.who:<11} failed={ev.failed:<4} ok={ev.ok:<5} "
+                print(f"event {i + 1} {s.who:<16} failed={ev.failed:<4} ok={ev.ok:<5} "
                       f"longest_gap={ev.gap * 1000:7.1f} ms  wall={ev.wall * 1000:7.1f} ms {errs}".rstrip(),
                       flush=True)
+        modes = vigil_modes(agent.home / "vigil.db")
     finally:
         for s in reversed(subjects):
             try:
@@ -306,7 +358,7 @@ def main() -> None:
             agent.close()
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nevents per supervisor: {n} (interleaved); loadavg start {load0}, end {loadavg()}")
-    print(f"{'supervisor':<12} {'failed/event':<18} {'longest gap ms':<26} command wall ms   (median (min-max))")
+    print(f"{'supervisor':<16} {'failed/event':<18} {'longest gap ms':<26} command wall ms   (median (min-max))")
     for who, evs in results.items():
         f = [e.failed for e in evs]
         g = [e.gap * 1000 for e in evs]
@@ -314,15 +366,16 @@ def main() -> None:
         fs = f"{statistics.median(f):g} ({min(f)}-{max(f)})"
         gs = f"{statistics.median(g):.1f} ({min(g):.1f}-{max(g):.1f})"
         ws = f"{statistics.median(w):.1f} ({min(w):.1f}-{max(w):.1f})"
-        print(f"{who:<12} {fs:<18} {gs:<26} {ws}")
+        print(f"{who:<16} {fs:<18} {gs:<26} {ws}")
     for who in ("supervisord", "circus"):
         if versions[who] is None:
-            print(f"{who:<12} not installed (run bench/install-peers)")
+            print(f"{who:<16} not installed (run bench/install-peers)")
         else:
-            print(f"{who:<12} version {versions[who]}")
+            print(f"{who:<16} version {versions[who]}")
     print("result: downtime " + " ".join(
-        f"{who}.failed={sum(e.failed for e in evs)} {who}.gap_ms={statistics.median([e.gap for e in evs]) * 1000:.1f}"
-        for who, evs in results.items()))
+        f"{who}.failed={sum(e.failed for e in evs)} {who}.gap_ms={statistics.median([e.gap for e in evs]) * 1000:.1f} "
+        + (durability(who, *modes) if who.startswith("vigil") else no_store(who))
+        for who, evs in results.items()) + f" {inherited_sync()}")
 
 
 if __name__ == "__main__":
