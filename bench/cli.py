@@ -9,7 +9,8 @@
   supervisorctl status     supervisord 4.3 (bench/.peers) with one program, over its socket
 
 Goals: `vigil status` and a deploy's submission within 1.5x `supervisorctl status`;
-`vigil --help` within 2x `python -c pass`. Every process started is ended by pid."""
+`vigil --help` within 2x `python -c pass`. Ratios are per interleaved run (median, min-max).
+Every process started is ended by pid."""
 
 from __future__ import annotations
 
@@ -24,7 +25,20 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HELLO, PEERS, ROOT, end, loadavg, start_agent, start_supervisord, vigil  # noqa: E402
+from common import (  # noqa: E402
+    HELLO,
+    PEERS,
+    ROOT,
+    end,
+    loadavg,
+    no_store,
+    ratios,
+    start_agent,
+    start_supervisord,
+    summary,
+    vigil,
+    vigil_durability,
+)
 
 
 def timed(argv: list[str], env: dict[str, str]) -> float:
@@ -90,6 +104,7 @@ def main() -> None:
             wait_quiet(home)
             line = "  ".join(f"{k} {v[-1] * 1000:.0f} ms" for k, v in rows.items() if v)
             print(f"run {i + 1}: {line}", flush=True)
+        modes = vigil_durability(home / "vigil.db")
     finally:
         if agent is not None:
             subprocess.run([*cmd, "stop", "hello", "--wait", "--timeout", "30"], cwd=ROOT, env=env,
@@ -109,19 +124,27 @@ def main() -> None:
     print(f"python -c pass         : {col('pass')}  ({sys.executable})")
     if rows["python3"]:
         print(f"python3 -c pass        : {col('python3')}  ({python3})")
-    print(f"vigil --help           : {col('help')}  ratio to python -c pass {med('help') / med('pass'):.2f} (goal <= 2)"
-          + (f"; to python3 -c pass {med('help') / med('python3'):.2f}" if rows["python3"] else ""))
+    def per_run(a: str, b: str) -> str:
+        return summary(ratios(rows[a], rows[b]), "x")
+
+    print(f"vigil --help           : {col('help')}  ratio to python -c pass {per_run('help', 'pass')} (goal <= 2)"
+          + (f"; to python3 -c pass {per_run('help', 'python3')}" if rows["python3"] else ""))
     print(f"vigil status           : {col('status')}")
     print(f"vigil deploy (submit)  : {col('deploy')}")
+    fields = [f"vigil.help_ms={med('help') * 1000:.1f}", f"vigil.status_ms={med('status') * 1000:.1f}",
+              f"vigil.deploy_ms={med('deploy') * 1000:.1f}", modes,
+              f"python.pass_ms={med('pass') * 1000:.1f}", no_store("python"),
+              f"help_ratio={statistics.median(ratios(rows['help'], rows['pass'])):.2f}"]
     if rows["supervisorctl"]:
         print(f"supervisorctl status   : {col('supervisorctl')}")
-        print(f"ratio status / supervisorctl status : {med('status') / med('supervisorctl'):.2f} (goal <= 1.5)")
-        print(f"ratio deploy / supervisorctl status : {med('deploy') / med('supervisorctl'):.2f} (goal <= 1.5)")
+        print(f"ratio status / supervisorctl status : {per_run('status', 'supervisorctl')} (goal <= 1.5)")
+        print(f"ratio deploy / supervisorctl status : {per_run('deploy', 'supervisorctl')} (goal <= 1.5)")
+        fields += [f"supervisorctl.status_ms={med('supervisorctl') * 1000:.1f}", no_store("supervisorctl"),
+                   f"status_ratio={statistics.median(ratios(rows['status'], rows['supervisorctl'])):.2f}",
+                   f"deploy_ratio={statistics.median(ratios(rows['deploy'], rows['supervisorctl'])):.2f}"]
     else:
         print("supervisorctl          : not installed (run bench/install-peers)")
-    print(f"result: cli help_ms={med('help') * 1000:.1f} status_ms={med('status') * 1000:.1f} "
-          f"deploy_ms={med('deploy') * 1000:.1f}")
-
+    print("result: cli " + " ".join(fields))
 
 if __name__ == "__main__":
     main()
