@@ -38,7 +38,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import loadavg  # noqa: E402
+from common import SYNC_NAMES, durability, inherited_sync, loadavg, ratios, summary  # noqa: E402
 
 from models import schema  # noqa: E402
 from models.store import Store, prepare_state_dir, sqlite_url, utcnow  # noqa: E402
@@ -147,6 +147,15 @@ class Box:
         self.ctx = make_context(self.state, self.store, "bench")
         self.events = events
 
+    def modes(self) -> tuple[str, str]:
+        """(journal, synchronous) on the store's own connection."""
+        with self.store.engine.connect() as c:
+            if self.pg_name:
+                return "wal", f"commit-{c.execute(sa.text('SHOW synchronous_commit')).scalar()}"
+            journal = c.execute(sa.text("PRAGMA journal_mode")).scalar()
+            sync = c.execute(sa.text("PRAGMA synchronous")).scalar()
+        return str(journal).lower(), SYNC_NAMES.get(sync, str(sync))  # type: ignore[call-overload]
+
     def close(self) -> None:
         self.store.dispose()
         if self.pg_name:
@@ -178,18 +187,25 @@ def main() -> int:
             boxes.append(b)
             print(f"  seeded {n:,} events in {b.seeded:.1f}s")
         times: dict[int, list[float]] = {b.events: [] for b in boxes}
+        passes: dict[int, list[float]] = {b.events: [] for b in boxes}  # each pass's median
         for _ in range(args.passes):
             for b in boxes:  # interleaved: the baseline and the large store in turn
                 one_round(b.ctx)  # warm the connection and the statement cache
-                times[b.events] += [one_round(b.ctx) for _ in range(args.rounds)]
+                got = [one_round(b.ctx) for _ in range(args.rounds)]
+                times[b.events] += got
+                passes[b.events].append(statistics.median(got))
         med = {n: statistics.median(t) * 1000 for n, t in times.items()}
         for n, t in times.items():
             q = statistics.quantiles(t, n=10) if len(t) >= 10 else [max(t)] * 9
-            print(f"  {n:>9,} events: round median {med[n]:.3f} ms, p90 {q[8] * 1000:.3f} ms "
+            print(f"  {n:>9,} events: round median (min-max) {summary(t)}, p90 {q[8] * 1000:.3f} ms "
                   f"({len(t)} rounds)")
         ratio = med[args.large] / med[args.small]
+        per_pass = ratios(passes[args.large], passes[args.small])
+        print(f"  ratio large / baseline: {ratio:.2f}x of the medians; per pass {summary(per_pass, 'x')}")
+        side = durability("vigil", *boxes[0].modes())
         print(f"result: history large/baseline round cost {ratio:.2f}x "
-              f"(goal <= 1.5x: {'met' if ratio <= 1.5 else 'missed'})")
+              f"(goal <= 1.5x: {'met' if ratio <= 1.5 else 'missed'}) ratio={ratio:.2f} "
+              f"vigil.small_ms={med[args.small]:.3f} vigil.large_ms={med[args.large]:.3f} {side} {inherited_sync()}")
     finally:
         for b in boxes:
             b.close()
