@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import HELLO, end, loadavg, start_agent, summary, vigil  # noqa: E402
+from common import HELLO, end, loadavg, ratios, start_agent, summary, vigil, vigil_durability  # noqa: E402
 
 from runners.quick.client import Client  # noqa: E402
 
@@ -81,6 +81,7 @@ def main() -> None:
             beside.append(deploy_time(home))
             for t in threads:
                 t.join(150)
+        modes = vigil_durability(home / "vigil.db")
     finally:
         end(agent)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -88,8 +89,10 @@ def main() -> None:
     print(f"load before {load0}, after {loadavg()}; {args.runs} runs")
     print(f"deploy --wait quiet:                 {summary(quiet)}")
     print(f"deploy --wait beside {args.statuses} statuses:  {summary(beside)}")
-    print(f"ratio of medians {ratio:.2f} (goal <= 2.0: {'met' if ratio <= 2 else 'missed'}); "
-          f"status errors: {len(errors)} {errors[:3]}")
+    print(f"ratio of medians {ratio:.2f} (goal <= 2.0: {'met' if ratio <= 2 else 'missed'}); per run "
+          f"{summary(ratios(beside, quiet), 'x')}; status errors: {len(errors)} {errors[:3]}")
+    print(f"result: control vigil.quiet_ms={statistics.median(quiet) * 1000:.1f} "
+          f"vigil.beside_ms={statistics.median(beside) * 1000:.1f} ratio={ratio:.2f} errors={len(errors)} {modes}")
 
 
 if __name__ == "__main__":
