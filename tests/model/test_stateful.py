@@ -14,8 +14,9 @@ every action rule may also crash the agent at a registered crash point it reache
 the restart may crash again in recovery); advance time (backoffs and maybe lease expiry
 run out, the safety sweep runs).
 
-Profiles: the default (CI) runs 200 examples of at most 4 rules each (plus the initial
-wakes); `VIGIL_LONG=1` runs 2000 examples of at most 10 rules, shrinking failures.
+Profiles: the default (CI) runs 120 examples of at most 4 rules each (plus the initial
+wakes; a quarter of them on PostgreSQL); `VIGIL_LONG=1` runs 2000 examples of at most 10
+rules, shrinking failures.
 """
 
 from __future__ import annotations

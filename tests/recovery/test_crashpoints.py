@@ -574,7 +574,9 @@ DEPTHS = [1, 2, 3] if os.environ.get("VIGIL_LONG") == "1" else [1]
 # each in one of the two database runs (split by test id): the order recovery's steps take
 # and the proof without a cgroup do not depend on the store; running them twice took CI
 # to 30 minutes.
-ONCE = pytest.mark.once("recovery order and containment, not the store: single crashes run on both")
+ONCE = pytest.mark.once("recovery order and containment, not the store: the single crashes "
+                        "(test_crash_at) run once too, split by test id; the store's part is "
+                        "tested on both by the unit, fault and multibox suites")
 
 # Scenarios run again with marker containment (no cgroup): the ones whose recovery must
 # find processes the store has no pid for, or that escaped the leader's session.
