@@ -87,15 +87,19 @@ def vigil_durability(db: Path | None, side: str = "vigil") -> str:
     return f"{durability(side, *vigil_modes(db))} {inherited_sync()}"
 
 
-def vigil_pids(home: Path) -> list[int]:
-    """Every process of vigil on the state dir `home` now: the agent and each helper (fd
-    holder, log keeper, fence keeper) and standby that holds its lock."""
+def vigil_processes(home: Path) -> dict[str, int]:
+    """Every process of vigil on the state dir `home` now, by the lock it holds: the agent
+    and each helper (fd holder, log keeper, fence keeper) and standby that runs."""
     from runners.base.doorbell import lock_holder  # vigil's own reading of its lock files
     from workflows.base.paths import LOCK
 
     locks = [LOCK, *HELPER_LOCKS, *(Path(n).with_suffix(".standby").name for n in HELPER_LOCKS)]
-    pids = (lock_holder(home / name) for name in locks)
-    return sorted({p for p in pids if p is not None and p > 0})
+    found = {name: lock_holder(home / name) for name in locks}
+    return {name: pid for name, pid in found.items() if pid is not None and pid > 0}
+
+
+def vigil_pids(home: Path) -> list[int]:
+    return sorted(set(vigil_processes(home).values()))
 
 
 def cpu_s(pids: Iterable[int]) -> float:

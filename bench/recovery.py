@@ -38,6 +38,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -56,6 +57,7 @@ from common import (  # noqa: E402
     vigil,
     vigil_durability,
     vigil_pids,
+    vigil_processes,
 )
 
 sys.path.insert(0, str(ROOT))
@@ -126,16 +128,17 @@ def wait_quiet(home: Path, since_id: int, deadline: float) -> float:
     raise RuntimeError("no quiescence before the deadline")
 
 
-def idle_both(home: Path, sup: int | None, seconds: float) -> dict[str, float]:
+def idle_both(home: Path, sup: int | None, seconds: float) -> dict[str, Any]:
     """Both idle at once over one window: CPU share of one core of all of vigil's processes
     and of supervisord; then RSS and PSS summed (MB), and the agent's VmHWM (MB)."""
     pids = vigil_pids(home)
     c0, s0, w0 = cpu_s(pids), cpu_s([sup] if sup else []), time.monotonic()
     time.sleep(seconds)
-    now = vigil_pids(home)  # a helper started in the window counts from its start
+    named = vigil_processes(home)
+    now = sorted(set(named.values()))  # a helper started in the window counts from its start
     c1 = cpu_s(now) - c0 + cpu_s(set(pids) - set(now))
     wall = time.monotonic() - w0
-    out = {"cpu": c1 / wall, "procs": len(now)}
+    out: dict[str, Any] = {"cpu": c1 / wall, "procs": len(now), "names": ",".join(sorted(named))}
     out["rss"], out["pss"] = memory_mb(now)
     agent = lock_holder(home / LOCK)
     with open(f"/proc/{agent}/status") as f:
@@ -209,7 +212,7 @@ def end_workers(home: Path) -> int:
     return ended
 
 
-def one_run(args: argparse.Namespace, i: int) -> dict[str, float]:
+def one_run(args: argparse.Namespace, i: int) -> dict[str, Any]:
     """A fresh state dir: the wake of N (and supervisord's of N), one kill -9 and recovery,
     the idle window; everything started is ended before it returns."""
     tmp = Path(tempfile.mkdtemp(prefix="vgrec", dir="/tmp"))
@@ -227,7 +230,7 @@ def one_run(args: argparse.Namespace, i: int) -> dict[str, float]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {awake} of {args.hosts} hosts awake")
             time.sleep(0.2)
-        row = {"woken": time.monotonic() - t1}
+        row: dict[str, Any] = {"woken": time.monotonic() - t1}
         if (PEERS / "bin" / "supervisord").exists():
             sup = Supervisord(tmp, tmp / "worker.sh", args.hosts, 60 + args.hosts * 1.0)
             row["sup_woken"] = sup.woken
@@ -247,12 +250,12 @@ def one_run(args: argparse.Namespace, i: int) -> dict[str, float]:
             raise RuntimeError(f"run {i + 1}: {adopted} of {args.hosts} adopted, or a generation changed")
         row.update(total=done - started, startup=at(a0) - started, recovery=at(r0) - at(a0))
         row.update(idle_both(home, sup.proc.pid if sup else None, args.idle))
-        row["modes"] = vigil_durability(home / "vigil.db")  # type: ignore[assignment]
+        row["modes"] = vigil_durability(home / "vigil.db")
         peer = (f"; supervisord woke {args.hosts} in {row['sup_woken']:.1f}s, idle CPU {row['sup_cpu']:.2%}, "
                 f"RSS {row['sup_rss']:.1f} MB" if sup else "")
         print(f"run {i + 1}: woke {args.hosts} in {row['woken']:.1f}s; quiescent {row['total']:.2f}s after Popen "
               f"(start-up {row['startup']:.2f}s, recovery {row['recovery']:.2f}s), {adopted} adopted; idle "
-              f"{args.idle:.0f}s: {row['procs']:.0f} vigil processes CPU {row['cpu']:.2%} of a core, RSS "
+              f"{args.idle:.0f}s: {row['procs']:.0f} vigil processes ({row['names']}) CPU {row['cpu']:.2%} of a core, RSS "
               f"{row['rss']:.1f} MB (PSS {row['pss']:.1f}){peer}", flush=True)
         return row
     finally:
