@@ -112,7 +112,10 @@ def main() -> None:
             end(agent)
         end(sup)  # supervisord stops its program on SIGTERM
         shutil.rmtree(tmp, ignore_errors=True)
+    report(args.runs, rows, load0, python3, modes)
 
+
+def report(runs: int, rows: dict[str, list[float]], load0: str, python3: str | None, modes: str) -> None:
     def col(k: str) -> str:
         xs = [x * 1000 for x in rows[k]]
         return f"median {statistics.median(xs):6.1f} ms ({min(xs):.1f}-{max(xs):.1f})" if xs else "n/a"
@@ -120,7 +123,7 @@ def main() -> None:
     def med(k: str) -> float:
         return statistics.median(rows[k])
 
-    print(f"\nruns: {args.runs} (interleaved); loadavg start {load0}, end {loadavg()}")
+    print(f"\nruns: {runs} (interleaved); loadavg start {load0}, end {loadavg()}")
     print(f"python -c pass         : {col('pass')}  ({sys.executable})")
     if rows["python3"]:
         print(f"python3 -c pass        : {col('python3')}  ({python3})")
