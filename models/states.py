@@ -88,7 +88,7 @@ class Cause(str, enum.Enum):
     retry = "retry"
     restart = "restart"
     config = "config"
-    rollout = "rollout"  # one wave of a rollout (workflows/rollouts/rollout.py), or its revert
+    rollout = "rollout"  # one wave of a rollout (workflows/rollouts/driver.py), or its revert
     resumed = "resumed"  # an attempt interrupted before its switch, written again (resumed_from)
 
 

@@ -334,7 +334,7 @@ class Member(RetryColumns, Base):
 
 
 class Rollout(RetryColumns, Base):
-    """One build to many hosts in waves (workflows/rollouts/rollout.py): an obligation until it ends,
+    """One build to many hosts in waves (workflows/rollouts/driver.py): an obligation until it ends,
     advanced by whichever agent claims it; its attempts are ordinary attempts."""
 
     __tablename__ = "rollouts"

@@ -1,7 +1,7 @@
 """`vigil rollout start|status|pause|resume|abort|list`: one build to many hosts in waves.
 
 Every command writes its intent to the store (or reads it) and rings the agents; the
-agents advance the rollout (workflows/rollouts/rollout.py). Attached to the `cli` group in
+agents advance the rollout (workflows/rollouts/driver.py). Attached to the `cli` group in
 runners/cli.py; the group's object is the command's environment (`store()`, `state_dir`).
 """
 
@@ -19,7 +19,7 @@ from models.errors import LostRace, VigilError
 from models.states import Mode
 from runners.base.doorbell import ring, running_agent_pid
 
-DEFAULT_WAVES = "1,25%,100%"  # as workflows/rollouts/rollout.py (a test keeps them equal)
+DEFAULT_WAVES = "1,25%,100%"  # as workflows/rollouts/waves.py (a test keeps them equal)
 
 
 def _seconds(_ctx: click.Context, param: click.Parameter, value: Any) -> float | None:
@@ -75,7 +75,8 @@ def start(env: Any, build_path: str, names: tuple[str, ...], glob: str | None, w
     """Deploy BUILD to the hosts named, wave after wave; prints the rollout's id."""
     from runners.backend.files import stage_build
     from workflows.config.hosts import record_build
-    from workflows.rollouts.rollout import parse_waves, request_rollout, select_hosts
+    from workflows.rollouts.request import request_rollout, select_hosts
+    from workflows.rollouts.waves import parse_waves
 
     parse_waves(waves)  # bad input is refused before anything is staged
     store = env.store()
@@ -103,7 +104,7 @@ def start(env: Any, build_path: str, names: tuple[str, ...], glob: str | None, w
 
 
 def _wait(env: Any, rollout_id: int, timeout: float) -> None:
-    from workflows.rollouts.rollout import rollout_status
+    from workflows.rollouts.status import rollout_status
 
     store = env.store()
     began = time.monotonic()
@@ -149,7 +150,7 @@ def _wait(env: Any, rollout_id: int, timeout: float) -> None:
 def status(env: Any, rollout_id: int | None, as_json: bool) -> None:
     """A rollout (the newest one without ID): per wave and per host, its attempt, outcome,
     execution and drain time."""
-    from workflows.rollouts.rollout import rollout_status
+    from workflows.rollouts.status import rollout_status
 
     st = env.store().read(lambda s: rollout_status(s, rollout_id))
     if as_json:
@@ -166,7 +167,7 @@ def status(env: Any, rollout_id: int | None, as_json: bool) -> None:
 @click.pass_obj
 def listing(env: Any, as_json: bool) -> None:
     """Every rollout, oldest first."""
-    from workflows.rollouts.rollout import rollout_list
+    from workflows.rollouts.status import rollout_list
 
     rows = env.store().read(rollout_list)
     if as_json:
@@ -182,9 +183,9 @@ def _intent(name: str, fn_name: str, doc: str) -> None:
     @click.argument("rollout_id", metavar="ID", type=int)
     @click.pass_obj
     def command(env: Any, rollout_id: int) -> None:
-        from workflows.rollouts import rollout as steps
+        from workflows.rollouts import request as intents
 
-        fn = getattr(steps, fn_name)
+        fn = getattr(intents, fn_name)
         line = _write(env, lambda s: fn(s, rollout_id))
         _ring(env)
         click.echo(line)

@@ -402,7 +402,7 @@ ONE_SHOT_DEPLOY = Flow("one-shot-deploy", cli_deploy("hold", JOB), end="ran",
 LISTEN_WAKE = WAKE.but(name="listen-wake", listen=True)
 
 
-# Rollouts (workflows/rollouts/rollout.py) of the target alone: a good build (done), a build whose
+# Rollouts (workflows/rollouts/driver.py) of the target alone: a good build (done), a build whose
 # health fails (halted; the old generation keeps serving, the build is held down there), and
 # a hold rollout of that build with --auto-revert (the host went down; the revert wakes it on
 # the build it ran before).

@@ -1,5 +1,5 @@
 """Rollouts step by step on a real store (SQLite file or PostgreSQL): each `advance` is one
-transaction of the workflow (workflows/rollouts/rollout.py); the attempts it writes are ended by
+transaction of the workflow (workflows/rollouts/driver.py); the attempts it writes are ended by
 hand here, as their drivers would end them. Processes and agents: tests/integration,
 tests/recovery, tests/multibox."""
 
@@ -49,8 +49,14 @@ from workflows.deploys.schedules import request_restart
 from workflows.engine.obligations import Due, run_one
 from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.workers import queue_restart
-from workflows.rollouts import rollout
-from workflows.rollouts.rollout import (
+from workflows.rollouts.driver import REISSUES, Wait, advance
+from workflows.rollouts.request import (
+    abort_rollout,
+    pause_rollout,
+    request_rollout,
+    resume_rollout,
+)
+from workflows.rollouts.steps import (
     ENDED,
     HALTED,
     REISSUED,
@@ -58,9 +64,8 @@ from workflows.rollouts.rollout import (
     REVERT_STARTED,
     WAVE_ADMITTED,
     WAVE_SETTLED,
-    Wait,
-    wave_ends,
 )
+from workflows.rollouts.waves import wave_ends
 
 HOSTS = ["web1", "web2", "web3", "web4"]
 BY_HAND = Unfenced("the test ends attempts as their drivers would")
@@ -99,12 +104,12 @@ def builds(store: Store) -> tuple[int, int]:
 def start(store: Store, build_id: int, hosts: list[str] = HOSTS, **kw: Any) -> int:
     opts: dict[str, Any] = {"waves": "1,100%", "mode": Mode.overlap, "canary": False,
                             "pause": None, "max_failures": 0, "auto_revert": False, **kw}
-    return store.write(lambda s: rollout.request_rollout(s, s.get(Build, build_id), hosts,
+    return store.write(lambda s: request_rollout(s, s.get(Build, build_id), hosts,
                                                          **opts)).id
 
 
 def step(store: Store, rid: int) -> Any:
-    return store.write(lambda s: rollout.advance(s, rid))
+    return store.write(lambda s: advance(s, rid))
 
 
 def targets(store: Store, rid: int) -> dict[str, RolloutTarget]:
@@ -297,7 +302,7 @@ def test_reissues_stop_after_the_allowance(store: Store, builds: tuple[int, int]
     _, new = builds
     rid = start(store, new, hosts=["web1"], waves="100%")
     assert step(store, rid) == WAVE_ADMITTED
-    for _ in range(rollout.REISSUES):
+    for _ in range(REISSUES):
         end(store, targets(store, rid)["web1"].attempt_id, Outcome.abandoned, True, "lease lost")
         assert step(store, rid) == REISSUED
     end(store, targets(store, rid)["web1"].attempt_id, Outcome.abandoned, True, "lease lost")
@@ -332,7 +337,7 @@ def test_held_down_hosts_are_skipped_and_named(store: Store, builds: tuple[int, 
     aid = store.write(lambda s: request_deploy(s, "web1", s.get(Build, new), mode=Mode.overlap,
                                                canary=False, cause=Cause.release).id)
     end(store, aid, Outcome.failed, reason="health: status 500")
-    started = store.write(lambda s: rollout.request_rollout(
+    started = store.write(lambda s: request_rollout(
         s, s.get(Build, new), ["web1", "web2"], waves="100%", mode=Mode.overlap, canary=False,
         pause=None, max_failures=0, auto_revert=False))
     (host, why), = started.skipped
@@ -370,17 +375,17 @@ def test_pause_resume_abort(store: Store, builds: tuple[int, int]) -> None:
     _, new = builds
     rid = start(store, new)
     assert step(store, rid) == WAVE_ADMITTED
-    assert "paused" in store.write(lambda s: rollout.pause_rollout(s, rid))
+    assert "paused" in store.write(lambda s: pause_rollout(s, rid))
     end(store, targets(store, rid)["web1"].attempt_id, Outcome.done)
     assert step(store, rid) == WAVE_SETTLED  # the wave in flight settles while paused
     assert "paused by the operator before wave 2" in step(store, rid).why
-    assert "already paused" in store.write(lambda s: rollout.pause_rollout(s, rid))
-    store.write(lambda s: rollout.resume_rollout(s, rid))
+    assert "already paused" in store.write(lambda s: pause_rollout(s, rid))
+    store.write(lambda s: resume_rollout(s, rid))
     assert step(store, rid) == WAVE_ADMITTED
     t = targets(store, rid)
     store.write(lambda s: move(s, Attempt, t["web2"].attempt_id, {"step": AttemptStep.admitted},
                                "admitted", fence=BY_HAND, col="step", frm=AttemptStep.queued))
-    assert "cancelled" in store.write(lambda s: rollout.abort_rollout(s, rid))
+    assert "cancelled" in store.write(lambda s: abort_rollout(s, rid))
     assert attempt(store, t["web3"].attempt_id).outcome is Outcome.cancelled
     assert attempt(store, t["web4"].attempt_id).outcome is Outcome.cancelled
     end(store, t["web2"].attempt_id, Outcome.done)
@@ -391,7 +396,7 @@ def test_pause_resume_abort(store: Store, builds: tuple[int, int]) -> None:
     t = targets(store, rid)
     assert (t["web2"].state, t["web3"].state, t["web4"].state) == (
         TargetState.done, TargetState.skipped, TargetState.skipped)
-    for intent in (rollout.pause_rollout, rollout.resume_rollout, rollout.abort_rollout):
+    for intent in (pause_rollout, resume_rollout, abort_rollout):
         with pytest.raises(Refused):
             store.write(lambda s, intent=intent: intent(s, rid))
 
@@ -423,7 +428,7 @@ def test_gc_keeps_the_builds_an_open_rollout_may_deploy(store: Store, builds: tu
     store.write(lambda s: s.execute(Host.__table__.update().values(build_id=old)))
     rid = start(store, new)
     assert new in store.read(referenced_ids)
-    store.write(lambda s: rollout.abort_rollout(s, rid))
+    store.write(lambda s: abort_rollout(s, rid))
     assert step(store, rid) == ENDED
     assert new not in store.read(referenced_ids)
 

@@ -26,6 +26,12 @@ def mark_published(s: Session, build_id: int, seen: Build | None = None) -> None
     s.execute(_PUBLISH, {"build": build_id, "now": utcnow()})
 
 
+def set_build(s: Session, host: str, build_id: int) -> None:
+    """In the caller's transaction: the host's live build, the one its next start execs
+    (a deploy that switched or found it asleep, a worker's converge)."""
+    s.execute(Host.__table__.update().where(Host.name == host).values(build_id=build_id))
+
+
 def referenced_ids(s: Session) -> set[int]:
     """A host's configured build, any generation not proven gone, any open attempt, any
     open wake's pinned build."""

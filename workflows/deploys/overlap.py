@@ -7,40 +7,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.errors import BrokenInvariant
-from models.states import (
-    AttemptStep,
-    GenState,
-    MemberRole,
-    Outcome,
-)
+from models.states import AttemptStep, GenState, MemberRole, Outcome
 from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Host, Member
-from models.transition import move
 from workflows.base.classify import BuildFailed, Interrupted, Stale
 from workflows.base.context import Context, Poke
 from workflows.base.crash import crashpoint, define
-from workflows.base.waivers import BY_STATE
 from workflows.builds.book import attempt_ended
-from workflows.deploys.steps import (
-    ADMITTED,
-    HEALTHY,
-    PUBLISHED,
-    SWITCHED,
-    asleep,
-    check,
-    end_retiring,
-    gate,
-    healthy_in,
-    probe,
-    publish,
-    publish_in,
-    spawn,
-    step_to,
-    verify,
-)
+from workflows.builds.staged import set_build
+from workflows.deploys import steps
 from workflows.generations.create import intend, join_set
 from workflows.generations.ending import mark_proven, mark_retiring, ref_of
-from workflows.leases.lease import held_fence
 from workflows.lifecycle.members import leave_set, run_restores
 
 RAISED = define("swap.raised", "the parent limit is raised (or there is none); nothing spawned")
@@ -53,97 +30,87 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
     if a.step is not AttemptStep.queued:
         raise Interrupted(f"interrupted at step {a.step.value}, before the switch (found mid-way "
                           "by a new driver: the agent restarted)")
-    build = verify(ctx, a)
-
-    def admit(s: Session) -> tuple[Host, Generation] | None:
-        h = s.get(Host, a.host)
-        if h is None:
-            raise BrokenInvariant("h is missing")
-        a.fence = held_fence(s, ctx, a.host)
-        gate(s, ctx, a)
-        if asleep(s, ctx, a, h):
-            return None
-        if a.fence is None:
-            raise Stale(f"this agent does not hold the lease of {a.host}")
-        members = s.execute(select(Member.generation_id).where(Member.host == a.host)).scalars().all()
-        if members:
-            raise Poke(f"waiting for member(s) {members} of {a.host} to be proven gone")
-        if h.raised:
-            raise Poke(f"parent limit of {a.host} is still raised: a restore is pending")
-        g = intend(s, ctx, h, a.build_id, a.fence)
-        join_set(s, g.id, a.host, MemberRole.spawning, a.fence, attempt_id=a.id)
-        step_to(s, a, AttemptStep.admitted, fence=a.fence, successor_id=g.id)
-        if not _can_raise(ctx, h):
-            # Nothing to raise: the raise and the publication ride in this commit (one
-            # fsync instead of three before the exec); their crash points follow it. (The
-            # spawn's intent stays a commit of its own: a crash before it proves that
-            # nothing of the build ran, executed=false.)
-            step_to(s, a, AttemptStep.raised)
-            publish_in(s, a)
-        s.flush()
-        return h, g
-
-    admitted = ctx.store.write(admit)
+    build = steps.verify(ctx, a)
+    admitted = ctx.store.write(lambda s: _admit(s, ctx, a))
     if admitted is None:
         return None
     host, gen = admitted
     a.successor_id = gen.id
-    crashpoint(ADMITTED)
+    crashpoint(steps.ADMITTED)
     if a.step is AttemptStep.published:
         crashpoint(RAISED)
-        crashpoint(PUBLISHED)
+        crashpoint(steps.PUBLISHED)
     else:
         _raise_parent(ctx, a, host)
-        publish(ctx, a)
-    spawned = spawn(ctx, a, host, build, gen)
+        steps.publish(ctx, a)
+    spawned = steps.spawn(ctx, a, host, build, gen)
     # Without a canary settle, "healthy" rides in the switch's commit (one fsync between
     # the answer and the switch); its crash point follows that commit.
     merged = not a.canary
     if merged:
-        probe(ctx, host, gen)
+        steps.probe(ctx, host, gen)
     else:
-        check(ctx, a, host, gen, spawned)
-
-    old_id = None
-
-    def switch(s: Session) -> None:
-        nonlocal old_id
-        if merged:
-            healthy_in(s, ctx, a, gen)
-        gate(s, ctx, a)
-        # None when the old current died mid-deploy (the liveness sweep already made it a
-        # retiring member): the successor still takes over, there is nothing to drain.
-        old = s.execute(select(Generation).where(Generation.host == a.host,
-                                                 Generation.state == GenState.current)).scalar_one_or_none()
-        old_id = old.id if old is not None else None
-        if old is not None:
-            mark_retiring(s, old.id, GenState.current, f"replaced by g{gen.id}")
-        move(s, Generation, gen.id,
-             {"state": GenState.current, "current_at": utcnow()},
-             f"generation g{gen.id} running -> current", fence=BY_STATE, col="state",
-             frm=GenState.running)
-        s.execute(Member.__table__.delete().where(Member.generation_id == gen.id))
-        if old is not None:
-            join_set(s, old.id, a.host, MemberRole.retiring, a.fence or 0, attempt_id=a.id)
-        s.execute(Host.__table__.update().where(Host.name == a.host).values(build_id=a.build_id))
-        step_to(s, a, AttemptStep.switched, retiring_id=old_id)
-        emit(s, "switched", a.host, gen.id, attempt=a.id, retiring=old_id)
-        s.flush()
-        # The rename happens inside the transaction: if the commit fails, the attempt's end
-        # (`relink`), or recovery after a crash, re-points the link at whatever the store
-        # says is current.
-        if gen.socket:
-            ctx.files.point_link(ctx.link_for(a.host), gen.socket)
-
+        steps.check(ctx, a, host, gen, spawned)
     if not ctx.proc.leader_alive(ref_of(gen)):
         raise BuildFailed("successor exited before the switch")
-    ctx.store.write(switch)
-    a.retiring_id = old_id
+    a.retiring_id = ctx.store.write(lambda s: _switch(s, ctx, a, gen, merged))
     if merged:
-        crashpoint(HEALTHY)
-    crashpoint(SWITCHED)
+        crashpoint(steps.HEALTHY)
+    crashpoint(steps.SWITCHED)
     _drain(ctx, a)
     return None
+
+
+def _admit(s: Session, ctx: Context, a: Attempt) -> tuple[Host, Generation] | None:
+    """Admission: no other member, no raised limit; the successor is written a member."""
+    admitted = steps.admit_in(s, ctx, a)
+    if admitted is None:
+        return None
+    h, fence = admitted
+    members = s.execute(select(Member.generation_id).where(Member.host == a.host)).scalars().all()
+    if members:
+        raise Poke(f"waiting for member(s) {members} of {a.host} to be proven gone")
+    if h.raised:
+        raise Poke(f"parent limit of {a.host} is still raised: a restore is pending")
+    g = intend(s, ctx, h, a.build_id, fence)
+    join_set(s, g.id, a.host, MemberRole.spawning, fence, attempt_id=a.id)
+    steps.step_to(s, a, AttemptStep.admitted, fence=fence, successor_id=g.id)
+    if not _can_raise(ctx, h):
+        # Nothing to raise: the raise and the publication ride in this commit (one
+        # fsync instead of three before the exec); their crash points follow it. (The
+        # spawn's intent stays a commit of its own: a crash before it proves that
+        # nothing of the build ran, executed=false.)
+        steps.step_to(s, a, AttemptStep.raised)
+        steps.publish_in(s, a)
+    s.flush()
+    return h, g
+
+
+def _switch(s: Session, ctx: Context, a: Attempt, gen: Generation, merged: bool) -> int | None:
+    """The successor becomes current and the old current a retiring member (its id, or
+    None when it died mid-deploy: the liveness sweep already made it a retiring member, the
+    successor still takes over, there is nothing to drain)."""
+    if merged:
+        steps.healthy_in(s, ctx, a, gen)
+    steps.gate(s, ctx, a)
+    old = s.execute(select(Generation).where(Generation.host == a.host,
+                                             Generation.state == GenState.current)).scalar_one_or_none()
+    old_id = old.id if old is not None else None
+    if old is not None:
+        mark_retiring(s, old.id, GenState.current, f"replaced by g{gen.id}")
+    steps.make_current_in(s, gen)
+    if old is not None:
+        join_set(s, old.id, a.host, MemberRole.retiring, a.fence or 0, attempt_id=a.id)
+    set_build(s, a.host, a.build_id)
+    steps.step_to(s, a, AttemptStep.switched, retiring_id=old_id)
+    emit(s, "switched", a.host, gen.id, attempt=a.id, retiring=old_id)
+    s.flush()
+    # The rename happens inside the transaction: if the commit fails, the attempt's end
+    # (`relink`), or recovery after a crash, re-points the link at whatever the store
+    # says is current.
+    if gen.socket:
+        ctx.files.point_link(ctx.link_for(a.host), gen.socket)
+    return old_id
 
 
 def _can_raise(ctx: Context, host: Host) -> bool:
@@ -157,10 +124,10 @@ def _raise_parent(ctx: Context, a: Attempt, host: Host) -> None:
     can = _can_raise(ctx, host)
 
     def step(s: Session) -> None:
-        gate(s, ctx, a)
+        steps.gate(s, ctx, a)
         if can:
             s.execute(Host.__table__.update().where(Host.name == a.host).values(raised=True))
-        step_to(s, a, AttemptStep.raised)
+        steps.step_to(s, a, AttemptStep.raised)
 
     ctx.store.write(step)
     if can:
@@ -177,14 +144,14 @@ def _drain(ctx: Context, a: Attempt) -> None:
     """At or after the switch: finish. SIGTERM, the app's drain, SIGKILL, proof, leave."""
     if a.retiring_id is None:
         return _nothing_to_drain(ctx, a)
-    old, drain = end_retiring(ctx, a, mark_unproven=True)
+    old, drain = steps.end_retiring(ctx, a, mark_unproven=True)
 
     def step(s: Session) -> None:
         if s.get(Generation, old.id).state is GenState.retiring:  # type: ignore[union-attr]
             mark_proven(s, old.id, "drained")
         leave_set(s, ctx, a.host, old.id)
-        step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True, drain_seconds=drain,
-                reason="switched and drained", ended_at=utcnow())
+        steps.step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True,
+                      drain_seconds=drain, reason="switched and drained", ended_at=utcnow())
         emit(s, "swapped", a.host, a.successor_id, attempt=a.id, mode=a.effective_mode.value,
              retired=old.id, drain_seconds=round(drain, 3))
         attempt_ended(s, a, Outcome.done)
@@ -202,8 +169,9 @@ def _nothing_to_drain(ctx: Context, a: Attempt) -> None:
 
     def step(s: Session) -> None:
         leave_set(s, ctx, a.host, a.successor_id)  # type: ignore[arg-type]
-        step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True, drain_seconds=0.0,
-                reason="switched (the old generation had already exited)", ended_at=utcnow())
+        steps.step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True,
+                      drain_seconds=0.0, reason="switched (the old generation had already exited)",
+                      ended_at=utcnow())
         emit(s, "swapped", a.host, a.successor_id, attempt=a.id, mode=a.effective_mode.value,
              retired=None, drain_seconds=0.0)
         attempt_ended(s, a, Outcome.done)

@@ -29,13 +29,13 @@ from workflows.base.lookups import newest_revision, open_stop
 from workflows.base.queue import enqueue_wake
 from workflows.base.waivers import BY_STATE
 from workflows.builds.book import attempt_ended
-from workflows.builds.staged import mark_published, staged_problem
+from workflows.builds.staged import mark_published, set_build, staged_problem
 from workflows.generations.access import grant_socket
 from workflows.generations.create import launch, record
 from workflows.generations.ending import end_generation, ref_of
 from workflows.generations.known import note
 from workflows.generations.readiness import ready_problem
-from workflows.leases.lease import held_fence
+from workflows.leases.lease import acquire, held_fence
 from workflows.lifecycle.members import drive_member
 from workflows.lifecycle.workers import (
     settle_one_shot,
@@ -93,6 +93,25 @@ def verify(ctx: Context, a: Attempt) -> Build:
     return build
 
 
+def admit_in(s: Session, ctx: Context, a: Attempt,
+             coalesced: list[int] | None = None) -> tuple[Host, int] | None:
+    """In the caller's transaction, the checks every admission makes: the gate, a host with
+    nothing current (the attempt ends here: None), and the lease this agent holds (a
+    one-shot run, with nothing running, takes it). Returns the host and the fence."""
+    h = s.get(Host, a.host)
+    if h is None:
+        raise BrokenInvariant("h is missing")
+    a.fence = held_fence(s, ctx, a.host)
+    gate(s, ctx, a)
+    if asleep(s, ctx, a, h, coalesced):
+        return None
+    if a.fence is None and h.one_shot:  # nothing runs: the run takes the lease
+        a.fence = acquire(s, ctx, a.host)
+    if a.fence is None:
+        raise Stale(f"this agent does not hold the lease of {a.host}")
+    return h, a.fence
+
+
 def asleep(s: Session, ctx: Context, a: Attempt, h: Host,
             coalesced: list[int] | None = None) -> bool:
     """A host with nothing current: the build is set for its next start (a documented
@@ -106,7 +125,7 @@ def asleep(s: Session, ctx: Context, a: Attempt, h: Host,
         raise Poke(f"waiting for wake #{waking.id} of {a.host}")
     if h.one_shot:
         return False  # a one-shot worker's attempt runs the job itself (clean_exit recorded)
-    s.execute(Host.__table__.update().where(Host.name == a.host).values(build_id=a.build_id))
+    set_build(s, a.host, a.build_id)
     reason = "host was not running: build set for its next wake"
     if h.desired is Desired.up:
         enqueue_wake(s, a.host, "deploy")
@@ -214,6 +233,15 @@ def healthy_in(s: Session, ctx: Context, a: Attempt, gen: Generation) -> None:
               f"member g{gen.id} successor", fence=BY_STEP, col="role",
               frm=MemberRole.spawning)
     step_to(s, a, AttemptStep.healthy)
+
+
+def make_current_in(s: Session, gen: Generation) -> None:
+    """In the caller's transaction: the successor is current and no longer a member."""
+    move(s, Generation, gen.id,
+         {"state": GenState.current, "current_at": utcnow()},
+         f"generation g{gen.id} running -> current", fence=BY_STATE, col="state",
+         frm=GenState.running)
+    s.execute(Member.__table__.delete().where(Member.generation_id == gen.id))
 
 
 def end_retiring(ctx: Context, a: Attempt, *, mark_unproven: bool) -> tuple[Generation, float]:

@@ -24,7 +24,7 @@ from workflows.leases.lease import drive_release, give_back
 from workflows.lifecycle.members import drive_member, drive_restore
 from workflows.lifecycle.stop import drive_stop
 from workflows.lifecycle.wake import drive_wake
-from workflows.rollouts.rollout import drive_rollout
+from workflows.rollouts.driver import drive_rollout
 
 
 @dataclass(frozen=True)

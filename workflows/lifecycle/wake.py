@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Integer, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from models.errors import BrokenInvariant, NotFound, Refused
+from models.errors import BrokenInvariant, NotFound
 from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, WakeState
 from models.store import emit, utcnow
 from models.tables import Build, Generation, Host, Lease, Stop, Wake
@@ -22,19 +22,26 @@ from models.transition import Fence, move, move_many
 from workflows.base.context import Context, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import open_stop
-from workflows.base.ports import SpawnError
+from workflows.base.ports import Spawned, SpawnError
 from workflows.base.queue import enqueue_wake
 from workflows.base.waivers import BY_STATE, OPERATOR
 from workflows.builds.staged import mark_published, staged_problem
 from workflows.generations.access import grant_socket
 from workflows.generations.create import intend, launch, record
-from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
+from workflows.generations.ending import ref_of
 from workflows.generations.known import note
 from workflows.generations.readiness import ready_problem
-from workflows.leases.lease import Holding, acquire, owe_release, release_owed
+from workflows.leases.lease import Holding, acquire
+from workflows.lifecycle.failed_wake import (
+    fail_start,
+    prove_failed,
+    reap_interrupted,
+    refuse_build,
+    refuse_if_unproven,
+    to_reaping,
+)
 from workflows.lifecycle.workers import (
     COALESCED,
-    after_failed_start,
     clean_wake,
     coalesce,
     settle_one_shot,
@@ -47,11 +54,6 @@ INTENT = define("wake.intent", "the generation row is written (spawning); nothin
 SPAWNED = define("wake.spawned", "the build is exec'd; its pid is not recorded yet")
 RECORDED = define("wake.recorded", "pid and create_time are recorded; health not checked yet")
 CURRENT = define("wake.current", "the generation is current; the canonical link not repointed yet")
-FAILING = define("wake.failing", "the failed wake is written unproven; its processes not killed yet")
-KILLED = define("wake.killed", "the failed generation was sent SIGKILL; no proof written yet")
-PROVEN = define("wake.proven", "the failed generation is proven gone and the lease release owed")
-REAPING = define("wake.reaping", "an interrupted wake is written reaping; nothing killed yet")
-REAPED = define("wake.reaped", "the interrupted generation is proven; the wake is back to leased")
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,6 @@ class WakeRequest:
 
 # The statements a wake runs every time, built once (building one cost more than running it).
 _WAKE = select(Wake).where(Wake.id == bindparam("id"))
-_UNPROVEN = select(Wake).where(Wake.host == bindparam("host"),
-                               Wake.state == WakeState.unproven).limit(1)
 # (Table columns, not the mapped ones: no ORM bookkeeping for a plain row.)
 _G = Generation.__table__.c
 _CURRENT = select(_G.id).where(_G.host == bindparam("host"), _G.state == GenState.current)
@@ -95,23 +95,6 @@ _GEN_STATE = select(_G.state).where(_G.id == bindparam("id"))
 
 def _wake(s: Session, wake_id: int) -> Wake | None:
     return s.execute(_WAKE, {"id": wake_id}).scalar_one_or_none()
-
-
-def unproven_wake(s: Session, host: str) -> Wake | None:
-    return s.execute(_UNPROVEN, {"host": host}).scalar_one_or_none()
-
-
-def refuse_if_unproven(s: Session, host: str) -> None:
-    w = unproven_wake(s, host)
-    if w is not None:
-        gen = s.get(Generation, w.generation_id) if w.generation_id else None
-        pid = f" (pid {gen.pid})" if gen is not None and gen.pid else ""
-        raise Refused(
-            f"host {host}: the last wake failed and generation g{w.generation_id}{pid} is not "
-            f"proven gone ({w.last_error or w.reason})",
-            "the agent keeps retrying the proof: watch `vigil obligations`; if the process "
-            "is stuck, end it yourself",
-        )
 
 
 def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
@@ -147,14 +130,14 @@ def drive_wake(ctx: Context, wake_id: int) -> Result:
     if w.state in (WakeState.spawning, WakeState.checking):
         # Found mid-flight by a driver that did not start it: the agent died (or a step
         # failed) between spawn and current. Whatever ran is ended, then the wake retried.
-        _to_reaping(ctx, w)
+        to_reaping(ctx, w)
         w = ctx.store.read(lambda s: _wake(s, wake_id))
         if w is None:
             return Result.gone
     if w.state is WakeState.unproven:
-        return _prove_failed(ctx, w)
+        return prove_failed(ctx, w)
     if w.state is WakeState.reaping:
-        _reap(ctx, w)
+        reap_interrupted(ctx, w)
         w = ctx.store.read(lambda s: _wake(s, wake_id))
         if w is None:
             return Result.gone
@@ -188,69 +171,7 @@ def _start(ctx: Context, wake_id: int) -> Result | None:
     is in a state no start begins from (the caller looks at it)."""
     coalesced: list[int] = []
     elsewhere: list[bool] = []
-
-    def intent(s: Session) -> _Intent | Result:
-        w = _wake(s, wake_id)
-        if w is None or w.state not in OPEN_WAKE:
-            return Result.gone
-        if w.state not in (WakeState.queued, WakeState.leased):
-            elsewhere.append(True)
-            return Result.progress
-        if ctx.shutting_down.is_set():
-            raise Poke("agent shutting down")
-        fresh = w.state is WakeState.queued
-        seen = s.execute(_BEFORE_START, {"host": w.host}).first()
-        if seen is None:
-            raise BrokenInvariant(f"host {w.host} of wake #{w.id} is missing")
-        if fresh:
-            if seen.stop is not None:
-                raise Poke(f"waiting for stop #{seen.stop} of {w.host} to finish")
-            if coalesce(s, w) is not None:  # a worker's own start yields to a queued release
-                coalesced.append(w.id)
-                return Result.progress
-            if seen.unproven is not None:
-                move(s, Wake, w.id, {"state": WakeState.failed, "ended_at": utcnow(),
-                                     "reason": "refused: an earlier failed wake is unproven"},
-                     f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
-                return Result.progress
-            if seen.current is not None:
-                move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow(),
-                                     "generation_id": seen.current, "reason": "already awake"},
-                     f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
-                return Result.progress
-            lease = None if seen.holder is None else seen
-            fence = acquire(s, ctx, w.host, Holding(lease, seen.fence_seq, seen.box))
-        elif w.fence is None:
-            raise BrokenInvariant("w.fence is missing")
-        else:
-            fence = w.fence
-        # No leftover process before anything new is spawned.
-        if seen.live is not None:
-            state = s.execute(_GEN_STATE, {"id": seen.live}).scalar()
-            why = f"generation g{seen.live} of {w.host} is {getattr(state, 'value', state)}, not proven gone"
-            if not fresh:
-                raise Poke(why)
-            _lease(s, ctx, w, fence)
-            return _Intent(w, fresh, why_not=why)
-        host, build = s.execute(_HOST_BUILD, {"pinned": w.build_id, "name": w.host}).one()
-        refusal = staged_problem(ctx, build.path, build.digest,
-                                 executable=host.kind is HostKind.worker,
-                                 in_root=host.kind is HostKind.worker)
-        if refusal is not None:
-            if fresh:
-                _lease(s, ctx, w, fence)
-            return _Intent(w, fresh, host, build, refusal=refusal)
-        g = intend(s, ctx, host, build.id, fence)
-        # Publish before exec: the build is referenced in the store before any of it runs.
-        mark_published(s, build.id, seen=build)
-        values = {"state": WakeState.spawning, "generation_id": g.id}
-        if fresh:  # leased in this same commit
-            values.update(fence=fence, attempts=0)
-        move(s, Wake, w.id, values, f"wake #{w.id} {w.state.value} -> spawning",
-             fence=Fence(w.host, ctx.agent_id, fence), col="state", frm=w.state)
-        return _Intent(w, fresh, host, build, g)
-
-    it = ctx.store.write(intent)
+    it = ctx.store.write(lambda s: _intent(s, ctx, wake_id, coalesced, elsewhere))
     if coalesced:
         crashpoint(COALESCED)
     if elsewhere:
@@ -262,58 +183,119 @@ def _start(ctx: Context, wake_id: int) -> Result | None:
     if it.why_not is not None:
         raise Poke(it.why_not)
     if it.refusal is not None:
-        return _refuse_build(ctx, it.wake, it.refusal)
+        return refuse_build(ctx, it.wake, it.refusal)
     w, host, build, gen = it.wake, it.host, it.build, it.gen
     if host is None or build is None or gen is None or w.fence is None:
         raise BrokenInvariant("the start's intent is incomplete")
     ours = Fence(w.host, ctx.agent_id, w.fence)  # every move of this start, and its generation's
+    return _launch(ctx, w, host, build, gen, ours)
+
+
+def _intent(s: Session, ctx: Context, wake_id: int, coalesced: list[int],
+            elsewhere: list[bool]) -> _Intent | Result:
+    """The start's first commit: the wake read and checked, leased if it was queued, and
+    (no leftover, a build that can run) its generation's intent written."""
+    w = _wake(s, wake_id)
+    if w is None or w.state not in OPEN_WAKE:
+        return Result.gone
+    if w.state not in (WakeState.queued, WakeState.leased):
+        elsewhere.append(True)
+        return Result.progress
+    if ctx.shutting_down.is_set():
+        raise Poke("agent shutting down")
+    fresh = w.state is WakeState.queued
+    seen = s.execute(_BEFORE_START, {"host": w.host}).first()
+    if seen is None:
+        raise BrokenInvariant(f"host {w.host} of wake #{w.id} is missing")
+    if fresh:
+        taken = _take_lease(s, ctx, w, seen, coalesced)
+        if isinstance(taken, Result):
+            return taken
+        fence = taken
+    elif w.fence is None:
+        raise BrokenInvariant("w.fence is missing")
+    else:
+        fence = w.fence
+    # No leftover process before anything new is spawned.
+    if seen.live is not None:
+        state = s.execute(_GEN_STATE, {"id": seen.live}).scalar()
+        why = f"generation g{seen.live} of {w.host} is {getattr(state, 'value', state)}, not proven gone"
+        if not fresh:
+            raise Poke(why)
+        _lease(s, ctx, w, fence)
+        return _Intent(w, fresh, why_not=why)
+    host, build = s.execute(_HOST_BUILD, {"pinned": w.build_id, "name": w.host}).one()
+    refusal = staged_problem(ctx, build.path, build.digest,
+                             executable=host.kind is HostKind.worker,
+                             in_root=host.kind is HostKind.worker)
+    if refusal is not None:
+        if fresh:
+            _lease(s, ctx, w, fence)
+        return _Intent(w, fresh, host, build, refusal=refusal)
+    g = intend(s, ctx, host, build.id, fence)
+    # Publish before exec: the build is referenced in the store before any of it runs.
+    mark_published(s, build.id, seen=build)
+    values = {"state": WakeState.spawning, "generation_id": g.id}
+    if fresh:  # leased in this same commit
+        values.update(fence=fence, attempts=0)
+    move(s, Wake, w.id, values, f"wake #{w.id} {w.state.value} -> spawning",
+         fence=Fence(w.host, ctx.agent_id, fence), col="state", frm=w.state)
+    return _Intent(w, fresh, host, build, g)
+
+
+def _take_lease(s: Session, ctx: Context, w: Wake, seen: Any,
+                coalesced: list[int]) -> int | Result:
+    """A queued wake: ended at once (a worker's own start yields to a queued release, an
+    earlier failed wake is unproven, the host is already awake), or the fence of the lease
+    it takes. Waits (Poke) while the host is being stopped."""
+    if seen.stop is not None:
+        raise Poke(f"waiting for stop #{seen.stop} of {w.host} to finish")
+    if coalesce(s, w) is not None:
+        coalesced.append(w.id)
+        return Result.progress
+    if seen.unproven is not None:
+        move(s, Wake, w.id, {"state": WakeState.failed, "ended_at": utcnow(),
+                             "reason": "refused: an earlier failed wake is unproven"},
+             f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
+        return Result.progress
+    if seen.current is not None:
+        move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow(),
+                             "generation_id": seen.current, "reason": "already awake"},
+             f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
+        return Result.progress
+    lease = None if seen.holder is None else seen
+    return acquire(s, ctx, w.host, Holding(lease, seen.fence_seq, seen.box))
+
+
+def _launch(ctx: Context, w: Wake, host: Host, build: Build, gen: Generation,
+            ours: Fence) -> Result:
+    """Exec the build and record its pid; a worker with nothing to check is current in
+    that same commit, anything else is settled (checked, then made current)."""
     crashpoint(INTENT)
     try:
         spawned = launch(ctx, host, build, gen)
     except SpawnError as exc:  # it did not start
-        return _fail(ctx, w, gen, WakeState.spawning, GenState.spawning, f"spawn failed: {exc}")
+        return fail_start(ctx, w, gen, WakeState.spawning, GenState.spawning, f"spawn failed: {exc}")
     crashpoint(SPAWNED)
-
-    def recorded(s: Session) -> None:
-        record(s, gen, spawned, ours)
-        move(s, Wake, w.id,
-             {"state": WakeState.checking}, f"wake #{w.id} spawning -> checking",
-             fence=ours, col="state", frm=WakeState.spawning)
-
-    def current(s: Session) -> None:
-        move(s, Generation, gen.id,
-             {"state": GenState.current, "current_at": utcnow()},
-             f"generation g{gen.id} running -> current", fence=ours, col="state",
-             frm=GenState.running)
-        move(s, Wake, w.id,
-             {"state": WakeState.done, "ended_at": utcnow()},
-             f"wake #{w.id} checking -> done", fence=ours, col="state",
-             frm=WakeState.checking)
-        emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
-
-    def recorded_current(s: Session) -> None:
-        # A worker has no health check: its pid and its being current go in one commit,
-        # one move each for the generation and the wake.
-        move(s, Generation, gen.id,
-             {"state": GenState.current, "pid": spawned.pid, "create_time": spawned.create_time,
-              "current_at": utcnow()},
-             f"generation g{gen.id} spawning -> current", fence=ours, col="state",
-             frm=GenState.spawning)
-        move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow()},
-             f"wake #{w.id} spawning -> done", fence=ours, col="state", frm=WakeState.spawning)
-        emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
-
     gen.pid, gen.create_time = spawned.pid, spawned.create_time
     ref = ref_of(gen)
     if always_on(host, gen) and ctx.proc.leader_alive(ref):
-        ctx.store.write(recorded_current)
+        ctx.store.write(lambda s: _recorded_current(s, w, gen, build, spawned, ours))
         crashpoint(RECORDED)
         crashpoint(CURRENT)
         note(ctx, {gen.id: ref})  # the walk at spawn (an instance's next one is at health)
         return Result.progress
-    ctx.store.write(recorded)
+    ctx.store.write(lambda s: _recorded(s, w, gen, spawned, ours))
     crashpoint(RECORDED)
     note(ctx, {gen.id: ref})
+    return _settle(ctx, w, host, build, gen, spawned, ours)
+
+
+def _settle(ctx: Context, w: Wake, host: Host, build: Build, gen: Generation, spawned: Spawned,
+            ours: Fence) -> Result:
+    """The started generation's check (an instance's readiness, a one-shot's exit, a worker
+    alive), then current and linked; a failed check fails the wake."""
+    ref = ref_of(gen)
     if host.kind is HostKind.instance:
         problem = ready_problem(ctx, host, gen)
     elif host.one_shot:
@@ -327,111 +309,49 @@ def _start(ctx: Context, wake_id: int) -> Result | None:
     if problem is None and gen.socket:
         problem = grant_socket(ctx, host, gen.socket)  # before it is current and linked
     if problem is not None:
-        return _fail(ctx, w, gen, WakeState.checking, GenState.running, problem)
+        return fail_start(ctx, w, gen, WakeState.checking, GenState.running, problem)
 
-    ctx.store.write(current)
+    ctx.store.write(lambda s: _current(s, w, gen, build, spawned, ours))
     crashpoint(CURRENT)
     if gen.socket:
         ctx.files.point_link(ctx.link_for(w.host), gen.socket)
     return Result.progress
 
 
+def _recorded(s: Session, w: Wake, gen: Generation, spawned: Spawned, ours: Fence) -> None:
+    record(s, gen, spawned, ours)
+    move(s, Wake, w.id,
+         {"state": WakeState.checking}, f"wake #{w.id} spawning -> checking",
+         fence=ours, col="state", frm=WakeState.spawning)
+
+
+def _current(s: Session, w: Wake, gen: Generation, build: Build, spawned: Spawned,
+             ours: Fence) -> None:
+    move(s, Generation, gen.id,
+         {"state": GenState.current, "current_at": utcnow()},
+         f"generation g{gen.id} running -> current", fence=ours, col="state",
+         frm=GenState.running)
+    move(s, Wake, w.id,
+         {"state": WakeState.done, "ended_at": utcnow()},
+         f"wake #{w.id} checking -> done", fence=ours, col="state",
+         frm=WakeState.checking)
+    emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
+
+
+def _recorded_current(s: Session, w: Wake, gen: Generation, build: Build, spawned: Spawned,
+                      ours: Fence) -> None:
+    # A worker has no health check: its pid and its being current go in one commit,
+    # one move each for the generation and the wake.
+    move(s, Generation, gen.id,
+         {"state": GenState.current, "pid": spawned.pid, "create_time": spawned.create_time,
+          "current_at": utcnow()},
+         f"generation g{gen.id} spawning -> current", fence=ours, col="state",
+         frm=GenState.spawning)
+    move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow()},
+         f"wake #{w.id} spawning -> done", fence=ours, col="state", frm=WakeState.spawning)
+    emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
+
+
 def always_on(host: Host, gen: Generation) -> bool:
     """A worker that is not a one-shot: nothing to check beyond its leader being alive."""
     return host.kind is HostKind.worker and not host.one_shot
-
-
-def _refuse_build(ctx: Context, w: Wake, reason: str) -> Result:
-    """Nothing ran: the wake fails at once and the lease is owed back."""
-
-    def step(s: Session) -> None:
-        move(s, Wake, w.id, {"state": WakeState.failed, "reason": reason,
-                                          "ended_at": utcnow()},
-             f"wake #{w.id} leased -> failed", fence=BY_STATE, col="state", frm=WakeState.leased)
-        emit(s, "wake_failed", w.host, reason=reason, executed=False)
-        owe_release(s, ctx, w.host)
-
-    ctx.store.write(step)
-    release_owed(ctx, w.host)
-    return Result.progress
-
-
-def _fail(ctx: Context, w: Wake, gen: Generation, wake_from: WakeState, gen_from: GenState,
-          reason: str) -> Result:
-    """Write the failure first (unproven: keeps the lease, refuses wakes), then kill, prove."""
-
-    def step(s: Session) -> None:
-        mark_retiring(s, gen.id, gen_from, reason)
-        move(s, Wake, w.id,
-             {"state": WakeState.unproven, "reason": reason, "last_error": reason,
-              "since": utcnow()},
-             f"wake #{w.id} -> unproven", fence=Fence(w.host, ctx.agent_id, w.fence or 0), col="state", frm=wake_from)
-        emit(s, "wake_failed", w.host, gen.id, reason=reason)
-
-    ctx.store.write(step)
-    crashpoint(FAILING)
-    w2 = ctx.store.read(lambda s: s.get(Wake, w.id))
-    if w2 is None:
-        raise BrokenInvariant(f"wake #{w.id} is missing")
-    return _prove_failed(ctx, w2)
-
-
-def _prove_failed(ctx: Context, w: Wake) -> Result:
-    gen = ctx.store.read(lambda s: s.get(Generation, w.generation_id))
-    if gen is None:
-        raise BrokenInvariant("gen is missing")
-    if gen.state is not GenState.proven:
-        problem = end_generation(ctx, gen, drain_until=None, points=(None, KILLED))
-        if problem is not None:
-            raise Poke(problem)
-
-    def step(s: Session) -> None:
-        if s.get(Generation, gen.id).state is not GenState.proven:  # type: ignore[union-attr]
-            mark_proven(s, gen.id)
-        move(s, Wake, w.id, {"state": WakeState.failed, "ended_at": utcnow()},
-             f"wake #{w.id} unproven -> failed", fence=BY_STATE, col="state",
-             frm=WakeState.unproven)
-        emit(s, "proven", w.host, gen.id, after="failed wake")
-        after_failed_start(s, w)
-        owe_release(s, ctx, w.host)
-
-    ctx.store.write(step)
-    ctx.proc.release(ref_of(gen))
-    crashpoint(PROVEN)
-    release_owed(ctx, w.host)
-    return Result.progress
-
-
-def _to_reaping(ctx: Context, w: Wake) -> None:
-    def step(s: Session) -> None:
-        gen = s.get(Generation, w.generation_id) if w.generation_id else None
-        if gen is not None and gen.state in (GenState.spawning, GenState.running):
-            mark_retiring(s, gen.id, gen.state, "wake interrupted before it was current")
-        move(s, Wake, w.id, {"state": WakeState.reaping},
-             f"wake #{w.id} {w.state.value} -> reaping", fence=BY_STATE, col="state",
-             frm=w.state)
-        emit(s, "wake_interrupted", w.host, w.generation_id, step=w.state.value)
-
-    ctx.store.write(step)
-    crashpoint(REAPING)
-
-
-def _reap(ctx: Context, w: Wake) -> None:
-    """End the interrupted generation, then send the wake back to leased to try again."""
-    gen = ctx.store.read(lambda s: s.get(Generation, w.generation_id)) if w.generation_id else None
-    if gen is not None and gen.state is not GenState.proven:
-        problem = end_generation(ctx, gen, drain_until=None)
-        if problem is not None:
-            raise Poke(problem)
-
-    def step(s: Session) -> None:
-        if gen is not None and s.get(Generation, gen.id).state is GenState.retiring:  # type: ignore[union-attr]
-            mark_proven(s, gen.id, "wake interrupted before it was current")
-        move(s, Wake, w.id, {"state": WakeState.leased, "attempts": 0},
-             f"wake #{w.id} reaping -> leased", fence=BY_STATE, col="state",
-             frm=WakeState.reaping)
-
-    ctx.store.write(step)
-    if gen is not None:
-        ctx.proc.release(ref_of(gen))
-    crashpoint(REAPED)

@@ -35,6 +35,7 @@ from workflows.base.queue import enqueue_wake
 from workflows.base.sanity import impossible_hosts
 from workflows.base.waivers import BY_STATE
 from workflows.builds.book import held, held_line
+from workflows.builds.staged import set_build
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.leases.lease import owe_release, release_owed
@@ -207,7 +208,7 @@ def stage_live(s: Session, host: str, build: Build) -> None:
     if h.kind is not HostKind.worker:
         raise BadInput(f"host {host} is an instance: only workers converge",
                        f"deploy it with `vigil deploy {host} BUILD`")
-    s.execute(update(Host).where(Host.name == host).values(build_id=build.id))
+    set_build(s, host, build.id)
     emit(s, "build_staged", host, build=build.digest[:12], converge_grace=h.converge_grace)
 
 
