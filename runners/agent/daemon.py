@@ -27,12 +27,12 @@ from runners.agent.exits import ExitWatcher, pidfds_supported
 from runners.agent.fencing import FencedProcess, FenceGuard, Timing
 from runners.agent.helpers import Helper, HelperWatch
 from runners.agent.reconciler import Reconciler
-from runners.agent.sd_notify import notify
 from runners.agent.startup import StartStop
 from runners.agent.sweep import BACKSTOP, PRUNE_EVERY, PRUNE_FIRST, Sweeps
 from runners.backend.sockets import settle_state_dir
 from runners.base import wakeup
 from runners.base.doorbell import ring as ring_doorbell
+from runners.base.sd_notify import notify
 from runners.base.storewatch import FileGuard, StoreWatch
 from runners.quick.control import ControlServer, raise_open_file_limit
 from runners.quick.control import version as control_version
@@ -59,7 +59,6 @@ def log_failures(events: list[tuple[str, str | None, int | None, dict[str, objec
                              for k, v in detail.items())
             log.warning("%s host=%s%s %s", kind, host,
                         f" generation=g{gen}" if gen is not None else "", pairs)
-
 
 
 @dataclass

@@ -32,7 +32,6 @@ class StartStop:
     _lock_file: IO[str] | None
     _store_lock: IO[bytes] | None
 
-
     def _take_lock(self) -> None:
         path = self.ctx.state_dir / LOCK
         f = open(path, "a+")
