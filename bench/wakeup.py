@@ -35,7 +35,7 @@ from models.states import StopState  # noqa: E402
 from models.store import Store, sqlite_url  # noqa: E402
 from models.tables import Stop  # noqa: E402
 from runners.base.doorbell import ring  # noqa: E402
-from runners.base.wakeup import notify  # noqa: E402
+from runners.base.wakeup import notify_boxes  # noqa: E402
 from workflows.lifecycle.stop import request_stop  # noqa: E402
 
 HELLO = ROOT / "examples" / "hello" / "hello.py"
@@ -64,7 +64,7 @@ def measure(url: str | None, state: Path, n: int) -> dict[str, list[float]]:
             if mode == "doorbell":
                 ring(state)  # the floor: the local socket, then the same round and drive
             else:
-                notify(store)  # PostgreSQL: NOTIFY; SQLite: nothing (data_version poll)
+                notify_boxes(store)  # PostgreSQL: NOTIFY; SQLite: nothing (data_version poll)
             deadline = time.monotonic() + 30
             while True:
                 row = store.read(lambda s, sid=sid: s.get(Stop, sid))

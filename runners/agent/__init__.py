@@ -1,2 +1,3 @@
-"""The agent daemon: its loop and reconciler, exits as events, fencing across boxes,
-metrics, sd_notify, its own log, scheduled restarts. Imports quick and below."""
+"""The agent daemon: its start and stop, reconciler, clocked sweeps, trust in its store,
+exits as events, fencing across boxes, metrics, its own log, scheduled restarts. Imports
+quick and below."""

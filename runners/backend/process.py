@@ -16,183 +16,25 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import signal
 import subprocess
 import threading
 import time
-import uuid as uuidlib
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
+from runners.backend.cgroups import detect_cgroup_base
 from runners.backend.known import live_known, walk
+from runners.backend.launch import Child, check_exec, command, environment, spawn_with_fds
 from runners.base.pids import CTIME_TOLERANCE, MARKER, matches, pid_status, signal_same
 from runners.keepers.logkeeper import LogPipes
 from workflows.base.ports import ProcRef, Spawned, SpawnError, SpawnSpec
 
 JOIN_TIMEOUT = 2.0  # bound for the shim to join its cgroup
-_SHIM = 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
-# For a generation on shared listeners: join the cgroup (if any), enter its working dir,
-# and set LISTEN_PID to its own pid, which exec keeps: the pid of the process that serves
-# (sd_listen_fds ignores the fds unless LISTEN_PID is its pid; only the shim knows it).
-_LISTEN_SHIM = ('{ [ -z "$1" ] || echo $$ > "$1/cgroup.procs"; } && { [ -z "$2" ] || cd "$2"; } '
-                '&& shift 2 && LISTEN_PID=$$ && export LISTEN_PID && exec "$@"')
-FIRST_FD = 3  # SD_LISTEN_FDS_START
-_BASE_ENV = ("PATH", "HOME", "LANG")
-
-
-def _cgroup2_mount() -> str | None:
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 3 and parts[2] == "cgroup2":
-                    # mount points escape blanks as octal (\040)
-                    return parts[1].encode().decode("unicode_escape")
-    except OSError:
-        return None
-    return None
-
-
-def _private(base: str) -> None:
-    """Not world-readable: its entries are named by the generations' uuids (the marker's
-    value). A box that refuses the mode keeps working (the marker scan checks the uid)."""
-    try:
-        if os.stat(base).st_mode & 0o077:
-            os.chmod(base, 0o700)
-    except OSError:
-        pass
-
-
-def _probe(root: str | None) -> tuple[str | None, str]:
-    """(base dir, reason it is unusable)."""
-    mount = root or _cgroup2_mount()
-    if not mount:
-        return None, "no cgroup2 mount in /proc/self/mounts"
-    base = os.path.join(mount, "vigil")
-    probe = os.path.join(base, f".probe-{os.getpid()}-{uuidlib.uuid4().hex[:8]}")
-    try:
-        os.makedirs(base, exist_ok=True)
-        # Not world-readable: its names are the generations' uuids (the marker's value).
-        _private(base)
-        os.mkdir(probe)
-    except OSError as e:
-        return None, f"cannot create cgroups under {base}: {e.strerror}"
-    try:
-        missing = [
-            n
-            for n in ("cgroup.kill", "cgroup.events")
-            if not os.path.exists(os.path.join(probe, n))
-        ]
-    finally:
-        try:
-            os.rmdir(probe)
-        except OSError:
-            pass
-    if missing:
-        return (
-            None,
-            f"cgroup v2 at {mount} lacks {', '.join(missing)} (kernel too old or not delegated)",
-        )
-    return base, ""
-
-
-def detect_cgroup_base(mode: str = "auto", cgroup_root: str | None = None) -> str | None:
-    """The usable `<cgroup2 mount>/vigil` dir, or None. mode "cgroup" raises when unusable."""
-    if mode not in ("auto", "cgroup", "marker"):
-        raise ValueError(f"containment must be auto, cgroup or marker, not {mode!r}")
-    if mode == "marker":
-        return None
-    base, reason = _probe(cgroup_root)
-    if base is None and mode == "cgroup":
-        raise RuntimeError(
-            f"containment=cgroup unavailable: {reason}; use containment=marker or auto"
-        )
-    return base
-
-
-def _check_exec(argv0: str, env: dict[str, str], cwd: str | None) -> None:
-    """Resolve and vet the build up front so a bad one fails the same way in both modes
-    (behind the shim, exec errors would only show up as sh exit codes)."""
-    if "/" not in argv0:
-        found = shutil.which(argv0, path=env.get("PATH", os.defpath))
-        if not found:
-            raise SpawnError(f"spawn {argv0}: not found on PATH (ENOENT)")
-        return
-    path = argv0 if os.path.isabs(argv0) else os.path.join(cwd or os.getcwd(), argv0)
-    if not os.path.exists(path):
-        raise SpawnError(f"spawn {argv0}: no such file (ENOENT)")
-    if not os.path.isfile(path):
-        raise SpawnError(f"spawn {argv0}: not a regular file (EACCES)")
-    if not os.access(path, os.X_OK):
-        raise SpawnError(f"spawn {argv0}: not executable (EACCES)")
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise SpawnError(f"spawn {argv0}: cannot read ({e.strerror})") from e
-    if not (magic.startswith(b"#!") or magic == b"\x7fELF"):
-        raise SpawnError(f"spawn {argv0}: not an ELF binary or #! script (ENOEXEC)")
-
-
 LOG_MAX_BYTES = 10 << 20  # per file of a generation's output
 LOG_FILES = 3  # files kept per generation (the one written and two rotated)
-class _Spawned:
-    """What Popen gives for a child started by posix_spawn: its pid, poll, wait."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere: its status is unknown
-                self.returncode = -1
-                return self.returncode
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self) -> int:
-        if self.returncode is None:
-            try:
-                _, status = os.waitpid(self.pid, 0)
-                self.returncode = os.waitstatus_to_exitcode(status)
-            except ChildProcessError:
-                self.returncode = -1
-        return self.returncode
-
-
-def _spawn_with_fds(argv: list[str], env: dict[str, str], out: object,
-                    fds: tuple[int, ...]) -> _Spawned:
-    """posix_spawn with `fds` placed at 3, 4, ... in the child (Popen keeps a passed fd at
-    its own number, and the shell cannot move one above 9); stdin /dev/null, stdout and
-    stderr to `out`, a session of its own. Every other fd of this process is close-on-exec
-    (Python's default, and what the fd holder's replies are set to)."""
-    log = out if isinstance(out, int) else out.fileno()  # type: ignore[attr-defined]
-    if log == subprocess.DEVNULL:
-        log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        opened = True
-    else:
-        opened = False
-    try:
-        # Through numbers above every source first: a source may sit where a target goes.
-        high = max((log, FIRST_FD + len(fds), *fds)) + 1
-        actions: list[tuple[object, ...]] = [
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_DUP2, log, 1), (os.POSIX_SPAWN_DUP2, log, 2)]
-        actions += [(os.POSIX_SPAWN_DUP2, fd, high + i) for i, fd in enumerate(fds)]
-        actions += [(os.POSIX_SPAWN_DUP2, high + i, FIRST_FD + i) for i in range(len(fds))]
-        actions += [(os.POSIX_SPAWN_CLOSE, high + i) for i in range(len(fds))]
-        pid = os.posix_spawn(argv[0], argv, env, file_actions=actions, setsid=True)
-    finally:
-        if opened:
-            os.close(log)
-    return _Spawned(pid)
 
 
 class ProcessBackend:
@@ -208,7 +50,7 @@ class ProcessBackend:
         self.base = detect_cgroup_base(containment, cgroup_root)
         self.mode = "cgroup" if self.base else "marker"
         self._mount = os.path.dirname(self.base) if self.base else None
-        self._handles: dict[int, subprocess.Popen[bytes] | _Spawned] = {}
+        self._handles: dict[int, subprocess.Popen[bytes] | Child] = {}
         self.on_release: list[Callable[[str], None]] = []  # generation uuid, after a proof
         self._lock = threading.Lock()
 
@@ -240,23 +82,10 @@ class ProcessBackend:
     def spawn(self, spec: SpawnSpec) -> Spawned:
         if not spec.argv:
             raise SpawnError("spawn: empty argv")
-        env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
-        env.update(spec.env)
-        # Always set: a descendant that escapes the cgroup is still found by the marker scan.
-        env[MARKER] = spec.generation_uuid
-        env["VIGIL_HOST"] = spec.host
-        if spec.socket_path:
-            env["VIGIL_SOCKET"] = spec.socket_path
-        if spec.notify_socket:
-            env["NOTIFY_SOCKET"] = spec.notify_socket
-        if spec.listen_fds:
-            env["LISTEN_FDS"] = str(len(spec.listen_fds))
-            env["LISTEN_FDNAMES"] = ":".join(spec.listen_names)
-        _check_exec(spec.argv[0], env, spec.cwd)
+        env = environment(spec)
+        check_exec(spec.argv[0], env, spec.cwd)
         if spec.cwd and not os.path.isdir(spec.cwd):
             raise SpawnError(f"spawn {spec.argv[0]}: working dir {spec.cwd} does not exist")
-
-        argv = list(spec.argv)
         cg = spec.cgroup  # the caller chose (and recorded) it; honour exactly that
         if cg:
             if not self._mount or os.path.commonpath([self._mount, cg]) != self._mount:
@@ -265,11 +94,18 @@ class ProcessBackend:
                 os.makedirs(cg, exist_ok=True)
             except OSError as e:
                 raise SpawnError(f"spawn: cannot create cgroup {cg}: {e.strerror}", build_fault=False) from e
-            argv = ["/bin/sh", "-c", _SHIM, "vigil-shim", cg, *argv]
-        if spec.listen_fds:
-            argv = ["/bin/sh", "-c", _LISTEN_SHIM, "vigil-shim", cg or "", spec.cwd or "",
-                    *spec.argv]
+        h = self._start(spec, command(spec, cg), env, cg)
+        # Not reaped yet, so the pid (zombie or not) cannot have been reused.
+        ctime = psutil.Process(h.pid).create_time()
+        if cg:
+            self._await_join(h, cg)
+        with self._lock:
+            self._handles[h.pid] = h
+        return Spawned(pid=h.pid, create_time=ctime)
 
+    def _start(self, spec: SpawnSpec, argv: list[str], env: dict[str, str],
+               cg: str | None) -> subprocess.Popen[bytes] | Child:
+        """The process, its output on a pipe to the log keeper; a failure drops its cgroup."""
         try:
             out = self._log_pipe(spec) if spec.log_path else subprocess.DEVNULL
         except OSError as e:
@@ -277,7 +113,7 @@ class ProcessBackend:
             raise SpawnError(f"spawn: cannot open log {spec.log_path}: {e.strerror}", build_fault=False) from e
         try:
             if spec.listen_fds:
-                h: subprocess.Popen[bytes] | _Spawned = _spawn_with_fds(
+                h: subprocess.Popen[bytes] | Child = spawn_with_fds(
                     argv, env, out, spec.listen_fds)
             else:
                 h = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
@@ -294,13 +130,7 @@ class ProcessBackend:
             if out != subprocess.DEVNULL:
                 os.close(out)  # the app holds it now; the writer sees EOF once it and its
                 # descendants have all closed it
-        # Not reaped yet, so the pid (zombie or not) cannot have been reused.
-        ctime = psutil.Process(h.pid).create_time()
-        if cg:
-            self._await_join(h, cg)
-        with self._lock:
-            self._handles[h.pid] = h
-        return Spawned(pid=h.pid, create_time=ctime)
+        return h
 
     def _log_pipe(self, spec: SpawnSpec) -> int:
         """The pipe end the app writes to; the box's log keeper reads the other end."""
@@ -313,7 +143,7 @@ class ProcessBackend:
         return self.logs.open(spec.generation_uuid, spec.log_path, self.log_max_bytes,
                               self.log_files)
 
-    def _await_join(self, h: subprocess.Popen[bytes] | _Spawned, cg: str) -> None:
+    def _await_join(self, h: subprocess.Popen[bytes] | Child, cg: str) -> None:
         """Bounded wait until the shim is in its cgroup. Read /proc/<pid>/cgroup, not
         cgroup.procs: an unreaped zombie still names its cgroup, so a build that joined and
         exited at once is not mistaken for a failed join."""

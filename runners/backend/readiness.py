@@ -19,7 +19,6 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import subprocess
 import threading
 import time
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from models.store import Store, emit
+from runners.base import sd_notify
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -36,7 +36,6 @@ log = logging.getLogger("vigil.readiness")
 
 POLL = 0.1  # seconds between two runs of a probe command
 STATUS_EVERY = 1.0  # at most one app_status event per generation per second
-_UCRED = struct.Struct("iII")  # pid, uid, gid
 MARKER = "VIGIL_GENERATION"
 
 
@@ -81,14 +80,7 @@ class Readiness:
             os.unlink(path)
         except FileNotFoundError:
             pass
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC
-                          | socket.SOCK_NONBLOCK)
-        try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            s.bind(path)
-        except BaseException:
-            s.close()
-            raise
+        s = sd_notify.bind(path, blocking=False)
         with self._lock:
             self._watched[generation_uuid] = _Watched(s, path, host, generation_id)
             self._sel.register(s, selectors.EVENT_READ, generation_uuid)
@@ -144,13 +136,9 @@ class Readiness:
     def _read(self, generation_uuid: str, w: _Watched) -> None:
         while True:
             try:
-                data, anc, _, _ = w.sock.recvmsg(4096, socket.CMSG_SPACE(_UCRED.size))
+                data, pid = sd_notify.receive(w.sock)
             except (BlockingIOError, OSError):
                 return
-            pid = None
-            for level, kind, payload in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                    pid = _UCRED.unpack(payload[:_UCRED.size])[0]
             lines = data.decode(errors="replace").splitlines()
             if pid is not None and sender_is(generation_uuid, pid) is False:
                 log.warning("notify ignored host=%s generation=%d pid=%d (not a process of it)",

@@ -1,2 +1,3 @@
 """What every runner shares: the state dir's lock and doorbell, pid identity, the store
-as the box sees it, wake-ups across boxes. Imports models and workflows only."""
+as the box sees it, wake-ups across boxes, sd_notify's both ends. Imports models and
+workflows only."""

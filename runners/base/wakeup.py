@@ -1,6 +1,6 @@
 """Wake-up across boxes: a round starts as soon as any box writes an intent.
 
-- PostgreSQL: the CLI sends `NOTIFY vigil` right after its intent commits (notify());
+- PostgreSQL: the CLI sends `NOTIFY vigil` right after its intent commits (notify_boxes());
   every agent LISTENs on a dedicated connection and kicks a round per notification.
 - SQLite (one box): the CLI rings the doorbell socket; the agent also polls
   `PRAGMA data_version` on a connection of its own every second, which changes whenever
@@ -24,8 +24,9 @@ POLL = 1.0  # the CLI rings the doorbell; this only catches writers that do not
 log = logging.getLogger("vigil.wakeup")
 
 
-def notify(store: Store) -> None:
-    """Tell every agent on the store that an intent was written (PostgreSQL only)."""
+def notify_boxes(store: Store) -> None:
+    """A new intent: every box's agent on the store starts a round (PostgreSQL only; on
+    SQLite the doorbell rings the one agent)."""
     if store.dialect == "postgresql":
         store.write(lambda s: s.execute(text(f"NOTIFY {CHANNEL}")))
 

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from models.errors import BadInput, VigilError
-from runners.cli.common import SECONDS, Env, echo_json, socket_options
+from runners.cli.common import SECONDS, Env, echo_json, options, socket_options
 from runners.cli.retention import keep_of, keep_options
 from workflows.base.paths import AGENT_LOG
 
@@ -75,11 +75,7 @@ RUN_OPTIONS = [
 
 
 
-def run_options(f: Any) -> Any:
-    """The options of a run of the agent, as decorators."""
-    for option in reversed(RUN_OPTIONS):
-        f = option(f)
-    return f
+run_options = options(*RUN_OPTIONS)  # the options of a run of the agent
 
 
 @click.group(invoke_without_command=True)
@@ -131,7 +127,7 @@ def run(env: Env, safety_interval: float, log_level: str, box: str | None,
     ctx = make_context(env.state_dir, store, agent_id(env.state_dir, box), lease_ttl=lease_ttl,
                        sockets=SocketAccess(env.state_dir, group, mode),
                        log_max_bytes=log_max_bytes, log_files=log_files)
-    sys.exit(AgentDaemon(ctx, safety_interval=safety_interval, monitor_interval=sweep_interval,
+    sys.exit(AgentDaemon(ctx, scan_interval=safety_interval, sweep_interval=sweep_interval,
                          converge_budget=converge_budget, metrics_listen=metrics_listen,
                          db=env.db, keep=keep_of(keep_history, keep_last)).run())
 
@@ -145,10 +141,10 @@ def run(env: Env, safety_interval: float, log_level: str, box: str | None,
 def agent_start(env: Env, ready_timeout: float, options: tuple[str, ...]) -> None:
     """Start the agent detached (it takes the options of `vigil agent`), its log in
     <state>/agent.log; return once it is ready (recovery done), or say why it is not."""
-    import socket
     import subprocess
     import uuid
 
+    from runners.base import sd_notify
     from runners.base.doorbell import running_agent_pid
 
     running = running_agent_pid(env.state_dir)
@@ -157,13 +153,11 @@ def agent_start(env: Env, ready_timeout: float, options: tuple[str, ...]) -> Non
         return
     env.store()  # no state dir, no store, a store not at head: one line, nothing started
     log_path = env.state_dir / AGENT_LOG
-    # The agent says READY=1 once recovered, as it does to systemd (runners/agent/sd_notify.py).
+    # The agent says READY=1 once recovered, as it does to systemd (runners/base/sd_notify.py).
     name = f"vigil-start-{uuid.uuid4().hex}"
-    bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-    # The name is world-readable in /proc/net/unix: anyone may send to it, so each datagram
-    # comes with its sender's pid (the kernel's word) and only the child's READY=1 counts.
-    bell.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-    bell.bind("\0" + name)
+    # The name is world-readable in /proc/net/unix: anyone may send to it, so only the
+    # child's READY=1 counts (each datagram comes with its sender's pid).
+    bell = sd_notify.bind("\0" + name)
     child_env = {**os.environ, "VIGIL_HOME": str(env.state_dir), "NOTIFY_SOCKET": "@" + name}
     child_env.pop("VIGIL_DB", None)
     if env.db:
@@ -196,14 +190,10 @@ def agent_start(env: Env, ready_timeout: float, options: tuple[str, ...]) -> Non
 
 def _ready_from(bell: Any, pid: int) -> bool:
     """One datagram off `bell`: True when it says READY=1 and process `pid` sent it."""
-    import socket
-    import struct
+    from runners.base import sd_notify
 
-    creds = struct.Struct("3i")  # struct ucred: pid, uid, gid
-    data, ancillary, _, _ = bell.recvmsg(4096, socket.CMSG_SPACE(creds.size))
-    senders = [creds.unpack(cdata[:creds.size])[0] for level, kind, cdata in ancillary
-               if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS]
-    return b"READY=1" in data and senders == [pid]
+    data, sender = sd_notify.receive(bell)
+    return b"READY=1" in data and sender == pid
 
 
 def _why(log_path: os.PathLike[str], offset: int) -> str:

@@ -3,10 +3,12 @@ store and the box. Changes nothing."""
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from sqlalchemy import func, or_, select
@@ -45,6 +47,9 @@ from runners.base.pids import CTIME_TOLERANCE, MARKER, pid_status
 from runners.quick.ops import agent_acting
 from workflows.generations.ending import ref_of
 from workflows.leases.lease import still_needed
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 
 @dataclass(frozen=True)
@@ -95,125 +100,208 @@ def _agent_uid(state_dir: Path) -> int:
         return os.getuid()
 
 
-def run_checks(store: Store, state_dir: Path) -> list[Violation]:
+@dataclass
+class Seen:
+    """What the checks look at: the store read once (in one transaction), and the box."""
+
+    store: Store
+    state_dir: Path
+    halted: str | None  # the agent runs but no longer acts on this store (its line)
+    proc: ProcessBackend
+    files: LocalFiles
+    view_count: int  # rows of the pending_obligations view
+    hosts: list[Host]
+    gens: list[Generation]  # live generations
+    leases: dict[str, Lease]
+    open_rows: int  # open obligations
+    needed: dict[str, str | None]  # per host: why it still needs its lease
+    owed: set[str]  # hosts owed a release
+    members: set[int]  # generation ids in an operation set
+    tracked: set[int]  # generation ids an open wake, stop or attempt names
+    known: dict[str, Generation]  # every generation by uuid
+    builds: list[Build]
+    pinned: set[int]  # builds a pending restart names
+    loose: list[tuple[int, str, TargetState, RolloutState]]
+
+    @functools.cached_property
+    def currents(self) -> dict[str, list[Generation]]:
+        out: dict[str, list[Generation]] = {}
+        for g in self.gens:
+            if g.state is GenState.current:
+                out.setdefault(g.host, []).append(g)
+        return out
+
+    @functools.cached_property
+    def marked(self) -> dict[int, str]:
+        """Read when first asked: live processes carrying a generation's marker."""
+        return marked_processes(set(self.known), _agent_uid(self.state_dir))
+
+    def untracked(self, g: Generation) -> bool:
+        return g.state is not GenState.current and g.id not in self.members and g.id not in self.tracked
+
+
+def look(store: Store, state_dir: Path) -> Seen:
     from runners.base.doorbell import halted_line
 
-    bad: list[Violation] = []
     halted = halted_line(state_dir)
-    if halted is not None:  # the agent runs but no longer acts on this store
-        bad.append(Violation("agent_halted", f"the agent has stopped acting: {halted}"))
     proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"))
     files = LocalFiles()
-
     with store.reading() as conn:
         view_count = conn.exec_driver_sql("SELECT count(*) FROM pending_obligations").scalar_one()
+    return Seen(store, state_dir, halted, proc, files, view_count, *store.read(_read))
 
-    def read(s):  # type: ignore[no-untyped-def]
-        hosts = s.execute(select(Host)).scalars().all()
-        gens = s.execute(select(Generation).where(Generation.state.in_(LIVE_GEN))).scalars().all()
-        leases = {lease.host: lease for lease in s.execute(select(Lease)).scalars()}
-        open_rows = sum(s.execute(select(func.count()).select_from(m).where(*w)).scalar_one() for m, w in (
-            (Wake, [Wake.state.in_(OPEN_WAKE)]), (Stop, [Stop.state.in_(OPEN_STOP)]), (Release, []),
-            (Restore, []), (Attempt, [Attempt.outcome.is_(None)]), (Member, []),
-            (Rollout, [Rollout.state.in_(OPEN_ROLLOUT)])))
-        needed = {h.name: still_needed(s, h.name) for h in hosts}
-        owed = {r.host for r in s.execute(select(Release)).scalars()}
-        members = {m.generation_id for m in s.execute(select(Member)).scalars()}
-        wake_gens = {w.generation_id for w in s.execute(select(Wake).where(Wake.state.in_(OPEN_WAKE))).scalars()}
-        stop_gens = {st.generation_id for st in s.execute(select(Stop).where(Stop.state.in_(OPEN_STOP))).scalars()}
-        att_gens = set()
-        for a in s.execute(select(Attempt).where(Attempt.outcome.is_(None))).scalars():
-            att_gens |= {a.successor_id, a.retiring_id}
-        known = {g.uuid: g for g in s.execute(select(Generation)).scalars()}
-        builds = s.execute(select(Build)).scalars().all()
-        pinned = set(s.execute(select(Wake.build_id).where(  # a worker's pending restart
-            Wake.state.in_(OPEN_WAKE), Wake.build_id.is_not(None))).scalars())
-        # Targets of an ended rollout still in flight, or of an open one naming no attempt.
-        loose = s.execute(select(RolloutTarget.rollout_id, RolloutTarget.host, RolloutTarget.state,
-                                 Rollout.state).join(Rollout, Rollout.id == RolloutTarget.rollout_id)
-                          .where(or_(
-                              (Rollout.state == RolloutState.ended)
-                              & RolloutTarget.state.in_((*IN_FLIGHT, TargetState.pending)),
-                              (RolloutTarget.state == TargetState.deploying)
-                              & RolloutTarget.attempt_id.is_(None),
-                              (RolloutTarget.state == TargetState.reverting)
-                              & RolloutTarget.revert_attempt_id.is_(None)))).all()
-        return (hosts, gens, leases, open_rows, needed, owed, members, wake_gens | stop_gens | att_gens,
-                known, builds, pinned, loose)
 
-    hosts, gens, leases, open_rows, needed, owed, members, tracked, known, builds, pinned, loose = \
-        store.read(read)
-    for rid, host, target, rollout in loose:
-        bad.append(Violation("rollout_target", f"target {host} of rollout #{rid} is "
-                             f"{target.value} while the rollout is {rollout.value}"))
+def _read(s: Session) -> tuple[Any, ...]:
+    hosts = s.execute(select(Host)).scalars().all()
+    gens = s.execute(select(Generation).where(Generation.state.in_(LIVE_GEN))).scalars().all()
+    leases = {lease.host: lease for lease in s.execute(select(Lease)).scalars()}
+    open_rows = sum(s.execute(select(func.count()).select_from(m).where(*w)).scalar_one() for m, w in (
+        (Wake, [Wake.state.in_(OPEN_WAKE)]), (Stop, [Stop.state.in_(OPEN_STOP)]), (Release, []),
+        (Restore, []), (Attempt, [Attempt.outcome.is_(None)]), (Member, []),
+        (Rollout, [Rollout.state.in_(OPEN_ROLLOUT)])))
+    needed = {h.name: still_needed(s, h.name) for h in hosts}
+    owed = {r.host for r in s.execute(select(Release)).scalars()}
+    members = {m.generation_id for m in s.execute(select(Member)).scalars()}
+    wake_gens = {w.generation_id for w in s.execute(select(Wake).where(Wake.state.in_(OPEN_WAKE))).scalars()}
+    stop_gens = {st.generation_id for st in s.execute(select(Stop).where(Stop.state.in_(OPEN_STOP))).scalars()}
+    att_gens = set()
+    for a in s.execute(select(Attempt).where(Attempt.outcome.is_(None))).scalars():
+        att_gens |= {a.successor_id, a.retiring_id}
+    known = {g.uuid: g for g in s.execute(select(Generation)).scalars()}
+    builds = s.execute(select(Build)).scalars().all()
+    pinned = set(s.execute(select(Wake.build_id).where(  # a worker's pending restart
+        Wake.state.in_(OPEN_WAKE), Wake.build_id.is_not(None))).scalars())
+    # Targets of an ended rollout still in flight, or of an open one naming no attempt.
+    loose = s.execute(select(RolloutTarget.rollout_id, RolloutTarget.host, RolloutTarget.state,
+                             Rollout.state).join(Rollout, Rollout.id == RolloutTarget.rollout_id)
+                      .where(or_(
+                          (Rollout.state == RolloutState.ended)
+                          & RolloutTarget.state.in_((*IN_FLIGHT, TargetState.pending)),
+                          (RolloutTarget.state == TargetState.deploying)
+                          & RolloutTarget.attempt_id.is_(None),
+                          (RolloutTarget.state == TargetState.reverting)
+                          & RolloutTarget.revert_attempt_id.is_(None)))).all()
+    return (hosts, gens, leases, open_rows, needed, owed, members, wake_gens | stop_gens | att_gens,
+            known, builds, pinned, loose)
 
-    currents: dict[str, list[Generation]] = {}
-    for g in gens:
-        if g.state is GenState.current:
-            currents.setdefault(g.host, []).append(g)
-    for host, cur in currents.items():
+
+# -- the checks, in the order `vigil check` reports them ----------------------------------------
+
+def agent_halted(seen: Seen) -> Iterator[Violation]:
+    if seen.halted is not None:
+        yield Violation("agent_halted", f"the agent has stopped acting: {seen.halted}")
+
+
+def rollout_targets(seen: Seen) -> Iterator[Violation]:
+    for rid, host, target, rollout in seen.loose:
+        yield Violation("rollout_target", f"target {host} of rollout #{rid} is "
+                        f"{target.value} while the rollout is {rollout.value}")
+
+
+def one_current(seen: Seen) -> Iterator[Violation]:
+    for host, cur in seen.currents.items():
         if len(cur) > 1:
-            bad.append(Violation("one_current", f"host {host} has {len(cur)} current generations: "
-                                 + ", ".join(f"g{g.id}" for g in cur)))
-    for h in hosts:
-        for g in currents.get(h.name, [])[:1]:
-            if not proc.leader_alive(ref_of(g)):
-                bad.append(Violation("current_alive", f"host {h.name}: current generation g{g.id} "
-                                     f"(pid {g.pid}) is not running"))
+            yield Violation("one_current", f"host {host} has {len(cur)} current generations: "
+                            + ", ".join(f"g{g.id}" for g in cur))
+
+
+def current_generations(seen: Seen) -> Iterator[Violation]:
+    """Each host's current generation runs, is healthy and is what its link points at."""
+    for h in seen.hosts:
+        for g in seen.currents.get(h.name, [])[:1]:
+            if not seen.proc.leader_alive(ref_of(g)):
+                yield Violation("current_alive", f"host {h.name}: current generation g{g.id} "
+                                f"(pid {g.pid}) is not running")
             if g.unhealthy_since is not None:
-                bad.append(Violation("healthy", f"host {h.name}: current generation g{g.id} has "
-                                     f"failed {g.health_failures} probes in a row (unhealthy "
-                                     "since " + g.unhealthy_since.isoformat() + "Z)"))
-            if g.socket and files.read_link(str(state_dir / "run" / f"{h.name}.sock")) != g.socket:
-                bad.append(Violation("canonical_link", f"host {h.name}: run/{h.name}.sock does not "
-                                     f"point at g{g.id}'s socket {g.socket}"))
-    for g in gens:
-        if g.state is not GenState.current and g.id not in members and g.id not in tracked:
-            bad.append(Violation("untracked_generation", f"generation g{g.id} of {g.host} is "
-                                 f"{g.state.value} but no open obligation tracks it"))
-    marked = marked_processes(set(known), _agent_uid(state_dir))
-    for pid, uuid in marked.items():
-        g = known[uuid]
+                yield Violation("healthy", f"host {h.name}: current generation g{g.id} has "
+                                f"failed {g.health_failures} probes in a row (unhealthy "
+                                "since " + g.unhealthy_since.isoformat() + "Z)")
+            link = str(seen.state_dir / "run" / f"{h.name}.sock")
+            if g.socket and seen.files.read_link(link) != g.socket:
+                yield Violation("canonical_link", f"host {h.name}: run/{h.name}.sock does not "
+                                f"point at g{g.id}'s socket {g.socket}")
+
+
+def untracked_generations(seen: Seen) -> Iterator[Violation]:
+    for g in seen.gens:
+        if seen.untracked(g):
+            yield Violation("untracked_generation", f"generation g{g.id} of {g.host} is "
+                            f"{g.state.value} but no open obligation tracks it")
+
+
+def stray_processes(seen: Seen) -> Iterator[Violation]:
+    for pid, uuid in seen.marked.items():
+        g = seen.known[uuid]
         if g.state is GenState.proven:
-            bad.append(Violation("stray_process", f"pid {pid} belongs to g{g.id} of {g.host}, "
-                                 "which the store says is proven gone"))
-        elif g.state is not GenState.current and g.id not in members and g.id not in tracked:
-            bad.append(Violation("stray_process", f"pid {pid} belongs to g{g.id} of {g.host} "
-                                 f"({g.state.value}), neither current nor an open obligation"))
-    for pid, g in escaped_processes(store):
-        if pid in marked:
-            continue  # reported above
+            yield Violation("stray_process", f"pid {pid} belongs to g{g.id} of {g.host}, "
+                            "which the store says is proven gone")
+        elif seen.untracked(g):
+            yield Violation("stray_process", f"pid {pid} belongs to g{g.id} of {g.host} "
+                            f"({g.state.value}), neither current nor an open obligation")
+
+
+def escaped_descendants(seen: Seen) -> Iterator[Violation]:
+    for pid, g in escaped_processes(seen.store):
+        if pid in seen.marked:
+            continue  # reported by stray_processes
         if g.state is GenState.proven:
-            bad.append(Violation("escaped_process", f"pid {pid}, a descendant of g{g.id} of "
-                                 f"{g.host}, is alive, yet the store says g{g.id} is proven "
-                                 "gone (it left the generation's containment)"))
-        elif g.state is not GenState.current and g.id not in members and g.id not in tracked:
-            bad.append(Violation("escaped_process", f"pid {pid}, a descendant of g{g.id} of "
-                                 f"{g.host} ({g.state.value}), is alive, and no open "
-                                 "obligation tracks its generation"))
-    if open_rows and not agent_acting(store, state_dir):
-        bad.append(Violation("agent_alive", f"{open_rows} obligation(s) are open and no agent "
-                             f"runs on {state_dir} to act on them; start one with "
-                             "`vigil agent start`"))
-    if view_count != open_rows:
-        bad.append(Violation("obligations_visible", f"pending_obligations lists {view_count} rows but "
-                             f"{open_rows} obligations are open"))
-    for h in hosts:
-        has_lease = h.name in leases
-        needs = needed[h.name] is not None or h.name in owed
+            yield Violation("escaped_process", f"pid {pid}, a descendant of g{g.id} of "
+                            f"{g.host}, is alive, yet the store says g{g.id} is proven "
+                            "gone (it left the generation's containment)")
+        elif seen.untracked(g):
+            yield Violation("escaped_process", f"pid {pid}, a descendant of g{g.id} of "
+                            f"{g.host} ({g.state.value}), is alive, and no open "
+                            "obligation tracks its generation")
+
+
+def agent_alive(seen: Seen) -> Iterator[Violation]:
+    if seen.open_rows and not agent_acting(seen.store, seen.state_dir):
+        yield Violation("agent_alive", f"{seen.open_rows} obligation(s) are open and no agent "
+                        f"runs on {seen.state_dir} to act on them; start one with "
+                        "`vigil agent start`")
+
+
+def obligations_visible(seen: Seen) -> Iterator[Violation]:
+    if seen.view_count != seen.open_rows:
+        yield Violation("obligations_visible", f"pending_obligations lists {seen.view_count} "
+                        f"rows but {seen.open_rows} obligations are open")
+
+
+def leases(seen: Seen) -> Iterator[Violation]:
+    """A lease exactly where something needs one."""
+    for h in seen.hosts:
+        has_lease = h.name in seen.leases
+        needs = seen.needed[h.name] is not None or h.name in seen.owed
         if has_lease and not needs:
-            bad.append(Violation("lease_without_cause", f"host {h.name} holds lease fence "
-                                 f"{leases[h.name].fence} with no live generation or open obligation"))
-        if not has_lease and needed[h.name] is not None:
-            bad.append(Violation("cause_without_lease", f"host {h.name}: {needed[h.name]} but it "
-                                 "holds no lease"))
-    bad += listener_violations(store, state_dir)
-    referenced = {h.build_id for h in hosts} | {g.build_id for g in gens} | pinned
-    for b in builds:
+            yield Violation("lease_without_cause", f"host {h.name} holds lease fence "
+                            f"{seen.leases[h.name].fence} with no live generation or open "
+                            "obligation")
+        if not has_lease and seen.needed[h.name] is not None:
+            yield Violation("cause_without_lease", f"host {h.name}: {seen.needed[h.name]} but "
+                            "it holds no lease")
+
+
+def held_listeners(seen: Seen) -> Iterator[Violation]:
+    yield from listener_violations(seen.store, seen.state_dir)
+
+
+def referenced_builds(seen: Seen) -> Iterator[Violation]:
+    referenced = {h.build_id for h in seen.hosts} | {g.build_id for g in seen.gens} | seen.pinned
+    for b in seen.builds:
         if b.id in referenced and (b.deleted_at is not None or not os.path.exists(b.path)):
-            bad.append(Violation("referenced_build", f"build {b.digest[:12]} ({b.path}) is referenced "
-                                 "but its staged file is gone"))
-    return bad
+            yield Violation("referenced_build", f"build {b.digest[:12]} ({b.path}) is "
+                            "referenced but its staged file is gone")
+
+
+CHECKS: tuple[Callable[[Seen], Iterable[Violation]], ...] = (
+    agent_halted, rollout_targets, one_current, current_generations, untracked_generations,
+    stray_processes, escaped_descendants, agent_alive, obligations_visible, leases,
+    held_listeners, referenced_builds)
+
+
+def run_checks(store: Store, state_dir: Path) -> list[Violation]:
+    seen = look(store, state_dir)
+    return [v for check in CHECKS for v in check(seen)]
 
 
 def listener_violations(store: Store, state_dir: Path) -> list[Violation]:

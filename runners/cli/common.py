@@ -32,6 +32,16 @@ class Seconds(click.ParamType):
 
 SECONDS = Seconds()
 
+
+def options(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Several click options as one decorator; `--help` lists them in the order given."""
+    def apply(f: Any) -> Any:
+        for option in reversed(decorators):
+            f = option(f)
+        return f
+
+    return apply
+
 opened: list[Any] = []  # stores and agent connections, closed when the command ends (main
 # may run in-process)
 
@@ -128,10 +138,6 @@ class Quick:
                 # store instead; an intent waits longer (a deploy stages its build first).
                 return c.call(op, client.REPLY_TIMEOUT if op in client.INTENTS
                               else client.READ_TIMEOUT, **args)
-            except client.Refused as exc:
-                err = VigilError(exc.cause, exc.fix)
-                err.exit_code = exc.exit_code
-                raise err from None
             except client.OtherStore:
                 self.drop()
             except client.Lost as exc:
@@ -153,7 +159,7 @@ class Quick:
         try:
             c.call("hello", client.CONNECT_TIMEOUT)
             return True
-        except (client.Lost, client.OtherStore, client.Refused):
+        except (client.Lost, client.OtherStore, VigilError):
             self.drop()
             return False
 
@@ -194,10 +200,10 @@ class Quick:
 def ring(env: Env) -> None:
     """A new intent is in the store: ring this box's agent, and every box's on PostgreSQL."""
     from runners.base.doorbell import ring as ring_doorbell
-    from runners.base.wakeup import notify
+    from runners.base.wakeup import notify_boxes
 
     ring_doorbell(env.state_dir)
-    notify(env.store())
+    notify_boxes(env.store())
 
 
 def echo_json(data: Any) -> None:

@@ -11,7 +11,27 @@ import click
 
 from models.errors import BadInput
 from models.states import HostKind
-from runners.cli.common import SECONDS, Env, echo_json, show, socket_options, table
+from runners.cli.common import SECONDS, Env, echo_json, options, show, socket_options, table
+
+# How an instance's health is probed, and how a host is restarted (workers recycled).
+health_options = options(
+    click.option("--health-interval", type=SECONDS, default=None,
+                 help="Instance: probe GET / on its socket every S seconds while it serves."),
+    click.option("--unhealthy-after", type=int, default=None,
+                 help="Failed probes in a row that make it unhealthy (3)."),
+    click.option("--unhealthy-restart", is_flag=True,
+                 help="Restart an unhealthy generation (stop, drain, proof, wake)."),
+)
+policy_options = options(
+    click.option("--one-shot", is_flag=True, help="Worker: run once; exit 0 is success, no respawn."),
+    click.option("--max-run", type=SECONDS, default=None, help="Worker: recycle after S seconds up."),
+    click.option("--restart-floor", type=SECONDS, default=None, help="Backoff after a second quick exit (1; a worker's first)."),
+    click.option("--restart-cap", type=SECONDS, default=None, help="Longest restart delay (30)."),
+    click.option("--restart-reset", type=SECONDS, default=None,
+                 help="Up this long, the backoff starts again (60)."),
+    click.option("--converge-grace", type=SECONDS, default=None,
+                 help="Worker: how long its live build may differ before it converges (60)."),
+)
 
 
 @click.group()
@@ -39,20 +59,8 @@ def host() -> None:
                    "... (LISTEN_FDS; repeatable).")
 @click.option("--ready", default=None, metavar="notify|http|exec:CMD",
               help="How a generation says it is ready (default: http; notify with --listen).")
-@click.option("--health-interval", type=SECONDS, default=None,
-              help="Instance: probe GET / on its socket every S seconds while it serves.")
-@click.option("--unhealthy-after", type=int, default=None,
-              help="Failed probes in a row that make it unhealthy (3).")
-@click.option("--unhealthy-restart", is_flag=True,
-              help="Restart an unhealthy generation (stop, drain, proof, wake).")
-@click.option("--one-shot", is_flag=True, help="Worker: run once; exit 0 is success, no respawn.")
-@click.option("--max-run", type=SECONDS, default=None, help="Worker: recycle after S seconds up.")
-@click.option("--restart-floor", type=SECONDS, default=None, help="Backoff after a second quick exit (1; a worker's first).")
-@click.option("--restart-cap", type=SECONDS, default=None, help="Longest restart delay (30).")
-@click.option("--restart-reset", type=SECONDS, default=None,
-              help="Up this long, the backoff starts again (60).")
-@click.option("--converge-grace", type=SECONDS, default=None,
-              help="Worker: how long its live build may differ before it converges (60).")
+@health_options
+@policy_options
 @click.pass_obj
 def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
              envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
@@ -62,34 +70,15 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
     from runners.backend.files import stage_build
     from runners.cli.listeners import checked_listeners
-    from workflows.config.hosts import (
-        add_host,
-        check_args,
-        check_env,
-        check_name,
-        check_socket_room,
-    )
+    from workflows.config.hosts import add_host, check_name
     from workflows.leases.placement import encode
     from workflows.lifecycle.probe import check_probe
-    from workflows.lifecycle.workers import check_policy
 
     check_name(name)
     listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready)
     placed = encode(boxes)
     group, mode = socket_options(socket_group, socket_mode)
-    pairs: dict[str, str] = {}
-    for item in envs:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BadInput(f"--env {item!r} is not K=V", "write it as --env NAME=value")
-        pairs[key] = value
-    if cwd is not None and not os.path.isdir(cwd):
-        raise BadInput(f"--cwd {cwd} is not a directory", "pass an existing directory")
-    if HostKind(kind) is HostKind.instance:
-        check_socket_room(env.state_dir, name)
-    check_args(list(args), label="--arg ")
-    check_env(pairs, label="--env ")
-    check_policy(HostKind(kind), policy)  # before anything is staged
+    pairs = _checked_run(env, name, HostKind(kind), args, envs, cwd, policy)
     probe = check_probe(HostKind(kind), health_interval, unhealthy_after, unhealthy_restart)
     store = env.store()
     path, digest = stage_build(build_path, env.state_dir)
@@ -100,6 +89,29 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
         policy=policy, listeners=listeners, ready=ready, probe=probe))
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
+
+
+def _checked_run(env: Env, name: str, kind: HostKind, args: tuple[str, ...],
+                 envs: tuple[str, ...], cwd: str | None, policy: dict[str, Any]) -> dict[str, str]:
+    """How the host's process runs, checked before anything is staged: its environment
+    (K=V pairs, returned), working dir, socket path, arguments and restart policy."""
+    from workflows.config.hosts import check_args, check_env, check_socket_room
+    from workflows.lifecycle.workers import check_policy
+
+    pairs: dict[str, str] = {}
+    for item in envs:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--env {item!r} is not K=V", "write it as --env NAME=value")
+        pairs[key] = value
+    if cwd is not None and not os.path.isdir(cwd):
+        raise BadInput(f"--cwd {cwd} is not a directory", "pass an existing directory")
+    if kind is HostKind.instance:
+        check_socket_room(env.state_dir, name)
+    check_args(list(args), label="--arg ")
+    check_env(pairs, label="--env ")
+    check_policy(kind, policy)
+    return pairs
 
 
 @host.command("list")

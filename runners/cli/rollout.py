@@ -2,36 +2,25 @@
 
 Every command writes its intent to the store (or reads it) and rings the agents; the
 agents advance the rollout (workflows/rollouts/driver.py). Attached to the `cli` group in
-runners/cli.py; the group's object is the command's environment (`store()`, `state_dir`).
+runners/cli/__init__.py; the group's object is the command's environment (`store()`, `state_dir`).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from models.durations import parse_seconds
 from models.errors import LostRace, VigilError
 from models.states import Mode
-from runners.base.doorbell import ring, running_agent_pid
+from runners.base.doorbell import running_agent_pid
+from runners.cli.common import SECONDS, poll, ring
 
 DEFAULT_WAVES = "1,25%,100%"  # as workflows/rollouts/waves.py (a test keeps them equal)
-
-
-def _seconds(_ctx: click.Context, param: click.Parameter, value: Any) -> float | None:
-    """A duration option, bounded as every duration is (models/durations.py)."""
-    return None if value is None else parse_seconds(str(value), param.opts[0])
-
-
-def _ring(env: Any) -> None:
-    from runners.base.wakeup import notify
-
-    ring(env.state_dir)
-    notify(env.store())
 
 
 def _write(env: Any, fn: Any) -> Any:
@@ -59,14 +48,14 @@ def rollout() -> None:
 @click.option("--mode", type=click.Choice([m.value for m in Mode]), default="overlap",
               show_default=True)
 @click.option("--canary", is_flag=True, help="Each successor must stay up for the settle window.")
-@click.option("--pause", default=None, callback=_seconds, metavar="SECONDS",
+@click.option("--pause", default=None, type=SECONDS, metavar="SECONDS",
               help="Wait this long after a wave settles before the next one starts.")
 @click.option("--max-failures", type=click.IntRange(min=0), default=0, show_default=True,
               help="Failed hosts tolerated before the rollout halts.")
 @click.option("--auto-revert", is_flag=True,
               help="On a halt, deploy every moved host back to the build it ran before.")
 @click.option("--wait", is_flag=True, help="Show the waves as they go; exit 0 when it is done.")
-@click.option("--timeout", default="3600", callback=_seconds, metavar="SECONDS",
+@click.option("--timeout", default="3600", type=SECONDS, metavar="SECONDS",
               show_default=True)
 @click.pass_obj
 def start(env: Any, build_path: str, names: tuple[str, ...], glob: str | None, waves: str,
@@ -90,7 +79,7 @@ def start(env: Any, build_path: str, names: tuple[str, ...], glob: str | None, w
                                pause=pause, max_failures=max_failures, auto_revert=auto_revert)
 
     started = store.write(intent)
-    _ring(env)
+    ring(env)
     sizes = ", ".join(str(len(w)) for w in started.waves)
     click.echo(f"rollout #{started.id} of build {digest[:12]}: "
                f"{sum(len(w) for w in started.waves)} host(s) in {len(started.waves)} wave(s) "
@@ -103,40 +92,50 @@ def start(env: Any, build_path: str, names: tuple[str, ...], glob: str | None, w
         _wait(env, started.id, timeout)
 
 
+@dataclass
+class _Shown:
+    """What a --wait has shown so far."""
+
+    admitted: int = 0  # waves
+    settled: int = 0
+    state: str = "running"
+    warned: bool = False  # that no agent runs
+
+
 def _wait(env: Any, rollout_id: int, timeout: float) -> None:
     from workflows.rollouts.status import rollout_status
 
     store = env.store()
-    began = time.monotonic()
-    admitted = settled = 0
-    state = "running"
-    warned = False
-    while True:
-        st = store.read(lambda s: rollout_status(s, rollout_id))
-        at = f"{time.monotonic() - began:7.2f}s"
+    seen = _Shown()
+
+    def tick(st: dict[str, Any], elapsed: float) -> None:
+        at = f"{elapsed:7.2f}s"
         for k in range(1, st["wave"] + 1):  # in wave order, whatever happened between polls
             wave = [t for t in st["targets"] if t["wave"] == k]
-            if k > admitted:
+            if k > seen.admitted:
                 click.echo(f"{at}  wave {k} admitted: {' '.join(t['host'] for t in wave)}")
-            if settled < k <= st["settled"]:
+            if seen.settled < k <= st["settled"]:
                 counts = ", ".join(f"{sum(1 for t in wave if t['state'] == x)} {x}" for x in
                                    sorted({t["state"] for t in wave}))
                 click.echo(f"{at}  wave {k} settled: {counts or 'nothing to deploy'}")
-        admitted, settled = st["wave"], st["settled"]
-        if st["state"] != state and st["state"] != "ended":
+        seen.admitted, seen.settled = st["wave"], st["settled"]
+        if st["state"] != seen.state and st["state"] != "ended":
             click.echo(f"{at}  {st['state']}" + (f": {st['reason']}" if st["reason"] else ""))
-        state = st["state"]
-        if st["state"] == "ended":
-            break
-        if not warned and time.monotonic() - began > 3 and running_agent_pid(env.state_dir) is None:
+        seen.state = st["state"]
+        if (st["state"] != "ended" and not seen.warned and elapsed > 3
+                and running_agent_pid(env.state_dir) is None):
             click.echo(f"vigil: no agent is running on {env.state_dir}; the rollout waits for "
                        "`vigil agent`", err=True)
-            warned = True
-        if time.monotonic() - began > timeout:
-            raise VigilError(f"timed out after {timeout:.0f}s: rollout #{rollout_id} is "
-                             f"{st['state']} at wave {st['wave']} of {st['wave_count']}",
-                             f"watch `vigil rollout status {rollout_id}`; the agents keep working on it")
-        time.sleep(0.1)
+            seen.warned = True
+
+    def late(st: dict[str, Any]) -> VigilError:
+        return VigilError(f"timed out after {timeout:.0f}s: rollout #{rollout_id} is "
+                          f"{st['state']} at wave {st['wave']} of {st['wave_count']}",
+                          f"watch `vigil rollout status {rollout_id}`; the agents keep working on it")
+
+    st = poll(lambda: store.read(lambda s: rollout_status(s, rollout_id)),
+              lambda st, _elapsed: st["state"] == "ended", timeout=timeout, late=late,
+              tick=tick, interval=0.1)
     line = f"rollout #{rollout_id} {st['outcome']}: {st['reason']}"
     if st["outcome"] != "done":
         raise VigilError(line, f"see `vigil rollout status {rollout_id}`")
@@ -187,7 +186,7 @@ def _intent(name: str, fn_name: str, doc: str) -> None:
 
         fn = getattr(intents, fn_name)
         line = _write(env, lambda s: fn(s, rollout_id))
-        _ring(env)
+        ring(env)
         click.echo(line)
 
 

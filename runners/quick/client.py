@@ -1,11 +1,13 @@
 """The quick CLI's side of the agent's control socket (runners/quick/control.py): one JSON object
-a line each way, over `<state>/control.sock`. Imports only the standard library: a command
-that an agent answers costs a small client's start-up, not SQLAlchemy's import.
+a line each way, over `<state>/control.sock`. Imports only the standard library and
+models/errors.py (which imports nothing): a command that an agent answers costs a small
+client's start-up, not SQLAlchemy's import.
 
 Request: `{"op": "wake", "args": {...}, "db": URL or null}`. Reply: `{"ok": true,
-"result": ...}`, `{"ok": false, "error": {"cause", "fix", "exit_code"}}`, or `{"ok":
-false, "other_store": true}` when the agent runs on another database than the client
-names (the client then works on the store itself)."""
+"result": ...}`, `{"ok": false, "error": {"cause", "fix", "exit_code"}}` (raised as a
+VigilError with that exit code), or `{"ok": false, "other_store": true}` when the agent
+runs on another database than the client names (the client then works on the store
+itself)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import json
 import socket
 from pathlib import Path
 from typing import Any
+
+from models.errors import VigilError
 
 CONTROL = "control.sock"  # workflows/base/paths.py CONTROL (kept equal by a test)
 INTENTS = frozenset({"wake", "stop", "deploy", "retry"})  # requests that write a row
@@ -30,12 +34,12 @@ class Lost(Exception):
     sent: the agent may or may not have acted on it."""
 
 
-class Refused(Exception):
-    """The agent answered with an error: the line an operator reads, and its exit code."""
-
-    def __init__(self, cause: str, fix: str | None, exit_code: int) -> None:
-        super().__init__(cause)
-        self.cause, self.fix, self.exit_code = cause, fix, exit_code
+def answered(err: dict[str, Any]) -> VigilError:
+    """The agent's error as the command shows it: the line an operator reads (cause and
+    fix), and the exit code the agent gave it."""
+    out = VigilError(err.get("cause", "the agent refused the request"), err.get("fix"))
+    out.exit_code = int(err.get("exit_code", 1))
+    return out
 
 
 class Client:
@@ -71,9 +75,7 @@ class Client:
             return answer.get("result")
         if answer.get("other_store"):
             raise OtherStore()
-        err = answer.get("error") or {}
-        raise Refused(err.get("cause", "the agent refused the request"), err.get("fix"),
-                      int(err.get("exit_code", 1)))
+        raise answered(answer.get("error") or {})
 
     def dispose(self) -> None:
         """Close the connection (twice is fine)."""

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from models.errors import BrokenInvariant, VigilError
+from runners.base.wakeup import notify_boxes
 from runners.quick import ops
 from runners.quick.shapes import MAX_REQUEST, NotARequest, parse
 from workflows.base.context import Context
@@ -184,7 +185,7 @@ class ControlServer:
                             return
                     finally:
                         if intent:
-                            ops.notify_boxes(self.ctx.store)
+                            notify_boxes(self.ctx.store)
                             self.kick()
         except OSError:  # timed out idle, reset: the client is gone
             return

@@ -178,13 +178,6 @@ def attempt_progress(store: Store, attempt_id: int, after_event: int) -> dict[st
     return store.read(read)
 
 
-def notify_boxes(store: Store) -> None:
-    """A new intent: every box's agent on PostgreSQL starts a round (runners/base/wakeup.py)."""
-    from runners.base.wakeup import notify
-
-    notify(store)
-
-
 # -- the agent ----------------------------------------------------------------------------------
 
 def agent_acting(store: Store, state_dir: Path) -> bool:

@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 
 from models.states import GenState, Mode, Outcome
 from models.tables import Attempt, Event, Generation, Lease, Member, Stop
-from runners.backend.process import detect_cgroup_base
+from runners.backend.cgroups import detect_cgroup_base
 from tests.conftest import FIXTURES, HELLO, Vigil, pid_dead, wait_for
 
 CGROUP = detect_cgroup_base("auto")

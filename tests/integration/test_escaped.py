@@ -20,7 +20,7 @@ from sqlalchemy import select, update
 
 from models.states import GenState
 from models.tables import Generation, KnownProcess
-from runners.backend.process import detect_cgroup_base
+from runners.backend.cgroups import detect_cgroup_base
 from tests.conftest import FIXTURES, Vigil, pid_dead, wait_for
 
 CGROUP = detect_cgroup_base("auto")

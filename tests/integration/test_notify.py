@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from models.tables import Event
-from runners.agent.sd_notify import notify
+from runners.base.sd_notify import notify
 from tests.conftest import Vigil
 
 

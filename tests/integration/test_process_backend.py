@@ -18,8 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from runners.backend.cgroups import detect_cgroup_base
 from runners.backend.health import HttpHealth, get_status
-from runners.backend.process import ProcessBackend, SpawnError, detect_cgroup_base
+from runners.backend.process import ProcessBackend, SpawnError
 from workflows.base.ports import ProcRef, SpawnSpec
 
 # The process backend alone: no database, so nothing to repeat on PostgreSQL.

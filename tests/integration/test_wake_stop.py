@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from models.tables import Generation
-from runners.backend.process import detect_cgroup_base
+from runners.backend.cgroups import detect_cgroup_base
 from tests.conftest import FIXTURES, Vigil, ignores_sigterm, pid_dead, wait_for
 
 CGROUP = detect_cgroup_base("auto")

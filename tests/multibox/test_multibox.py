@@ -17,7 +17,7 @@ from models.states import GenState, HostKind, StopState
 from models.store import utcnow
 from models.tables import Agent, Build, Event, Generation, Host, Lease, Stop
 from runners.backend.files import stage_build
-from runners.base.wakeup import notify
+from runners.base.wakeup import notify_boxes
 from tests.conftest import HELLO, wait_for
 from tests.multibox.conftest import LEASE_TTL, Box, Sampler
 from workflows.config.hosts import add_host
@@ -43,7 +43,7 @@ def add_hosts(box: Box, names: list[str], placed: str) -> None:
 
 def wake_all(box: Box, names: list[str]) -> None:
     box.store.write(lambda s: [request_wake(s, n) for n in names])
-    notify(box.store)
+    notify_boxes(box.store)
 
 
 def leases(box: Box) -> dict[str, str]:
@@ -178,7 +178,7 @@ def test_two_agents_drain_2000_obligations_each_exactly_once(boxes) -> None:  # 
                                       next_attempt_at=now, created_at=now) for i in range(n)])
 
     a.store.write(seed)
-    notify(a.store)
+    notify_boxes(a.store)
 
     def open_stops() -> int:
         return len(a.store.read(lambda s: s.execute(select(Stop.id).where(

@@ -2,7 +2,7 @@
 one due row per host per round, a rotating first host, at most 8 hosts in flight, and a
 host that never succeeds does not hold the others back.
 
-Real store (SQLite file), real Context, real runners.agent.daemon.Reconciler. The obligation kind
+Real store (SQLite file), real Context, real runners.agent.reconciler.Reconciler. The obligation kind
 driven is the owed lease release (store-only: nothing is spawned); its drive is the real
 drive_release wrapped by a probe that records who ran when, or a stand-in where a test
 needs a drive that pokes or progresses on demand."""
@@ -29,7 +29,7 @@ from models.errors import LostRace
 from models.states import HostKind
 from models.store import Store, prepare_state_dir, utcnow
 from models.tables import Build, Event, Host, Lease, Release
-from runners.agent.daemon import Reconciler
+from runners.agent.reconciler import Reconciler
 from runners.backend.files import LocalFiles
 from runners.backend.health import HttpHealth
 from runners.backend.process import ProcessBackend
@@ -279,7 +279,7 @@ def test_a_capped_drain_asks_for_another_round(monkeypatch: pytest.MonkeyPatch, 
     them); when rows are still due it asks for the next round at once, not at the scan."""
     import functools
 
-    import runners.agent.daemon
+    import runners.agent.reconciler
 
     for i in range(5):
         owe(store, f"h{i}")
@@ -287,7 +287,7 @@ def test_a_capped_drain_asks_for_another_round(monkeypatch: pytest.MonkeyPatch, 
     assert obligations.drain_batches(ctx, limit=2, rounds=2) == (3, False)
     for i in range(5, 10):
         owe(store, f"h{i}")
-    monkeypatch.setattr(runners.agent.daemon, "drain_batches",
+    monkeypatch.setattr(runners.agent.reconciler, "drain_batches",
                         functools.partial(obligations.drain_batches, limit=2, rounds=2))
     sched = FakeScheduler()
     rec = reconciler(sched)

@@ -1,0 +1,249 @@
+"""The reconciler: rounds of due rows, one per host, at most `max_hosts` in flight, each
+driven on a thread of its pool; paused while the store itself fails."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from models.store import utcnow
+from runners.base.storewatch import StoreWatch
+from workflows.base.context import Context, Result
+from workflows.engine.claim import claim
+from workflows.engine.obligations import Due, backoff, drain_batches, due, next_due, run_one
+from workflows.generations.listeners import collect as collect_listeners
+
+log = logging.getLogger("vigil.agent")
+
+
+class Reconciler:
+    """One due row per host per round, rotating which host goes first, at most
+    `max_hosts` hosts in flight.
+
+    A round reads its rows in one query, up to `snapshot` hosts (one row each), and hands
+    them out as slots free up: a drive that ends takes the next host of the same round
+    instead of paying for a new query over every open row. Anything else that starts a
+    round (a new intent, a row falling due, the safety scan) reads afresh."""
+
+    def __init__(self, ctx: Context, scheduler: BackgroundScheduler, max_hosts: int = 8,
+                 snapshot: int = 256) -> None:
+        self.ctx = ctx
+        self.scheduler = scheduler
+        self.max_hosts = max_hosts
+        self.snapshot = max(snapshot, max_hosts)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_hosts, thread_name_prefix="drive")
+        self.inflight: set[str] = set()
+        self.cursor = ""
+        self.backlog: list[Due] = []  # the current round's rows not handed out yet
+        self._lock = threading.Lock()
+        self._running = False
+        self._dirty = False
+        self._fresh = False
+        self.rounds = 0
+        self.last_round_at: datetime | None = None  # wall clock, for `vigil agent status`
+        self.on_progress: Callable[[], None] = lambda: None  # a drive moved a row
+        self.on_round: Callable[[float], None] = lambda _seconds: None  # metrics, when served
+        self._thread: threading.Thread | None = None
+        self._kicked = threading.Event()
+        # The store as a whole (runners/base/storewatch.py): while it fails, rounds pause with
+        # the rows' own backoff (0.1 s doubling to 5 s), since no row's pacing can be
+        # written; a halted watch (store replaced, schema changed, damaged) ends them.
+        self.watch: StoreWatch | None = None
+        self.may_act: Callable[[], bool] = lambda: True
+        self._paused_until = 0.0
+
+    def start(self) -> None:
+        """Rounds on a thread of their own, woken by kick(): a drive that ends, a new intent
+        or an exit costs an Event, not an APScheduler job (whose SQL job store is read on
+        every wake-up of its loop). Without start(), kick() hands rounds to the scheduler."""
+        self._thread = threading.Thread(target=self._loop, name="reconciler", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self._kicked.wait()
+            if self.ctx.shutting_down.is_set():
+                return
+            self._kicked.clear()
+            try:
+                self.round(fresh=False)  # kick() has set _fresh if the round must read afresh
+            except Exception as exc:
+                if not self._store_failed(exc):
+                    log.exception("a round failed; the next kick or the scan retries")
+
+    def _store_failed(self, exc: BaseException) -> bool:
+        """The store itself failed (said once by the watch, not as a traceback): pause the
+        rounds for the ordinary backoff, then try again."""
+        if self.watch is None or not self.watch.trouble(exc):
+            return False
+        wait = backoff(self.watch.failures)
+        self._paused_until = time.monotonic() + wait
+        if not self.ctx.shutting_down.is_set() and self.watch.acting:
+            at = datetime.now(UTC) + timedelta(seconds=wait)
+            try:
+                self.scheduler.add_job(self.kick, "date", run_date=at, id="store-retry",
+                                       replace_existing=True, misfire_grace_time=None)
+            except Exception:  # the scheduler has shut down: the agent is stopping
+                pass
+        return True
+
+    def kick(self, fresh: bool = True) -> None:
+        if self.ctx.shutting_down.is_set():
+            return
+        if self._thread is None:
+            self.scheduler.add_job(self.round, kwargs={"fresh": fresh}, misfire_grace_time=None)
+            return
+        with self._lock:
+            self._fresh = self._fresh or fresh
+        self._kicked.set()
+
+    def round(self, fresh: bool = True) -> None:
+        with self._lock:
+            self._fresh = self._fresh or fresh
+            if self._running:
+                self._dirty = True
+                return
+            self._running = True
+        try:
+            while True:
+                self._dirty = False
+                started = time.monotonic()
+                self._dispatch()
+                self.on_round(time.monotonic() - started)
+                with self._lock:
+                    if not self._dirty:
+                        self._running = False
+                        return
+        except BaseException:
+            with self._lock:
+                self._running = False
+            raise
+
+    def _dispatch(self) -> None:
+        if self.ctx.shutting_down.is_set() or not self.may_act():
+            return
+        if time.monotonic() < self._paused_until:
+            return  # the store failed: the store-retry job kicks once the pause is over
+        self.rounds += 1
+        self.last_round_at = datetime.now(UTC)
+        fresh, backlog = self._backlog()
+        taken = self._hand_out(backlog)
+        if fresh:  # after the per-host drives are on their way: a deploy does not wait on it
+            self._drain()
+            try:
+                collect_listeners(self.ctx)  # a removed host's sockets are closed
+            except Exception:
+                log.exception("closing listeners no host names failed; the next round retries")
+        self._next_round(backlog, taken)
+
+    def _backlog(self) -> tuple[bool, list[Due]]:
+        """Whether this round reads afresh, and its rows: what is left of the last read (no
+        host in flight), topped up from the store when it cannot fill the free slots."""
+        with self._lock:
+            busy = set(self.inflight)
+            fresh, self._fresh = self._fresh, False
+            if fresh:
+                self.backlog = []
+            backlog = [d for d in self.backlog if d.host not in busy]
+        free = self.max_hosts - len(busy)
+        if free > 0 and len(backlog) < free:
+            # Rotate: hosts after the cursor go first, so no host is always last.
+            skip = busy | {d.host for d in backlog}
+            backlog += due(self.ctx, utcnow(), skip=skip, after=self.cursor,
+                           limit=self.snapshot - len(backlog))
+        return fresh, backlog
+
+    def _hand_out(self, backlog: list[Due]) -> int:
+        """Drive the backlog's rows while slots are free; how many of its rows were taken."""
+        taken = 0
+        while True:
+            admitted = []
+            for d in backlog[taken:]:
+                with self._lock:
+                    if d.host in self.inflight:
+                        taken += 1
+                        continue
+                    if len(self.inflight) >= self.max_hosts:
+                        break
+                    self.inflight.add(d.host)
+                taken += 1
+                # Past the last host admitted: a full window moves on by its whole width, so
+                # a late host never waits behind the same slow hosts round after round.
+                self.cursor = d.host
+                admitted.append(d)
+            won = self._claim(admitted) if admitted else []
+            for d in admitted:
+                if won is not None and d in won:
+                    self.pool.submit(self._drive, d)
+                else:
+                    with self._lock:
+                        self.inflight.discard(d.host)
+            # Rows another agent claimed first free their slot for the next host of the round.
+            if won is None or len(won) == len(admitted) or taken >= len(backlog):
+                return taken
+
+    def _next_round(self, backlog: list[Due], taken: int) -> None:
+        """Keep the rows not handed out for the drives to come back for; when none are left,
+        a round when the next row falls due."""
+        with self._lock:
+            self.backlog = backlog[taken:]
+            if self.backlog:
+                return  # the drives in flight come back for the rest of this round
+            busy = set(self.inflight)
+        when = next_due(self.ctx, busy)
+        if when is not None:
+            at = when.replace(tzinfo=UTC)
+            if at > datetime.now(UTC):
+                self.scheduler.add_job(self.kick, "date", run_date=at, id="due",
+                                       replace_existing=True, misfire_grace_time=None)
+
+    def _drain(self) -> None:
+        """Store-only rows go in groups, one transaction per batch (workflows/obligations)."""
+        try:
+            n, more = drain_batches(self.ctx)
+        except Exception as exc:
+            if not self._store_failed(exc):
+                log.exception("a batch of store-only obligations failed; the next round retries it")
+            return
+        if n:
+            log.info("batch rows=%d", n)
+        if more:  # the cap let this round's per-host rows go first; the rest next round
+            self.kick()
+
+    def _claim(self, admitted: list[Due]) -> list[Due] | None:
+        """On PostgreSQL, only the rows this agent claimed (workflows/engine/claim.py); rows another
+        agent claimed first free their slot for the next due host. None: the claim failed."""
+        try:
+            return claim(self.ctx, admitted)
+        except Exception as exc:
+            if not self._store_failed(exc):
+                log.exception("claiming %d row(s) failed; the next round tries again", len(admitted))
+            return None
+
+    def _drive(self, d: Due) -> None:
+        try:
+            result, error = run_one(self.ctx, d)
+            if result is Result.progress:
+                self.on_progress()
+            level = logging.INFO if result is not Result.poked else logging.WARNING
+            log.log(level, "drive kind=%s id=%s host=%s result=%s%s", d.kind, d.id, d.host,
+                    result.value, f" error={error!r}" if error else "")
+        except Exception as exc:
+            if not self._store_failed(exc):
+                log.exception("drive kind=%s id=%s host=%s crashed", d.kind, d.id, d.host)
+        finally:
+            with self._lock:
+                self.inflight.discard(d.host)
+            self.kick(fresh=False)
+
+    def shutdown(self) -> None:
+        self._kicked.set()  # shutting_down is set: the loop ends
+        if self._thread is not None:
+            self._thread.join(30)
+        self.pool.shutdown(wait=True, cancel_futures=True)

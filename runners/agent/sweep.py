@@ -1,0 +1,159 @@
+"""The agent's checks on a clock: the short sweep (liveness, workers, leases, takeover,
+heartbeat) on a thread of its own, the liveness backstop when exits arrive by pidfd, the
+ongoing health probes, the history prune."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import update
+
+from models.store import utcnow
+from models.tables import Agent as AgentRow
+from runners.agent.exits import ExitWatcher
+from runners.agent.reconciler import Reconciler
+from runners.agent.trust import StoreTrust
+from workflows.engine.history import Keep, prune
+from workflows.leases.lease import renew_in
+from workflows.lifecycle.members import retire_dead_currents
+from workflows.lifecycle.probe import Prober
+from workflows.lifecycle.takeover import take_over
+from workflows.lifecycle.workers import any_to_sweep
+from workflows.lifecycle.workers import sweep as sweep_workers
+
+log = logging.getLogger("vigil.agent")
+
+BACKSTOP = 30.0  # seconds between full liveness checks when exits arrive by pidfd
+PRUNE_FIRST, PRUNE_EVERY = 5.0, 600.0  # seconds: the history prune after start, then between
+PRUNE_BATCHES = 20  # batches per table per prune run (workflows/engine/history.py BATCH rows each)
+
+
+class Sweeps(StoreTrust):
+    """The agent daemon's part that runs on a clock (runners/agent/daemon.py)."""
+
+    stop: threading.Event
+    watcher: ExitWatcher | None
+    logs: Any  # the log keeper's client, once started
+    keep: Keep
+    sweeps: int
+    sweep_interval: float
+    converge_budget: int
+    _rounds_seen: int
+    _workers_to_sweep: bool
+    _last_beat: float
+
+    def sweep(self, reconciler: Reconciler) -> None:
+        """The short sweep: worker drift and max-run, lease renewal, takeover, heartbeat.
+        Dead currents too, unless exits arrive as events (then the scan is their backstop)."""
+        self._check_schema()
+        if not self.may_act():
+            if self.watch is not None:  # may_act() is False only through the watch
+                self.watch.remind()
+            if self.ctx.store.dialect == "postgresql":
+                try:  # other boxes must not take over apps that still run here
+                    self._beat()
+                except Exception:
+                    pass  # the halt line says why; the lease fence does the rest
+            return
+        if self.watcher is None:
+            self.liveness(reconciler)
+        self.sweeps += 1
+        if self._rounds_seen != reconciler.rounds:  # rows moved since the last look
+            self._rounds_seen = reconciler.rounds
+            self._workers_to_sweep = any_to_sweep(self.ctx)
+        if self._workers_to_sweep and sweep_workers(self.ctx, self.converge_budget, self.sweeps):
+            reconciler.kick()
+        # Takeover, leases and the heartbeat: every sweep where other boxes share the store
+        # (PostgreSQL); on one box every third of the lease's length (an fsync a second was
+        # most of an idle agent's cost). A renewal pushes leases past half their length.
+        every = 0.0 if self.ctx.store.dialect == "postgresql" else self.ctx.lease_ttl / 3
+        if time.monotonic() - self._last_beat < every:
+            return
+        if take_over(self.ctx):  # hosts placed here whose owner's lease expired
+            reconciler.kick()
+        self._beat()
+
+    def _beat(self) -> None:
+        def beat(s):  # type: ignore[no-untyped-def]
+            renew_in(s, self.ctx)
+            s.execute(update(AgentRow).where(AgentRow.id == self.ctx.agent_id)
+                      .values(heartbeat_at=utcnow()))
+
+        self.ctx.store.write(beat)
+        self._last_beat = time.monotonic()
+
+    def _sweep_loop(self, reconciler: Reconciler) -> None:
+        """The short sweep on its own thread: APScheduler re-reads its job store on every
+        wake-up, which a once-a-second job would pay for every second."""
+        while not self.stop.wait(self.sweep_interval):
+            try:
+                self.sweep(reconciler)
+            except Exception as exc:
+                if self.watch is None or not self.watch.trouble(exc):
+                    log.exception("sweep failed; the next one retries")
+
+    def liveness(self, reconciler: Reconciler, only: set[int] | None = None,
+                 skip: set[int] | None = None) -> None:
+        """Reap our children and retire every dead current (or those of `only`; none of
+        `skip`)."""
+        reap = getattr(self.ctx.proc, "reap", None)
+        if reap is not None:
+            reap()
+        if not self.may_act():
+            return
+        if retire_dead_currents(self.ctx, only, skip or ()):
+            reconciler.kick()
+            if self.watcher is not None:
+                self.watcher.refresh()
+
+    def backstop(self, reconciler: Reconciler) -> None:
+        """With exits as events: a full liveness check now and then, for what no pidfd
+        reported (a leader this agent could not watch). A leader whose pidfd is open is not
+        checked again: its exit is an event (1,000 pid reads every 30 s were most of an idle
+        agent's cost)."""
+        try:
+            self.liveness(reconciler, skip=self.watcher.watched() if self.watcher else None)
+        except Exception as exc:  # a scheduler job: said here, not as APScheduler's traceback
+            if self.watch is None or not self.watch.trouble(exc):
+                log.exception("the liveness backstop failed; the next one retries")
+            return
+        if self.watcher is not None:
+            self.watcher.refresh()
+        if self.logs is not None:
+            try:
+                self.logs.ensure()  # a keeper that died meanwhile: started again
+            except OSError as exc:
+                log.warning("log keeper: %s; the next backstop tries again", exc)
+
+    def _probe_loop(self, prober: Prober) -> None:
+        """The ongoing health probes that are due (workflows/lifecycle/probe.py), every tick while a
+        host is probed (else a read every few seconds); nothing while the agent is halted."""
+        while not self.stop.is_set():
+            prober.wake.wait(prober.pause())
+            prober.wake.clear()
+            if self.stop.is_set() or not self.may_act() or self.ctx.shutting_down.is_set():
+                continue
+            try:
+                prober.round()
+            except Exception as exc:  # said once by the store watch, or here
+                if self.watch is None or not self.watch.trouble(exc):
+                    log.exception("the health probe failed; the next tick retries")
+        prober.close()
+
+    def prune_history(self) -> None:
+        """A scheduled job: delete history nothing needs, a batch at a time (at most
+        PRUNE_BATCHES per table per run: a backlog goes over several runs)."""
+        if not self.may_act() or self.keep.older_than is None:
+            return
+        try:
+            done = prune(self.ctx.store, self.keep, max_batches=PRUNE_BATCHES,
+                         go_on=lambda: not self.ctx.shutting_down.is_set() and self.may_act())
+        except Exception as exc:
+            if self.watch is None or not self.watch.trouble(exc):
+                log.exception("pruning history failed; the next run retries")
+            return
+        if any(done.values()):
+            log.info("history pruned %s", " ".join(f"{k}={v}" for k, v in done.items() if v))
