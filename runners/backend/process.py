@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 
+from runners.backend import users
 from runners.backend.known import live_known, walk
 from runners.base.pids import CTIME_TOLERANCE, MARKER, matches, pid_status, signal_same
 from runners.keepers.logkeeper import LogPipes
@@ -241,6 +242,7 @@ class ProcessBackend:
         if not spec.argv:
             raise SpawnError("spawn: empty argv")
         env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
+        who = users.for_spawn(spec, env)  # its user's HOME etc. and env files, under its env
         env.update(spec.env)
         # Always set: a descendant that escapes the cgroup is still found by the marker scan.
         env[MARKER] = spec.generation_uuid
@@ -258,6 +260,7 @@ class ProcessBackend:
 
         argv = list(spec.argv)
         cg = spec.cgroup  # the caller chose (and recorded) it; honour exactly that
+        target = users.shim_target(who, spec)  # a shim joins as root, then setpriv switches
         if cg:
             if not self._mount or os.path.commonpath([self._mount, cg]) != self._mount:
                 raise SpawnError(f"spawn: cgroup {cg} is not under a usable cgroup2 mount", build_fault=False)
@@ -265,10 +268,10 @@ class ProcessBackend:
                 os.makedirs(cg, exist_ok=True)
             except OSError as e:
                 raise SpawnError(f"spawn: cannot create cgroup {cg}: {e.strerror}", build_fault=False) from e
-            argv = ["/bin/sh", "-c", _SHIM, "vigil-shim", cg, *argv]
+            argv = ["/bin/sh", "-c", _SHIM, "vigil-shim", cg, *target]
         if spec.listen_fds:
             argv = ["/bin/sh", "-c", _LISTEN_SHIM, "vigil-shim", cg or "", spec.cwd or "",
-                    *spec.argv]
+                    *target]
 
         try:
             out = self._log_pipe(spec) if spec.log_path else subprocess.DEVNULL
@@ -282,7 +285,7 @@ class ProcessBackend:
             else:
                 h = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                      cwd=spec.cwd, env=env, start_new_session=True,
-                                     close_fds=True)
+                                     close_fds=True, **users.popen_user(who, spec))  # type: ignore[call-overload]
         except OSError as e:
             self._drop_cgroup(cg)
             name = errno.errorcode.get(e.errno or 0, "error")
@@ -369,17 +372,18 @@ class ProcessBackend:
             and st[1] != psutil.STATUS_ZOMBIE
         )
 
-    def _marker_scan(self, generation_uuid: str) -> dict[int, float]:
+    def _marker_scan(self, generation_uuid: str, user: str | None = None) -> dict[int, float]:
         """Live processes carrying VIGIL_GENERATION=<uuid>: pid -> create_time."""
         hits: dict[int, float] = {}
-        me, uid = os.getpid(), os.getuid()
+        me, uids = os.getpid(), users.marker_uids(user)
         for p in psutil.process_iter():
             if p.pid == me:
                 continue
             try:
-                # Only the generation's own uid (today the agent's): another user may set
-                # the marker in a process of theirs, and must not keep a proof from passing.
-                if p.uids().real != uid or p.environ().get(MARKER) != generation_uuid:
+                # Only the generation's own uid (the agent's or its host's user): another
+                # user may set the marker in a process of theirs, and must not keep a proof
+                # from passing.
+                if p.uids().real not in uids or p.environ().get(MARKER) != generation_uuid:
                     continue
                 if p.status() != psutil.STATUS_ZOMBIE:
                     hits[p.pid] = p.create_time()
@@ -404,7 +408,7 @@ class ProcessBackend:
 
     def live_members(self, ref: ProcRef) -> list[int]:
         self.reap(ref.pid)
-        live = set(self._marker_scan(ref.generation_uuid)) | set(live_known(ref))
+        live = set(self._marker_scan(ref.generation_uuid, ref.user)) | set(live_known(ref))
         if ref.cgroup:
             for pid in self._cgroup_pids(ref.cgroup):
                 st = pid_status(pid)
@@ -417,7 +421,7 @@ class ProcessBackend:
             signal_same(ref.pid, ref.create_time, signal.SIGTERM)
 
     def terminate_all(self, ref: ProcRef) -> None:
-        pids: dict[int, float] = {**live_known(ref), **self._marker_scan(ref.generation_uuid)}
+        pids: dict[int, float] = {**live_known(ref), **self._marker_scan(ref.generation_uuid, ref.user)}
         if ref.cgroup:
             for pid in self._cgroup_pids(ref.cgroup):
                 st = pid_status(pid)
@@ -443,7 +447,7 @@ class ProcessBackend:
             signal_same(ref.pid, ref.create_time, signal.SIGKILL)
         # Then every carrier of the marker and every recorded descendant (an escaped one
         # is in neither the cgroup nor the marker scan), each pid-verified.
-        for pid, ctime in {**live_known(ref), **self._marker_scan(ref.generation_uuid)}.items():
+        for pid, ctime in {**live_known(ref), **self._marker_scan(ref.generation_uuid, ref.user)}.items():
             signal_same(pid, ctime, signal.SIGKILL)
         self.reap(ref.pid)
 

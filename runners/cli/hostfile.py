@@ -138,6 +138,31 @@ def _count(v: Any, _: Path) -> int:
     return v
 
 
+def _who(v: Any, _: Path) -> str:
+    """`user` / `group`: a name or a number of the box's passwd / group database (checked
+    together, with the agent's right to switch, in _fields)."""
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return str(v)
+    if not isinstance(v, str) or not v:
+        raise Invalid(f"must be a name or a number, not {json.dumps(v)}", 'write user = "app"')
+    return v
+
+
+def _env_files(v: Any, base: Path) -> str:
+    """`env_file`: a path or a list of paths ("-PATH": optional), relative to the file."""
+    from runners.backend.envfiles import check_entries
+
+    entries = [v] if isinstance(v, str) else v
+    if not isinstance(entries, list) or not all(isinstance(x, str) for x in entries):
+        raise Invalid("must be a path or a list of paths", 'write env_file = ["/etc/app.env"]')
+    rooted = [("-" if e.startswith("-") else "") + str(base / e.removeprefix("-"))
+              for e in entries]
+    try:
+        return json.dumps(check_entries(rooted, label=""))
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
+
+
 @dataclass(frozen=True)
 class Key:
     field: str  # the hosts column
@@ -167,6 +192,10 @@ KEYS: dict[str, Key] = {
     "health_interval": Key("health_interval", _seconds, None),
     "unhealthy_after": Key("unhealthy_after", _count, 3),
     "unhealthy_restart": Key("unhealthy_restart", _flag, False),
+    # Who it runs as and what it reads at each start (runners/backend/users.py, envfiles.py).
+    "user": Key("run_user", _who, None),
+    "group": Key("run_group", _who, None),
+    "env_file": Key("env_files", _env_files, "[]"),
 }
 WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")
@@ -315,6 +344,12 @@ def _fields(f: _File, name: str, table: dict[str, Any]) -> dict[str, Any]:
         raise f.bad(name, "restart_cap" if "restart_cap" in table else "restart_floor",
                     f"restart_cap {fields['restart_cap']:g} is below restart_floor "
                     f"{fields['restart_floor']:g}", "give a cap at least as large as the floor")
+    try:
+        from runners.backend.users import check_run_as
+        check_run_as(fields["run_user"], fields["run_group"], label="")
+    except BadInput as exc:
+        raise f.bad(name, "user" if "user" in table else "group", exc.cause,
+                    exc.fix or "") from None
     if fields["one_shot"] and fields["max_run"] is not None:
         raise f.bad(name, "max_run", "max_run recycles an always-on worker; this one is one_shot",
                     "drop one of the two")

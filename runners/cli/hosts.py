@@ -12,6 +12,7 @@ import click
 from models.errors import BadInput
 from models.states import HostKind
 from runners.cli.common import SECONDS, Env, echo_json, show, socket_options, table
+from runners.cli.runopts import checked_run, run_options
 
 
 @click.group()
@@ -53,6 +54,7 @@ def host() -> None:
               help="Up this long, the backoff starts again (60).")
 @click.option("--converge-grace", type=SECONDS, default=None,
               help="Worker: how long its live build may differ before it converges (60).")
+@run_options
 @click.pass_obj
 def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
              envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
@@ -89,6 +91,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         check_socket_room(env.state_dir, name)
     check_args(list(args), label="--arg ")
     check_env(pairs, label="--env ")
+    run = checked_run(policy)  # --user, --group, --env-file
     check_policy(HostKind(kind), policy)  # before anything is staged
     probe = check_probe(HostKind(kind), health_interval, unhealthy_after, unhealthy_restart)
     store = env.store()
@@ -98,7 +101,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         source=str(Path(build_path).absolute()), args=list(args), env=pairs,
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
         health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
-        policy=policy, listeners=listeners, ready=ready, probe=probe))
+        policy=policy, listeners=listeners, ready=ready, probe=probe, run=run))
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
 
 

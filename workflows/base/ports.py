@@ -28,6 +28,10 @@ class SpawnSpec:
     listen_fds: tuple[int, ...] = ()
     listen_names: tuple[str, ...] = ()
     notify_socket: str | None = None  # its own NOTIFY_SOCKET (readiness by sd_notify)
+    # Who it runs as (None: the agent's user), and the env files read at this start.
+    user: str | None = None
+    group: str | None = None
+    env_files: tuple[str, ...] = ()
 
 
 class SpawnError(Exception):
@@ -56,6 +60,7 @@ class ProcRef:
     # Descendants of the leader seen by a walk (pid, start time): processes of the
     # generation even once they have left the cgroup and dropped the marker.
     known: tuple[tuple[int, float], ...] = ()
+    user: str | None = None  # the user it was spawned as: its processes may carry the marker
 
 
 class ProcessPort(Protocol):

@@ -93,7 +93,8 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
              health_timeout: float, memory_tier_mb: int | None = None, box: str | None = None,
              policy: dict[str, Any] | None = None, socket_group: str | None = None,
              socket_mode: int | None = None, listeners: list[Listen] | None = None,
-             ready: str | None = None, probe: dict[str, Any] | None = None) -> None:
+             ready: str | None = None, probe: dict[str, Any] | None = None,
+             run: dict[str, Any] | None = None) -> None:
     check_name(name)
     listens = listeners or []
     check_set(listens, kind, ready)
@@ -109,7 +110,7 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
                cwd=cwd, drain_timeout=drain_timeout, health_timeout=health_timeout,
                memory_tier_mb=memory_tier_mb, box=box, socket_group=socket_group,
                socket_mode=socket_mode, ready=ready, created_at=utcnow(), **worker,
-               **(probe or {})))
+               **(probe or {}), **(run or {})))
     s.flush()
     write_set(s, name, listens)
     emit(s, "host_added", name, build=digest[:12], kind=kind.value,

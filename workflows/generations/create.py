@@ -33,7 +33,7 @@ def intend(s: Session, ctx: Context, host: Host, build_id: int, fence: int | Non
     gen_uuid = str(uuidlib.uuid4())
     row = dict(uuid=gen_uuid, host=host.name, build_id=build_id, state=GenState.spawning,
                fence=fence, cgroup=ctx.proc.containment_for(gen_uuid), agent_id=ctx.agent_id,
-               created_at=utcnow())
+               created_at=utcnow(), run_user=host.run_user)
     gid = s.execute(_NEW, row).scalar_one()
     socket = None
     if own_socket(host):  # named after the row's id
@@ -64,7 +64,8 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:
                          env=json.loads(host.env),
                          cwd=host.cwd, socket_path=gen.socket, log_path=ctx.log_for(host.name, gen.id),
                          cgroup=gen.cgroup, listen_fds=fds, listen_names=names,
-                         notify_socket=notify)
+                         notify_socket=notify, user=host.run_user, group=host.run_group,
+                         env_files=tuple(json.loads(host.env_files or "[]")))
         return ctx.proc.spawn(spec)
     except ValueError as exc:  # the host's args or env: no retry can succeed
         raise SpawnError(f"spawn {build.path}: {exc}") from exc
