@@ -249,11 +249,11 @@ def _worker_status(s: Session, h: Host, gen: Generation | None) -> dict[str, Any
                   ).scalar_one_or_none()
     if w is not None and w.state in OPEN_WAKE and w.cause == "restart":
         out["restart_at"] = w.next_attempt_at.isoformat() + "Z"
+    if gen is None and w is not None and w.state is WakeState.failed:
+        out["problem"] = w.reason  # e.g. its env file has a bad line: named with file:line
     if h.kind is not HostKind.worker:
         return out
     out.update({"one_shot": h.one_shot, "live_build_id": h.build_id,
                 "build_id": gen.build_id if gen else None,
                 "drift_since": (h.drift_since.isoformat() + "Z") if h.drift_since else None})
-    if gen is None and w is not None and w.state is WakeState.failed:
-        out["problem"] = w.reason
     return out
