@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 
 from runners.backend import users
+from runners.backend.cglimits import CgroupLimits
 from runners.backend.known import live_known, walk
 from runners.base.pids import CTIME_TOLERANCE, MARKER, matches, pid_status, signal_same
 from runners.keepers.logkeeper import LogPipes
@@ -210,10 +211,14 @@ class ProcessBackend:
         self.mode = "cgroup" if self.base else "marker"
         self._mount = os.path.dirname(self.base) if self.base else None
         self._handles: dict[int, subprocess.Popen[bytes] | _Spawned] = {}
-        self.on_release: list[Callable[[str], None]] = []  # generation uuid, after a proof
+        self.limits = CgroupLimits(self.base)
+        self.on_release: list[Callable[[str], None]] = [self.limits.drop]  # after a proof
         self._lock = threading.Lock()
 
     # -- handles ------------------------------------------------------------------------
+
+    def oom_killed(self, ref: ProcRef) -> bool:
+        return self.limits.oom_killed(ref.generation_uuid, ref.cgroup)
 
     def reap(self, pid: int | None = None) -> None:
         """Reap our own exited children (only those this agent instance spawned), or only
@@ -258,9 +263,10 @@ class ProcessBackend:
         if spec.cwd and not os.path.isdir(spec.cwd):
             raise SpawnError(f"spawn {spec.argv[0]}: working dir {spec.cwd} does not exist")
 
-        argv = list(spec.argv)
         cg = spec.cgroup  # the caller chose (and recorded) it; honour exactly that
-        target = users.shim_target(who, spec)  # a shim joins as root, then setpriv switches
+        # Shims run as root: the v2 join, then the limits' (v1 joins, rlimits), then setpriv.
+        argv = target = self.limits.wrap(spec.generation_uuid, cg, spec.limits,
+                                         users.shim_target(who, spec))
         if cg:
             if not self._mount or os.path.commonpath([self._mount, cg]) != self._mount:
                 raise SpawnError(f"spawn: cgroup {cg} is not under a usable cgroup2 mount", build_fault=False)

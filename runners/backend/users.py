@@ -196,7 +196,7 @@ def for_spawn(spec: SpawnSpec, env: dict[str, str]) -> RunAs | None:
         who = switch_for(spec.user, spec.group)
         if who is not None:
             env.update(who.env())
-            if spec.cgroup or spec.listen_fds:
+            if shimmed(spec):
                 setpriv_tool()  # the shim's switch: missing, say so before anything runs
         env.update(read_all(spec.env_files))
         socket = spec.socket_path or spec.notify_socket
@@ -207,17 +207,22 @@ def for_spawn(spec: SpawnSpec, env: dict[str, str]) -> RunAs | None:
     return who
 
 
+def shimmed(spec: SpawnSpec) -> bool:
+    """Does a shell shim run first, as root (a cgroup join, listeners, limits)?"""
+    return bool(spec.cgroup or spec.listen_fds or spec.limits)
+
+
 def shim_target(who: RunAs | None, spec: SpawnSpec) -> list[str]:
     """What a shim (cgroup join, listeners) execs: the app, through setpriv when it runs
     as another user."""
-    if who is None or not (spec.cgroup or spec.listen_fds):
+    if who is None or not shimmed(spec):
         return list(spec.argv)
     return [*who.setpriv(setpriv_tool()), *spec.argv]
 
 
 def popen_user(who: RunAs | None, spec: SpawnSpec) -> dict[str, object]:
     """Popen's own switch (done in C between fork and exec), for a spawn without a shim."""
-    if who is None or spec.cgroup or spec.listen_fds:
+    if who is None or shimmed(spec):
         return {}
     return {"user": who.uid, "group": who.gid, "extra_groups": list(who.groups)}
 

@@ -27,6 +27,7 @@ from models.durations import check_seconds
 from models.errors import BadInput
 from models.states import HostKind
 from runners.backend.sockets import check_group, parse_mode
+from runners.cli.runopts import LIMIT_KEYS, check_limits, parse_count, parse_percent, parse_size
 from workflows.config.hosts import NAME, check_args, check_env
 from workflows.generations.listeners import (
     Listen,
@@ -163,6 +164,15 @@ def _env_files(v: Any, base: Path) -> str:
         raise Invalid(exc.cause, exc.fix or "") from None
 
 
+def _limit(parse: Callable[[str], int]) -> Callable[[Any, Path], int]:
+    def checked(v: Any, _: Path) -> int:
+        try:
+            return parse(str(v) if not isinstance(v, bool) else "x")
+        except BadInput as exc:
+            raise Invalid(exc.cause, exc.fix or "") from None
+    return checked
+
+
 @dataclass(frozen=True)
 class Key:
     field: str  # the hosts column
@@ -196,6 +206,11 @@ KEYS: dict[str, Key] = {
     "user": Key("run_user", _who, None),
     "group": Key("run_group", _who, None),
     "env_file": Key("env_files", _env_files, "[]"),
+    # Limits on each generation's cgroup and its rlimit (runners/backend/cglimits.py).
+    "memory_max": Key("memory_max", _limit(lambda t: parse_size(t, "")), None),
+    "cpu_quota": Key("cpu_quota", _limit(lambda t: parse_percent(t, "")), None),
+    "pids_max": Key("pids_max", _limit(lambda t: parse_count(t, "")), None),
+    "limit_nofile": Key("limit_nofile", _limit(lambda t: parse_count(t, "")), None),
 }
 WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")
@@ -349,6 +364,11 @@ def _fields(f: _File, name: str, table: dict[str, Any]) -> dict[str, Any]:
         check_run_as(fields["run_user"], fields["run_group"], label="")
     except BadInput as exc:
         raise f.bad(name, "user" if "user" in table else "group", exc.cause,
+                    exc.fix or "") from None
+    try:
+        check_limits({k: fields[k] for k in LIMIT_KEYS})
+    except BadInput as exc:
+        raise f.bad(name, next((k for k in LIMIT_KEYS if k in table), None), exc.cause,
                     exc.fix or "") from None
     if fields["one_shot"] and fields["max_run"] is not None:
         raise f.bad(name, "max_run", "max_run recycles an always-on worker; this one is one_shot",

@@ -5,12 +5,55 @@ before anything is staged or written; the values become host columns."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 import click
 
+from models.errors import BadInput
+
 RUN_KEYS = ("run_user", "run_group", "env_files")
+LIMIT_KEYS = ("memory_max", "cpu_quota", "pids_max", "limit_nofile")
+_SIZE = re.compile(r"(\d+)([KMGT]?)", re.I)
+MAX_INT = 2**31 - 1  # an Integer column
+
+
+def parse_size(text: str, label: str = "--memory-max ") -> int:
+    """'64M' -> 67108864 (K, M, G, T: powers of 1024; no suffix: bytes)."""
+    m = _SIZE.fullmatch(text.strip())
+    if not m or int(m.group(1)) <= 0:
+        raise BadInput(f"{label}{text!r} is not a size", f"write e.g. {label.strip()} 64M")
+    return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
+
+
+def parse_percent(text: str, label: str = "--cpu-quota ") -> int:
+    """'150%' -> 150: the share of one core."""
+    body = text.strip().removesuffix("%")
+    if not body.isdigit() or not 1 <= int(body) <= 100 * 1024:
+        raise BadInput(f"{label}{text!r} is not a share of one core",
+                       f"write e.g. {label.strip()} 20% (150% is one and a half cores)")
+    return int(body)
+
+
+def parse_count(text: object, label: str) -> int:
+    if isinstance(text, bool) or not str(text).isdigit() or not 1 <= int(str(text)) <= MAX_INT:
+        raise BadInput(f"{label}{text!r} is not a whole number from 1", f"write e.g. {label.strip()} 64")
+    return int(str(text))
+
+
+def check_limits(limits: dict[str, int | None]) -> None:
+    """Each limit has a controller on this box to enforce it; one line naming what lacks."""
+    wanted: dict[str, int] = {k: v for k, v in limits.items() if v is not None}
+    if not wanted:
+        return
+    from runners.backend.cglimits import CgroupLimits
+    from runners.backend.process import detect_cgroup_base
+
+    lacking = CgroupLimits(detect_cgroup_base("auto")).missing(wanted)
+    if lacking:
+        raise BadInput(f"this box cannot enforce {lacking[0]}", "drop the limit, or run the "
+                       "host on a box that mounts that controller")
 
 
 def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -23,6 +66,14 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--env-file", "env_files", multiple=True, metavar="[-]PATH",
                      help="A systemd EnvironmentFile= file read at each start (repeatable; "
                           "-PATH: skipped when missing); --env wins."),
+        click.option("--memory-max", default=None, metavar="SIZE",
+                     help="Memory limit of each generation's cgroup, e.g. 64M (K, M, G)."),
+        click.option("--cpu-quota", default=None, metavar="PERCENT",
+                     help="CPU time per period as a share of one core, e.g. 20% or 150%."),
+        click.option("--pids-max", default=None, metavar="N",
+                     help="Most processes and threads its cgroup may hold."),
+        click.option("--limit-nofile", default=None, metavar="N",
+                     help="Open-files limit (RLIMIT_NOFILE, soft and hard)."),
     ]):
         f = opt(f)
     return f
@@ -38,5 +89,25 @@ def checked_run(opts: dict[str, Any]) -> dict[str, Any]:
     user, group = opts.pop("run_user", None), opts.pop("run_group", None)
     files = list(opts.pop("env_files", ()) or ())
     check_run_as(user, group)
+    limits = {"memory_max": _opt(opts.pop("memory_max", None), parse_size),
+              "cpu_quota": _opt(opts.pop("cpu_quota", None), parse_percent),
+              "pids_max": _opt(opts.pop("pids_max", None),
+                               lambda t: parse_count(t, "--pids-max ")),
+              "limit_nofile": _opt(opts.pop("limit_nofile", None),
+                                   lambda t: parse_count(t, "--limit-nofile "))}
+    check_limits(limits)
     return {"run_user": user, "run_group": group,
-            "env_files": json.dumps(check_entries(files))}
+            "env_files": json.dumps(check_entries(files)), **limits}
+
+
+def _opt(text: str | None, parse: Callable[[str], int]) -> int | None:
+    return None if text is None else parse(text)
+
+
+def limits_line() -> tuple[dict[str, str], str]:
+    """Which controller enforces each limit here: for `vigil agent status`."""
+    from runners.backend.cglimits import CgroupLimits
+    from runners.backend.process import detect_cgroup_base
+
+    where = CgroupLimits(detect_cgroup_base("auto")).describe()
+    return where, ", ".join(f"{c} {w}" for c, w in where.items()) + ", nofile rlimit"

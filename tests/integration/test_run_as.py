@@ -84,7 +84,7 @@ def test_an_app_runs_as_its_user_and_reaches_nothing_of_the_agent(
                "other": "worker.py"}
     vigil.add_host("hostile", FIXTURES / "hostile.py", "--kind", "worker", "--user", "vigil-t1",
                    "--env", PATH, "--env", f"HOSTILE={json.dumps(targets)}",
-                   "--env-file", str(env_file))
+                   "--env-file", str(env_file), "--pids-max", "64", "--limit-nofile", "512")
     vigil.run("wake", "hostile", "--wait")
     n, pid = gen_of(vigil, "hostile")
     log = vigil.state_dir / "logs" / "hostile" / f"g{n}.log"

@@ -32,6 +32,9 @@ class SpawnSpec:
     user: str | None = None
     group: str | None = None
     env_files: tuple[str, ...] = ()
+    # Limits on its cgroup and rlimits: memory_max (bytes), cpu_quota (% of a core),
+    # pids_max, limit_nofile (runners/backend/cglimits.py).
+    limits: dict[str, int] = field(default_factory=dict)
 
 
 class SpawnError(Exception):
