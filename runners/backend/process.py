@@ -264,9 +264,7 @@ class ProcessBackend:
             raise SpawnError(f"spawn {spec.argv[0]}: working dir {spec.cwd} does not exist")
 
         cg = spec.cgroup  # the caller chose (and recorded) it; honour exactly that
-        # Shims run as root: the v2 join, then the limits' (v1 joins, rlimits), then setpriv.
-        argv = target = self.limits.wrap(spec.generation_uuid, cg, spec.limits,
-                                         users.shim_target(who, spec))
+        argv = target = self._target(spec, who)
         if cg:
             if not self._mount or os.path.commonpath([self._mount, cg]) != self._mount:
                 raise SpawnError(f"spawn: cgroup {cg} is not under a usable cgroup2 mount", build_fault=False)
@@ -291,7 +289,7 @@ class ProcessBackend:
             else:
                 h = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                      cwd=spec.cwd, env=env, start_new_session=True,
-                                     close_fds=True, **users.popen_user(who, spec))  # type: ignore[call-overload]
+                                     close_fds=True)
         except OSError as e:
             self._drop_cgroup(cg)
             name = errno.errorcode.get(e.errno or 0, "error")
@@ -310,6 +308,12 @@ class ProcessBackend:
         with self._lock:
             self._handles[h.pid] = h
         return Spawned(pid=h.pid, create_time=ctime)
+
+    def _target(self, spec: SpawnSpec, who: users.RunAs | None) -> list[str]:
+        """What the v2 join's shim execs; every shim runs as root: the limits' (v1 joins,
+        rlimits), then setpriv to the app's user, then the app."""
+        return self.limits.wrap(spec.generation_uuid, spec.cgroup, spec.limits,
+                                users.shim_target(who, spec))
 
     def _log_pipe(self, spec: SpawnSpec) -> int:
         """The pipe end the app writes to; the box's log keeper reads the other end."""

@@ -1,14 +1,13 @@
 """Running a host's generations as a user of their own (`host add --user/--group`).
 
 The switch happens in the child, after the cgroup join and before the app's exec, and
-costs no interpreter of its own:
-
-- a spawn without a shim (no cgroup, no listeners) is a Popen whose child, in C between
-  fork and exec, calls setgroups (the user's groups from the group database), setregid,
-  setreuid (Popen's `extra_groups`, `group`, `user`);
-- a spawn through the shell shim (the shim joins the cgroup as root, which only root may
-  do) ends with `exec setpriv --reuid --regid --groups -- APP`: one exec more than today,
-  measured in bench/spawn_user.py.
+costs no interpreter of its own: what is exec'd (after the shims, which run as root: only
+root may join a cgroup) is `setpriv --reuid --regid --groups -- APP` (util-linux), which
+calls setgroups (the user's groups from the group database), setregid and setreuid, then
+execs the app. One exec more than today. Popen's own switch (`user=`, `group=`,
+`extra_groups=`, done in C between fork and exec) was measured slower on these boxes: it
+keeps Popen from using vfork, so the agent's whole address space is copied at each spawn
+(bench/spawn_user.py: 12.3 ms against setpriv's 6.9 ms, today's spawn 2.9-4.5 ms).
 
 What the app is given, and nothing more: traversal (never listing) of the state dir,
 `builds/` and its own build's directory (0711), its `run/<host>/` directory as owner (it
@@ -196,8 +195,7 @@ def for_spawn(spec: SpawnSpec, env: dict[str, str]) -> RunAs | None:
         who = switch_for(spec.user, spec.group)
         if who is not None:
             env.update(who.env())
-            if shimmed(spec):
-                setpriv_tool()  # the shim's switch: missing, say so before anything runs
+            setpriv_tool()  # the shim's switch: missing, say so before anything runs
         env.update(read_all(spec.env_files))
         socket = spec.socket_path or spec.notify_socket
         grant(who, spec.argv[0], os.path.dirname(socket) if socket else None,
@@ -207,24 +205,13 @@ def for_spawn(spec: SpawnSpec, env: dict[str, str]) -> RunAs | None:
     return who
 
 
-def shimmed(spec: SpawnSpec) -> bool:
-    """Does a shell shim run first, as root (a cgroup join, listeners, limits)?"""
-    return bool(spec.cgroup or spec.listen_fds or spec.limits)
-
-
 def shim_target(who: RunAs | None, spec: SpawnSpec) -> list[str]:
-    """What a shim (cgroup join, listeners) execs: the app, through setpriv when it runs
-    as another user."""
-    if who is None or not shimmed(spec):
+    """What is exec'd after any shim: the app, through setpriv when it runs as another
+    user (also without a shim: see the module doc for why not Popen's own switch)."""
+    if who is None:
         return list(spec.argv)
     return [*who.setpriv(setpriv_tool()), *spec.argv]
 
-
-def popen_user(who: RunAs | None, spec: SpawnSpec) -> dict[str, object]:
-    """Popen's own switch (done in C between fork and exec), for a spawn without a shim."""
-    if who is None or shimmed(spec):
-        return {}
-    return {"user": who.uid, "group": who.gid, "extra_groups": list(who.groups)}
 
 
 def settle_users(store: Store, state_dir: Path) -> None:
