@@ -152,6 +152,8 @@ class Host(Base):
     cpu_quota: Mapped[int | None] = mapped_column(Integer)  # percent of one core
     pids_max: Mapped[int | None] = mapped_column(Integer)
     limit_nofile: Mapped[int | None] = mapped_column(Integer)  # RLIMIT_NOFILE, soft and hard
+    # {NAME: PATH}: copied at each start to $CREDENTIALS_DIRECTORY (runners/backend/credentials.py).
+    credentials: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
 
     # Every duration finite, above 0, at most a day (migration 0006; on SQLite the same
     # rule is held by triggers, as adding a CHECK there means rebuilding the table).

@@ -1,7 +1,8 @@
 """Running an app the way production needs (issue 21): the user and group a host's
-generations run as, its env files, and the limits set on each generation's cgroup; on the
-generation, the user it was spawned as (written before the spawn, so the termination proof
-knows whose processes may carry its marker even when its pid was never recorded).
+generations run as, its env files, the limits set on each generation's cgroup and the
+credentials (name -> path) copied in at each start; on the generation, the user it was
+spawned as (written before the spawn, so the termination proof knows whose processes may
+carry its marker even when its pid was never recorded).
 
 Every column is nullable or has a server default, so rows written before keep working: a
 host without them runs as the agent's user, with no env file and no limit, as before.
@@ -20,7 +21,7 @@ branch_labels = None
 depends_on = None
 
 HOST_COLUMNS = ("run_user", "run_group", "env_files", "memory_max", "cpu_quota", "pids_max",
-                "limit_nofile")
+                "limit_nofile", "credentials")
 
 
 def upgrade() -> None:
@@ -32,6 +33,7 @@ def upgrade() -> None:
         batch.add_column(sa.Column("cpu_quota", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("pids_max", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("limit_nofile", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("credentials", sa.Text(), nullable=False, server_default="{}"))
     with op.batch_alter_table("generations", recreate="never") as batch:
         batch.add_column(sa.Column("run_user", sa.String(32), nullable=True))
 

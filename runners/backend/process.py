@@ -29,6 +29,7 @@ import psutil
 
 from runners.backend import users
 from runners.backend.cglimits import CgroupLimits
+from runners.backend.credentials import Credentials
 from runners.backend.known import live_known, walk
 from runners.base.pids import CTIME_TOLERANCE, MARKER, matches, pid_status, signal_same
 from runners.keepers.logkeeper import LogPipes
@@ -212,6 +213,7 @@ class ProcessBackend:
         self._mount = os.path.dirname(self.base) if self.base else None
         self._handles: dict[int, subprocess.Popen[bytes] | _Spawned] = {}
         self.limits = CgroupLimits(self.base)
+        self.credentials: Credentials | None = None  # the state dir's (runners/wiring.py)
         self.on_release: list[Callable[[str], None]] = [self.limits.drop]  # after a proof
         self._lock = threading.Lock()
 
@@ -247,7 +249,7 @@ class ProcessBackend:
         if not spec.argv:
             raise SpawnError("spawn: empty argv")
         env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
-        who = users.for_spawn(spec, env)  # its user's HOME etc. and env files, under its env
+        who = users.for_spawn(spec, env, self.credentials)  # user, env files, credentials
         env.update(spec.env)
         # Always set: a descendant that escapes the cgroup is still found by the marker scan.
         env[MARKER] = spec.generation_uuid

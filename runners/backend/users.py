@@ -31,6 +31,7 @@ from sqlalchemy import select
 from models.errors import BadInput
 from models.store import Store
 from models.tables import Host
+from runners.backend.credentials import Credentials
 from runners.backend.envfiles import read_all
 from workflows.base.ports import SpawnError, SpawnSpec
 
@@ -186,7 +187,8 @@ def marker_uids(user: str | None) -> set[int]:
     return uids
 
 
-def for_spawn(spec: SpawnSpec, env: dict[str, str]) -> RunAs | None:
+def for_spawn(spec: SpawnSpec, env: dict[str, str],
+              creds: Credentials | None = None) -> RunAs | None:
     """At each spawn, before the host's own env is laid over `env`: the user's HOME, USER,
     LOGNAME and SHELL, then its env files (read now, so a restart picks up a change), and
     what it needs opened to it. Raises SpawnError (never the build's fault: the box's or
@@ -197,6 +199,9 @@ def for_spawn(spec: SpawnSpec, env: dict[str, str]) -> RunAs | None:
             env.update(who.env())
             setpriv_tool()  # the shim's switch: missing, say so before anything runs
         env.update(read_all(spec.env_files))
+        if spec.credentials and creds is not None:  # copied afresh at each start
+            env["CREDENTIALS_DIRECTORY"] = creds.place(
+                spec.generation_uuid, dict(spec.credentials), who.uid if who else None)
         socket = spec.socket_path or spec.notify_socket
         grant(who, spec.argv[0], os.path.dirname(socket) if socket else None,
               spec.notify_socket)
@@ -217,9 +222,10 @@ def shim_target(who: RunAs | None, spec: SpawnSpec) -> list[str]:
 def settle_users(store: Store, state_dir: Path) -> None:
     """On agent start, after the state dir is made owner-only again: while any host runs
     as another user, the state dir and `run/` stay passable (0711), so an adopted app still
-    reaches its own `run/<host>/` (its NOTIFY_SOCKET)."""
+    reaches its own `run/<host>/` (its NOTIFY_SOCKET) and credentials."""
     if store.read(lambda s: s.execute(select(Host.name).where(Host.run_user.is_not(None))
                                       .limit(1)).first()) is None:
         return
-    for d in (state_dir, state_dir / "run"):
-        _traversable(d)
+    for d in (state_dir, state_dir / "run", state_dir / "credentials"):
+        if d.is_dir():  # credentials/: an adopted app still reads its own directory
+            _traversable(d)

@@ -27,7 +27,14 @@ from models.durations import check_seconds
 from models.errors import BadInput
 from models.states import HostKind
 from runners.backend.sockets import check_group, parse_mode
-from runners.cli.runopts import LIMIT_KEYS, check_limits, parse_count, parse_percent, parse_size
+from runners.cli.runopts import (
+    LIMIT_KEYS,
+    check_credentials,
+    check_limits,
+    parse_count,
+    parse_percent,
+    parse_size,
+)
 from workflows.config.hosts import NAME, check_args, check_env
 from workflows.generations.listeners import (
     Listen,
@@ -173,6 +180,16 @@ def _limit(parse: Callable[[str], int]) -> Callable[[Any, Path], int]:
     return checked
 
 
+def _credentials(v: Any, base: Path) -> str:
+    """`credentials = { NAME = "path" }`: relative paths start at the file's directory."""
+    if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+        raise Invalid("must be a table of paths", 'write credentials = { token = "token.txt" }')
+    try:
+        return json.dumps(check_credentials({k: str(base / x) for k, x in v.items()}, label=""))
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
+
+
 @dataclass(frozen=True)
 class Key:
     field: str  # the hosts column
@@ -206,6 +223,7 @@ KEYS: dict[str, Key] = {
     "user": Key("run_user", _who, None),
     "group": Key("run_group", _who, None),
     "env_file": Key("env_files", _env_files, "[]"),
+    "credentials": Key("credentials", _credentials, "{}"),
     # Limits on each generation's cgroup and its rlimit (runners/backend/cglimits.py).
     "memory_max": Key("memory_max", _limit(lambda t: parse_size(t, "")), None),
     "cpu_quota": Key("cpu_quota", _limit(lambda t: parse_percent(t, "")), None),

@@ -66,6 +66,9 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--env-file", "env_files", multiple=True, metavar="[-]PATH",
                      help="A systemd EnvironmentFile= file read at each start (repeatable; "
                           "-PATH: skipped when missing); --env wins."),
+        click.option("--credential", "credentials", multiple=True, metavar="NAME=PATH",
+                     help="A secret file copied at each start to $CREDENTIALS_DIRECTORY/NAME, "
+                          "readable by the app's user only (repeatable)."),
         click.option("--memory-max", default=None, metavar="SIZE",
                      help="Memory limit of each generation's cgroup, e.g. 64M (K, M, G)."),
         click.option("--cpu-quota", default=None, metavar="PERCENT",
@@ -96,8 +99,30 @@ def checked_run(opts: dict[str, Any]) -> dict[str, Any]:
               "limit_nofile": _opt(opts.pop("limit_nofile", None),
                                    lambda t: parse_count(t, "--limit-nofile "))}
     check_limits(limits)
-    return {"run_user": user, "run_group": group,
-            "env_files": json.dumps(check_entries(files)), **limits}
+    creds: dict[str, str] = {}
+    for item in opts.pop("credentials", ()) or ():
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise BadInput(f"--credential {item!r} is not NAME=PATH",
+                           "write it as --credential token=/etc/app/token")
+        creds[name] = path
+    return {"run_user": user, "run_group": group, "env_files": json.dumps(check_entries(files)),
+            "credentials": json.dumps(check_credentials(creds)), **limits}
+
+
+def check_credentials(creds: dict[str, str], label: str = "--credential ") -> dict[str, str]:
+    """Each NAME=PATH a readable file (absolute in the store: the agent reads it later)."""
+    import os
+
+    from runners.backend.credentials import check
+
+    out = {}
+    for name, path in creds.items():
+        why = check(name, path)
+        if why is not None:
+            raise BadInput(f"{label}{name}: {why}", "name a readable file: NAME=PATH")
+        out[name] = os.path.abspath(path)
+    return out
 
 
 def _opt(text: str | None, parse: Callable[[str], int]) -> int | None:

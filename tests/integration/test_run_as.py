@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from models.tables import Generation
 from runners.backend.process import detect_cgroup_base
 from tests.conftest import FIXTURES, HELLO, Vigil, pid_dead, wait_for
 
@@ -59,6 +60,10 @@ def one_line(path: Path) -> dict[str, object] | None:
     return None
 
 
+def uuid_of(vigil: Vigil, n: int) -> str:
+    return str(vigil.store.read(lambda s: s.get(Generation, n).uuid))
+
+
 def gen_of(vigil: Vigil, host: str) -> tuple[int, int]:
     st = vigil.status(host)
     return int(st["generation"]), int(st["pid"])
@@ -70,8 +75,12 @@ def test_an_app_runs_as_its_user_and_reaches_nothing_of_the_agent(
     t1, t2 = users["vigil-t1"], users["vigil-t2"]
     env_file = short_tmp / "app.env"
     env_file.write_text("# read at each start\nexport FROM_FILE='from the file'\n")
+    secret = short_tmp / "token"
+    secret.write_text("s3cr3t-token")
+    os.chmod(secret, 0o600)  # the agent's (root's) to read; copied in for each app's user
     vigil.add_host("other", FIXTURES / "worker.py", "--kind", "worker", "--user", "vigil-t2",
-                   "--env", PATH, "--env", "OTHER_SECRET=hunter2")
+                   "--env", PATH, "--env", "OTHER_SECRET=hunter2", "--credential",
+                   f"token={secret}")
     vigil.add_host("web", HELLO, "--user", "vigil-t1", "--env", PATH)
     agent = vigil.start_agent()
     vigil.wait_ready(agent)
@@ -81,10 +90,12 @@ def test_an_app_runs_as_its_user_and_reaches_nothing_of_the_agent(
     targets = {"db": str(vigil.state_dir / "vigil.db"),
                "control": str(vigil.state_dir / "control.sock"),
                "log": str(vigil.state_dir / "logs" / "other" / f"g{other_n}.log"),
-               "other": "worker.py"}
+               "other": "worker.py",
+               "cred": str(vigil.state_dir / "credentials" / uuid_of(vigil, other_n) / "token")}
     vigil.add_host("hostile", FIXTURES / "hostile.py", "--kind", "worker", "--user", "vigil-t1",
                    "--env", PATH, "--env", f"HOSTILE={json.dumps(targets)}",
-                   "--env-file", str(env_file), "--pids-max", "64", "--limit-nofile", "512")
+                   "--env-file", str(env_file), "--pids-max", "64", "--limit-nofile", "512",
+                   "--credential", f"token={secret}")
     vigil.run("wake", "hostile", "--wait")
     n, pid = gen_of(vigil, "hostile")
     log = vigil.state_dir / "logs" / "hostile" / f"g{n}.log"
@@ -101,13 +112,19 @@ def test_an_app_runs_as_its_user_and_reaches_nothing_of_the_agent(
     assert report["log"] == "Permission denied"
     assert report["other_pid"] == other_pid
     assert report["environ"] == "Permission denied"
+    assert report["other_cred"] == "Permission denied"
+    assert report["own_cred"] == "s3cr3t-token" and report["cred_in_env"] is False
+    own_creds = vigil.state_dir / "credentials" / uuid_of(vigil, n)
+    assert (own_creds.stat().st_uid, own_creds.stat().st_mode & 0o777) == (t1.pw_uid, 0o500)
     # What the agent sees: every process of the app is the user's.
     for p in (pid, int(vigil.status("web")["pid"])):
         with open(f"/proc/{p}/status") as f:
             uid_line = next(line for line in f if line.startswith("Uid:"))
         assert int(uid_line.split()[1]) == t1.pw_uid
     assert grp.getgrgid(t2.pw_gid)  # the other app's own group exists
-    assert "hunter2" not in vigil.run("status", "--json").stdout
+    shown = vigil.run("status", "--json").stdout + vigil.run("events", "--json").stdout
+    assert "hunter2" not in shown and "s3cr3t" not in shown
+    assert "s3cr3t" not in vigil.agent_log().decode()
     assert "from the file" not in vigil.run("events", "hostile").stdout
 
     agent.kill()  # kill -9: the apps run on; the next agent adopts them
@@ -118,6 +135,7 @@ def test_an_app_runs_as_its_user_and_reaches_nothing_of_the_agent(
     assert gen_of(vigil, "hostile") == (n, pid), "adopted, not restarted"
     vigil.run("stop", "hostile", "--wait")
     wait_for(lambda: pid_dead(pid), 10, what="the hostile app gone")
+    wait_for(lambda: not own_creds.exists(), 10, what="its credentials removed once proven gone")
     vigil.run("stop", "other", "--wait")
     vigil.run("stop", "web", "--wait")
     vigil.quiesce()

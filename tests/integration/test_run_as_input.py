@@ -26,6 +26,9 @@ def refused(vigil: Vigil, *args: str) -> str:
     (["--user", "root", "--group", "no-such-group-x"], "no group 'no-such-group-x'"),
     (["--group", "root"], "--group root without --user"),
     (["--env-file", "/nonexistent/app.env"], "env file /nonexistent/app.env does not exist"),
+    (["--credential", "token"], "--credential 'token' is not NAME=PATH"),
+    (["--credential", "token=/nonexistent/t"], "--credential token: /nonexistent/t: cannot read"),
+    (["--credential", "a/b=/etc/hostname"], "'a/b' is not a credential name"),
 ])
 def test_host_add_refuses_in_one_line(vigil: Vigil, extra: list[str], says: str) -> None:
     err = refused(vigil, "host", "add", "w", "--build", WORKER, "--kind", "worker", *extra)

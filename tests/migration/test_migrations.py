@@ -294,7 +294,7 @@ def seed_0018(conn: Connection) -> None:
                                "run_user": "nobody", "run_group": "nogroup",
                                "env_files": '["/etc/owned.env", "-/etc/owned.local"]',
                                "memory_max": 64 << 20, "cpu_quota": 150, "pids_max": 10,
-                               "limit_nofile": 1024})
+                               "limit_nofile": 1024, "credentials": '{"token": "/etc/owned.token"}'})
     raw_insert(conn, "generations", {"id": 41, "uuid": "5" * 36, "host": "owned",
                                      "build_id": 1, "state": "current", "fence": 1,
                                      "pid": 4141, "create_time": 1.0, "cgroup": None,

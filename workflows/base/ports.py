@@ -35,6 +35,7 @@ class SpawnSpec:
     # Limits on its cgroup and rlimits: memory_max (bytes), cpu_quota (% of a core),
     # pids_max, limit_nofile (runners/backend/cglimits.py).
     limits: dict[str, int] = field(default_factory=dict)
+    credentials: tuple[tuple[str, str], ...] = ()  # (NAME, PATH): copied in at this start
 
 
 class SpawnError(Exception):
