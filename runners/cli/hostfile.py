@@ -29,8 +29,12 @@ from models.states import HostKind
 from runners.backend.sockets import check_group, parse_mode
 from runners.cli.runopts import (
     LIMIT_KEYS,
-    check_credentials,
+    Invalid,
     check_limits,
+    file_credentials,
+    file_env_files,
+    file_limit,
+    file_who,
     parse_count,
     parse_percent,
     parse_size,
@@ -45,12 +49,6 @@ from workflows.generations.listeners import (
     parse_ready,
 )
 from workflows.lifecycle.probe import MAX_AFTER, check_probe
-
-
-class Invalid(ValueError):
-    def __init__(self, reason: str, fix: str) -> None:
-        super().__init__(reason)
-        self.reason, self.fix = reason, fix
 
 
 def _kind(v: Any, _: Path) -> HostKind:
@@ -146,50 +144,6 @@ def _count(v: Any, _: Path) -> int:
     return v
 
 
-def _who(v: Any, _: Path) -> str:
-    """`user` / `group`: a name or a number of the box's passwd / group database (checked
-    together, with the agent's right to switch, in _fields)."""
-    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-        return str(v)
-    if not isinstance(v, str) or not v:
-        raise Invalid(f"must be a name or a number, not {json.dumps(v)}", 'write user = "app"')
-    return v
-
-
-def _env_files(v: Any, base: Path) -> str:
-    """`env_file`: a path or a list of paths ("-PATH": optional), relative to the file."""
-    from runners.backend.envfiles import check_entries
-
-    entries = [v] if isinstance(v, str) else v
-    if not isinstance(entries, list) or not all(isinstance(x, str) for x in entries):
-        raise Invalid("must be a path or a list of paths", 'write env_file = ["/etc/app.env"]')
-    rooted = [("-" if e.startswith("-") else "") + str(base / e.removeprefix("-"))
-              for e in entries]
-    try:
-        return json.dumps(check_entries(rooted, label=""))
-    except BadInput as exc:
-        raise Invalid(exc.cause, exc.fix or "") from None
-
-
-def _limit(parse: Callable[[str], int]) -> Callable[[Any, Path], int]:
-    def checked(v: Any, _: Path) -> int:
-        try:
-            return parse(str(v) if not isinstance(v, bool) else "x")
-        except BadInput as exc:
-            raise Invalid(exc.cause, exc.fix or "") from None
-    return checked
-
-
-def _credentials(v: Any, base: Path) -> str:
-    """`credentials = { NAME = "path" }`: relative paths start at the file's directory."""
-    if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
-        raise Invalid("must be a table of paths", 'write credentials = { token = "token.txt" }')
-    try:
-        return json.dumps(check_credentials({k: str(base / x) for k, x in v.items()}, label=""))
-    except BadInput as exc:
-        raise Invalid(exc.cause, exc.fix or "") from None
-
-
 @dataclass(frozen=True)
 class Key:
     field: str  # the hosts column
@@ -220,15 +174,15 @@ KEYS: dict[str, Key] = {
     "unhealthy_after": Key("unhealthy_after", _count, 3),
     "unhealthy_restart": Key("unhealthy_restart", _flag, False),
     # Who it runs as and what it reads at each start (runners/backend/users.py, envfiles.py).
-    "user": Key("run_user", _who, None),
-    "group": Key("run_group", _who, None),
-    "env_file": Key("env_files", _env_files, "[]"),
-    "credentials": Key("credentials", _credentials, "{}"),
+    "user": Key("run_user", file_who, None),
+    "group": Key("run_group", file_who, None),
+    "env_file": Key("env_files", file_env_files, "[]"),
+    "credentials": Key("credentials", file_credentials, "{}"),
     # Limits on each generation's cgroup and its rlimit (runners/backend/cglimits.py).
-    "memory_max": Key("memory_max", _limit(lambda t: parse_size(t, "")), None),
-    "cpu_quota": Key("cpu_quota", _limit(lambda t: parse_percent(t, "")), None),
-    "pids_max": Key("pids_max", _limit(lambda t: parse_count(t, "")), None),
-    "limit_nofile": Key("limit_nofile", _limit(lambda t: parse_count(t, "")), None),
+    "memory_max": Key("memory_max", file_limit(lambda t: parse_size(t, "")), None),
+    "cpu_quota": Key("cpu_quota", file_limit(lambda t: parse_percent(t, "")), None),
+    "pids_max": Key("pids_max", file_limit(lambda t: parse_count(t, "")), None),
+    "limit_nofile": Key("limit_nofile", file_limit(lambda t: parse_count(t, "")), None),
 }
 WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")

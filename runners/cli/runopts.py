@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -136,3 +137,56 @@ def limits_line() -> tuple[dict[str, str], str]:
 
     where = CgroupLimits(detect_cgroup_base("auto")).describe()
     return where, ", ".join(f"{c} {w}" for c, w in where.items()) + ", nofile rlimit"
+
+
+# -- the same keys in the hosts file (runners/cli/hostfile.py's KEYS) ----------------------
+
+
+class Invalid(ValueError):
+    def __init__(self, reason: str, fix: str) -> None:
+        super().__init__(reason)
+        self.reason, self.fix = reason, fix
+
+
+def file_who(v: Any, _: Path) -> str:
+    """`user` / `group`: a name or a number of the box's passwd / group database (checked
+    together, with the agent's right to switch, in _fields)."""
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return str(v)
+    if not isinstance(v, str) or not v:
+        raise Invalid(f"must be a name or a number, not {json.dumps(v)}", 'write user = "app"')
+    return v
+
+
+def file_env_files(v: Any, base: Path) -> str:
+    """`env_file`: a path or a list of paths ("-PATH": optional), relative to the file."""
+    from runners.backend.envfiles import check_entries
+
+    entries = [v] if isinstance(v, str) else v
+    if not isinstance(entries, list) or not all(isinstance(x, str) for x in entries):
+        raise Invalid("must be a path or a list of paths", 'write env_file = ["/etc/app.env"]')
+    rooted = [("-" if e.startswith("-") else "") + str(base / e.removeprefix("-"))
+              for e in entries]
+    try:
+        return json.dumps(check_entries(rooted, label=""))
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
+
+
+def file_limit(parse: Callable[[str], int]) -> Callable[[Any, Path], int]:
+    def checked(v: Any, _: Path) -> int:
+        try:
+            return parse(str(v) if not isinstance(v, bool) else "x")
+        except BadInput as exc:
+            raise Invalid(exc.cause, exc.fix or "") from None
+    return checked
+
+
+def file_credentials(v: Any, base: Path) -> str:
+    """`credentials = { NAME = "path" }`: relative paths start at the file's directory."""
+    if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+        raise Invalid("must be a table of paths", 'write credentials = { token = "token.txt" }')
+    try:
+        return json.dumps(check_credentials({k: str(base / x) for k, x in v.items()}, label=""))
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
