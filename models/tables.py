@@ -142,6 +142,18 @@ class Host(Base):
     unhealthy_after: Mapped[int] = mapped_column(Integer, default=3, server_default="3")
     unhealthy_restart: Mapped[bool] = mapped_column(Boolean, default=False,
                                                     server_default=text("false"))
+    # Who its generations run as (NULL: the agent's user) and what they read at each start
+    # (runners/backend/users.py, workflows/config/envfile.py; migration 0018).
+    run_user: Mapped[str | None] = mapped_column(String(32))  # a name or a uid
+    run_group: Mapped[str | None] = mapped_column(String(32))  # NULL: the user's own group
+    env_files: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")  # JSON list
+    # Limits on each generation's cgroup (runners/backend/limits_v1.py); NULL: none.
+    memory_max: Mapped[int | None] = mapped_column(BigInteger)  # bytes
+    cpu_quota: Mapped[int | None] = mapped_column(Integer)  # percent of one core
+    pids_max: Mapped[int | None] = mapped_column(Integer)
+    limit_nofile: Mapped[int | None] = mapped_column(Integer)  # RLIMIT_NOFILE, soft and hard
+    # {NAME: PATH}: copied at each start to $CREDENTIALS_DIRECTORY (runners/backend/credentials.py).
+    credentials: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
 
     # Every duration finite, above 0, at most a day (migration 0006; on SQLite the same
     # rule is held by triggers, as adding a CHECK there means rebuilding the table).
@@ -188,6 +200,8 @@ class Generation(Base):
     # Failed probes in a row of a current instance, and since when it is unhealthy.
     health_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     unhealthy_since: Mapped[datetime | None] = mapped_column(DateTime)
+    # The user it was spawned as (the host's run_user then; written before the spawn).
+    run_user: Mapped[str | None] = mapped_column(String(32))
     __table_args__ = (
         # The store itself holds "at most one current generation per host".
         Index(

@@ -8,6 +8,7 @@ from pathlib import Path
 from models.durations import parse_seconds
 from models.errors import StoreNotReady
 from models.store import Store, normalize_url, prepare_state_dir, sqlite_url, state_dir_exists
+from runners.backend.credentials import Credentials
 from runners.backend.files import LocalFiles
 from runners.backend.health import HttpHealth
 from runners.backend.limits import CgroupMemoryLimit
@@ -59,6 +60,8 @@ def make_context(state_dir: Path, store: Store, agent_id: str, *,
     kw.setdefault("sockets", SocketAccess(state_dir))  # per-host groups; no agent-wide one
     ready = Readiness(store)
     proc.on_release.append(ready.forget)  # a generation proven gone: its NOTIFY_SOCKET too
+    proc.credentials = Credentials(state_dir)
+    proc.on_release.append(proc.credentials.forget)  # and its credentials' directory
     kw.setdefault("ready", ready)
     kw.setdefault("listeners", Listeners(state_dir))
     return Context(store=store, agent_id=agent_id, state_dir=state_dir.absolute(), proc=proc,

@@ -21,9 +21,14 @@ LISTEN_SHIM = ('{ [ -z "$1" ] || echo $$ > "$1/cgroup.procs"; } && { [ -z "$2" ]
 BASE_ENV = ("PATH", "HOME", "LANG")
 
 
-def environment(spec: SpawnSpec) -> dict[str, str]:
-    """The generation's environment: a few of the agent's, the host's own, vigil's."""
-    env = {k: os.environ[k] for k in BASE_ENV if k in os.environ}
+def base_environment() -> dict[str, str]:
+    """The few of the agent's variables every generation inherits."""
+    return {k: os.environ[k] for k in BASE_ENV if k in os.environ}
+
+
+def environment(spec: SpawnSpec, env: dict[str, str]) -> dict[str, str]:
+    """The generation's environment: `env` (the agent's few, its user's, its env files'),
+    then the host's own, then vigil's."""
     env.update(spec.env)
     # Always set: a descendant that escapes the cgroup is still found by the marker scan.
     env[MARKER] = spec.generation_uuid
@@ -38,15 +43,15 @@ def environment(spec: SpawnSpec) -> dict[str, str]:
     return env
 
 
-def command(spec: SpawnSpec, cg: str | None) -> list[str]:
-    """The argv to start: the build's, behind the shim that joins cgroup `cg` and, on
-    shared listeners, sets LISTEN_PID."""
-    argv = list(spec.argv)
+def command(spec: SpawnSpec, cg: str | None, target: list[str]) -> list[str]:
+    """The argv to start: `target` (the build's, behind the limits' and user's shims),
+    behind the shim that joins cgroup `cg` and, on shared listeners, sets LISTEN_PID."""
+    argv = list(target)
     if cg:
-        argv = ["/bin/sh", "-c", SHIM, "vigil-shim", cg, *argv]
+        argv = ["/bin/sh", "-c", SHIM, "vigil-shim", cg, *target]
     if spec.listen_fds:
         argv = ["/bin/sh", "-c", LISTEN_SHIM, "vigil-shim", cg or "", spec.cwd or "",
-                *spec.argv]
+                *target]
     return argv
 
 

@@ -25,9 +25,19 @@ from pathlib import Path
 
 import psutil
 
+from runners.backend import users
+from runners.backend.cglimits import CgroupLimits
 from runners.backend.cgroups import detect_cgroup_base
+from runners.backend.credentials import Credentials
 from runners.backend.known import live_known, walk
-from runners.backend.launch import Child, check_exec, command, environment, spawn_with_fds
+from runners.backend.launch import (
+    Child,
+    base_environment,
+    check_exec,
+    command,
+    environment,
+    spawn_with_fds,
+)
 from runners.base.pids import CTIME_TOLERANCE, MARKER, matches, pid_status, signal_same
 from runners.keepers.logkeeper import LogPipes
 from workflows.base.ports import ProcRef, Spawned, SpawnError, SpawnSpec
@@ -51,10 +61,16 @@ class ProcessBackend:
         self.mode = "cgroup" if self.base else "marker"
         self._mount = os.path.dirname(self.base) if self.base else None
         self._handles: dict[int, subprocess.Popen[bytes] | Child] = {}
-        self.on_release: list[Callable[[str], None]] = []  # generation uuid, after a proof
+        self.limits = CgroupLimits(self.base)
+        self.credentials: Credentials | None = None  # the state dir's (runners/wiring.py)
+        # generation uuid, after a proof
+        self.on_release: list[Callable[[str], None]] = [self.limits.drop]
         self._lock = threading.Lock()
 
     # -- handles ------------------------------------------------------------------------
+
+    def oom_killed(self, ref: ProcRef) -> bool:
+        return self.limits.oom_killed(ref.generation_uuid, ref.cgroup)
 
     def reap(self, pid: int | None = None) -> None:
         """Reap our own exited children (only those this agent instance spawned), or only
@@ -82,11 +98,14 @@ class ProcessBackend:
     def spawn(self, spec: SpawnSpec) -> Spawned:
         if not spec.argv:
             raise SpawnError("spawn: empty argv")
-        env = environment(spec)
+        env = base_environment()
+        who = users.for_spawn(spec, env, self.credentials)  # user, env files, credentials
+        env = environment(spec, env)
         check_exec(spec.argv[0], env, spec.cwd)
         if spec.cwd and not os.path.isdir(spec.cwd):
             raise SpawnError(f"spawn {spec.argv[0]}: working dir {spec.cwd} does not exist")
         cg = spec.cgroup  # the caller chose (and recorded) it; honour exactly that
+        target = self._target(spec, who)
         if cg:
             if not self._mount or os.path.commonpath([self._mount, cg]) != self._mount:
                 raise SpawnError(f"spawn: cgroup {cg} is not under a usable cgroup2 mount", build_fault=False)
@@ -94,7 +113,7 @@ class ProcessBackend:
                 os.makedirs(cg, exist_ok=True)
             except OSError as e:
                 raise SpawnError(f"spawn: cannot create cgroup {cg}: {e.strerror}", build_fault=False) from e
-        h = self._start(spec, command(spec, cg), env, cg)
+        h = self._start(spec, command(spec, cg, target), env, cg)
         # Not reaped yet, so the pid (zombie or not) cannot have been reused.
         ctime = psutil.Process(h.pid).create_time()
         if cg:
@@ -131,6 +150,12 @@ class ProcessBackend:
                 os.close(out)  # the app holds it now; the writer sees EOF once it and its
                 # descendants have all closed it
         return h
+
+    def _target(self, spec: SpawnSpec, who: users.RunAs | None) -> list[str]:
+        """What the v2 join's shim execs; every shim runs as root: the limits' (v1 joins,
+        rlimits), then setpriv to the app's user, then the app."""
+        return self.limits.wrap(spec.generation_uuid, spec.cgroup, spec.limits,
+                                users.shim_target(who, spec))
 
     def _log_pipe(self, spec: SpawnSpec) -> int:
         """The pipe end the app writes to; the box's log keeper reads the other end."""
@@ -199,17 +224,18 @@ class ProcessBackend:
             and st[1] != psutil.STATUS_ZOMBIE
         )
 
-    def _marker_scan(self, generation_uuid: str) -> dict[int, float]:
+    def _marker_scan(self, generation_uuid: str, user: str | None = None) -> dict[int, float]:
         """Live processes carrying VIGIL_GENERATION=<uuid>: pid -> create_time."""
         hits: dict[int, float] = {}
-        me, uid = os.getpid(), os.getuid()
+        me, uids = os.getpid(), users.marker_uids(user)
         for p in psutil.process_iter():
             if p.pid == me:
                 continue
             try:
-                # Only the generation's own uid (today the agent's): another user may set
-                # the marker in a process of theirs, and must not keep a proof from passing.
-                if p.uids().real != uid or p.environ().get(MARKER) != generation_uuid:
+                # Only the generation's own uid (the agent's or its host's user): another
+                # user may set the marker in a process of theirs, and must not keep a proof
+                # from passing.
+                if p.uids().real not in uids or p.environ().get(MARKER) != generation_uuid:
                     continue
                 if p.status() != psutil.STATUS_ZOMBIE:
                     hits[p.pid] = p.create_time()
@@ -234,7 +260,7 @@ class ProcessBackend:
 
     def live_members(self, ref: ProcRef) -> list[int]:
         self.reap(ref.pid)
-        live = set(self._marker_scan(ref.generation_uuid)) | set(live_known(ref))
+        live = set(self._marker_scan(ref.generation_uuid, ref.user)) | set(live_known(ref))
         if ref.cgroup:
             for pid in self._cgroup_pids(ref.cgroup):
                 st = pid_status(pid)
@@ -247,7 +273,7 @@ class ProcessBackend:
             signal_same(ref.pid, ref.create_time, signal.SIGTERM)
 
     def terminate_all(self, ref: ProcRef) -> None:
-        pids: dict[int, float] = {**live_known(ref), **self._marker_scan(ref.generation_uuid)}
+        pids: dict[int, float] = {**live_known(ref), **self._marker_scan(ref.generation_uuid, ref.user)}
         if ref.cgroup:
             for pid in self._cgroup_pids(ref.cgroup):
                 st = pid_status(pid)
@@ -273,7 +299,7 @@ class ProcessBackend:
             signal_same(ref.pid, ref.create_time, signal.SIGKILL)
         # Then every carrier of the marker and every recorded descendant (an escaped one
         # is in neither the cgroup nor the marker scan), each pid-verified.
-        for pid, ctime in {**live_known(ref), **self._marker_scan(ref.generation_uuid)}.items():
+        for pid, ctime in {**live_known(ref), **self._marker_scan(ref.generation_uuid, ref.user)}.items():
             signal_same(pid, ctime, signal.SIGKILL)
         self.reap(ref.pid)
 

@@ -143,3 +143,5 @@ def settle_state_dir(ctx: Context) -> None:
     any_host_group = ctx.store.read(lambda s: s.execute(
         select(Host.name).where(Host.socket_group.is_not(None)).limit(1)).first() is not None)
     ctx.sockets.settle(any_host_group)
+    from runners.backend.users import settle_users  # apps run as other users pass through
+    settle_users(ctx.store, ctx.sockets.state_dir)

@@ -264,6 +264,8 @@ def agent_status(env: Env, as_json: bool) -> None:
     from runners.cli.output import age
 
     info = env.quick().call("agent")
+    from runners.cli.runopts import limits_line  # the controllers this box enforces limits on
+    info["limits"], line = limits_line()
     if as_json:
         echo_json(info)
     else:
@@ -272,7 +274,7 @@ def agent_status(env: Env, as_json: bool) -> None:
         rows = [("pid", info["pid"]), ("box", info["box"]), ("version", info["version"]),
                 ("up since", info["up_since"] and f"{info['up_since']} ({age(info['up_since'])})"),
                 ("last round", info["last_round"] and f"{age(info['last_round'])} ago"),
-                ("open obligations", info["open_obligations"])]
+                ("open obligations", info["open_obligations"]), ("limits", line)]
         for key, value in rows:
             if value is not None:
                 click.echo(f"  {key + ':':<18}{value}")

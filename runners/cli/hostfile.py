@@ -27,6 +27,18 @@ from models.durations import check_seconds
 from models.errors import BadInput
 from models.states import HostKind
 from runners.backend.sockets import check_group, parse_mode
+from runners.cli.runopts import (
+    LIMIT_KEYS,
+    Invalid,
+    check_limits,
+    file_credentials,
+    file_env_files,
+    file_limit,
+    file_who,
+    parse_count,
+    parse_percent,
+    parse_size,
+)
 from workflows.config.hosts import NAME, check_args, check_env
 from workflows.generations.listeners import (
     Listen,
@@ -37,12 +49,6 @@ from workflows.generations.listeners import (
     parse_ready,
 )
 from workflows.lifecycle.probe import MAX_AFTER, check_probe
-
-
-class Invalid(ValueError):
-    def __init__(self, reason: str, fix: str) -> None:
-        super().__init__(reason)
-        self.reason, self.fix = reason, fix
 
 
 def _kind(v: Any, _: Path) -> HostKind:
@@ -167,6 +173,16 @@ KEYS: dict[str, Key] = {
     "health_interval": Key("health_interval", _seconds, None),
     "unhealthy_after": Key("unhealthy_after", _count, 3),
     "unhealthy_restart": Key("unhealthy_restart", _flag, False),
+    # Who it runs as and what it reads at each start (runners/backend/users.py, envfiles.py).
+    "user": Key("run_user", file_who, None),
+    "group": Key("run_group", file_who, None),
+    "env_file": Key("env_files", file_env_files, "[]"),
+    "credentials": Key("credentials", file_credentials, "{}"),
+    # Limits on each generation's cgroup and its rlimit (runners/backend/cglimits.py).
+    "memory_max": Key("memory_max", file_limit(lambda t: parse_size(t, "")), None),
+    "cpu_quota": Key("cpu_quota", file_limit(lambda t: parse_percent(t, "")), None),
+    "pids_max": Key("pids_max", file_limit(lambda t: parse_count(t, "")), None),
+    "limit_nofile": Key("limit_nofile", file_limit(lambda t: parse_count(t, "")), None),
 }
 WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")
@@ -315,6 +331,17 @@ def _fields(f: _File, name: str, table: dict[str, Any]) -> dict[str, Any]:
         raise f.bad(name, "restart_cap" if "restart_cap" in table else "restart_floor",
                     f"restart_cap {fields['restart_cap']:g} is below restart_floor "
                     f"{fields['restart_floor']:g}", "give a cap at least as large as the floor")
+    try:
+        from runners.backend.users import check_run_as
+        check_run_as(fields["run_user"], fields["run_group"], label="")
+    except BadInput as exc:
+        raise f.bad(name, "user" if "user" in table else "group", exc.cause,
+                    exc.fix or "") from None
+    try:
+        check_limits({k: fields[k] for k in LIMIT_KEYS})
+    except BadInput as exc:
+        raise f.bad(name, next((k for k in LIMIT_KEYS if k in table), None), exc.cause,
+                    exc.fix or "") from None
     if fields["one_shot"] and fields["max_run"] is not None:
         raise f.bad(name, "max_run", "max_run recycles an always-on worker; this one is one_shot",
                     "drop one of the two")

@@ -12,6 +12,7 @@ import click
 from models.errors import BadInput
 from models.states import HostKind
 from runners.cli.common import SECONDS, Env, echo_json, options, show, socket_options, table
+from runners.cli.runopts import checked_run, run_options
 
 # How an instance's health is probed, and how a host is restarted (workers recycled).
 health_options = options(
@@ -61,6 +62,7 @@ def host() -> None:
               help="How a generation says it is ready (default: http; notify with --listen).")
 @health_options
 @policy_options
+@run_options
 @click.pass_obj
 def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
              envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
@@ -78,6 +80,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
     listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready)
     placed = encode(boxes)
     group, mode = socket_options(socket_group, socket_mode)
+    run = checked_run(policy)  # --user, --group, --env-file: out of policy before its check
     pairs = _checked_run(env, name, HostKind(kind), args, envs, cwd, policy)
     probe = check_probe(HostKind(kind), health_interval, unhealthy_after, unhealthy_restart)
     store = env.store()
@@ -87,7 +90,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         source=str(Path(build_path).absolute()), args=list(args), env=pairs,
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
         health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
-        policy=policy, listeners=listeners, ready=ready, probe=probe))
+        policy=policy, listeners=listeners, ready=ready, probe=probe, run=run))
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
 
 

@@ -70,7 +70,7 @@ def status_table(rows: list[dict[str, Any]]) -> Any:
         t.add_row(r["host"], r["kind"], r["state"],
                   f"g{r['generation']}" if r["generation"] else "", str(r["pid"] or ""),
                   (r["build_digest"] or "")[:12], age(r["since"]), _where(r),
-                  r.get("deploy") or "")
+                  r.get("deploy") or r.get("problem") or "")
     return t
 
 

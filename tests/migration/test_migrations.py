@@ -284,6 +284,25 @@ def seed_0017(conn: Connection) -> None:
                                          "create_time": 2.0, "seen_at": T0})
 
 
+def seed_0018(conn: Connection) -> None:
+    """A host run as its own user, with an env file and limits, and its generation spawned
+    as that user (0018: hosts.run_user ... limit_nofile, generations.run_user)."""
+    raw_insert(conn, "hosts", {"name": "owned", "kind": "worker", "build_id": 1,
+                               "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "up",
+                               "raised": False, "fence_seq": 0, "box": None, "created_at": T0,
+                               "run_user": "nobody", "run_group": "nogroup",
+                               "env_files": '["/etc/owned.env", "-/etc/owned.local"]',
+                               "memory_max": 64 << 20, "cpu_quota": 150, "pids_max": 10,
+                               "limit_nofile": 1024, "credentials": '{"token": "/etc/owned.token"}'})
+    raw_insert(conn, "generations", {"id": 41, "uuid": "5" * 36, "host": "owned",
+                                     "build_id": 1, "state": "current", "fence": 1,
+                                     "pid": 4141, "create_time": 1.0, "cgroup": None,
+                                     "socket": None, "agent_id": "agent-1",
+                                     "created_at": T0, "current_at": T0, "ended_at": None,
+                                     "end_reason": None, "run_user": "nobody"})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -300,6 +319,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0013": seed_0013,
     "0014": seed_0014,
     "0017": seed_0017,
+    "0018": seed_0018,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).

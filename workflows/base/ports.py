@@ -28,6 +28,14 @@ class SpawnSpec:
     listen_fds: tuple[int, ...] = ()
     listen_names: tuple[str, ...] = ()
     notify_socket: str | None = None  # its own NOTIFY_SOCKET (readiness by sd_notify)
+    # Who it runs as (None: the agent's user), and the env files read at this start.
+    user: str | None = None
+    group: str | None = None
+    env_files: tuple[str, ...] = ()
+    # Limits on its cgroup and rlimits: memory_max (bytes), cpu_quota (% of a core),
+    # pids_max, limit_nofile (runners/backend/cglimits.py).
+    limits: dict[str, int] = field(default_factory=dict)
+    credentials: tuple[tuple[str, str], ...] = ()  # (NAME, PATH): copied in at this start
 
 
 class SpawnError(Exception):
@@ -56,6 +64,7 @@ class ProcRef:
     # Descendants of the leader seen by a walk (pid, start time): processes of the
     # generation even once they have left the cgroup and dropped the marker.
     known: tuple[tuple[int, float], ...] = ()
+    user: str | None = None  # the user it was spawned as: its processes may carry the marker
 
 
 class ProcessPort(Protocol):

@@ -93,7 +93,8 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
              health_timeout: float, memory_tier_mb: int | None = None, box: str | None = None,
              policy: dict[str, Any] | None = None, socket_group: str | None = None,
              socket_mode: int | None = None, listeners: list[Listen] | None = None,
-             ready: str | None = None, probe: dict[str, Any] | None = None) -> None:
+             ready: str | None = None, probe: dict[str, Any] | None = None,
+             run: dict[str, Any] | None = None) -> None:
     check_name(name)
     listens = listeners or []
     check_set(listens, kind, ready)
@@ -109,7 +110,7 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
                cwd=cwd, drain_timeout=drain_timeout, health_timeout=health_timeout,
                memory_tier_mb=memory_tier_mb, box=box, socket_group=socket_group,
                socket_mode=socket_mode, ready=ready, created_at=utcnow(), **worker,
-               **(probe or {})))
+               **(probe or {}), **(run or {})))
     s.flush()
     write_set(s, name, listens)
     emit(s, "host_added", name, build=digest[:12], kind=kind.value,
@@ -248,11 +249,11 @@ def _worker_status(s: Session, h: Host, gen: Generation | None) -> dict[str, Any
                   ).scalar_one_or_none()
     if w is not None and w.state in OPEN_WAKE and w.cause == "restart":
         out["restart_at"] = w.next_attempt_at.isoformat() + "Z"
+    if gen is None and w is not None and w.state is WakeState.failed:
+        out["problem"] = w.reason  # e.g. its env file has a bad line: named with file:line
     if h.kind is not HostKind.worker:
         return out
     out.update({"one_shot": h.one_shot, "live_build_id": h.build_id,
                 "build_id": gen.build_id if gen else None,
                 "drift_since": (h.drift_since.isoformat() + "Z") if h.drift_since else None})
-    if gen is None and w is not None and w.state is WakeState.failed:
-        out["problem"] = w.reason
     return out

@@ -22,6 +22,7 @@ from workflows.generations.listeners import fds_for
 from workflows.generations.readiness import mode, own_socket
 
 _G = Generation.__table__
+LIMITS = ("memory_max", "cpu_quota", "pids_max", "limit_nofile")  # host columns
 _NEW = insert(_G).returning(_G.c.id)  # built once: an ORM add cost a unit-of-work flush
 _SOCKET = update(_G).where(_G.c.id == bindparam("gid")).values(socket=bindparam("sock"))
 
@@ -33,7 +34,7 @@ def intend(s: Session, ctx: Context, host: Host, build_id: int, fence: int | Non
     gen_uuid = str(uuidlib.uuid4())
     row = dict(uuid=gen_uuid, host=host.name, build_id=build_id, state=GenState.spawning,
                fence=fence, cgroup=ctx.proc.containment_for(gen_uuid), agent_id=ctx.agent_id,
-               created_at=utcnow())
+               created_at=utcnow(), run_user=host.run_user)
     gid = s.execute(_NEW, row).scalar_one()
     socket = None
     if own_socket(host):  # named after the row's id
@@ -64,7 +65,10 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:
                          env=json.loads(host.env),
                          cwd=host.cwd, socket_path=gen.socket, log_path=ctx.log_for(host.name, gen.id),
                          cgroup=gen.cgroup, listen_fds=fds, listen_names=names,
-                         notify_socket=notify)
+                         notify_socket=notify, user=host.run_user, group=host.run_group,
+                         env_files=tuple(json.loads(host.env_files or "[]")),
+                         limits={k: v for k in LIMITS if (v := getattr(host, k)) is not None},
+                         credentials=tuple(json.loads(host.credentials or "{}").items()))
         return ctx.proc.spawn(spec)
     except ValueError as exc:  # the host's args or env: no retry can succeed
         raise SpawnError(f"spawn {build.path}: {exc}") from exc

@@ -121,14 +121,19 @@ def worker_exited(s: Session, ctx: Context, gen: Generation, host: Host) -> None
     """A worker's current generation ended (in the transaction that retires it): a one-shot
     run is over (a clean exit marks the build good); anything else restarts, with backoff."""
     code = exit_code(ctx, gen)
+    oom = getattr(ctx.proc, "oom_killed", None)  # read before its cgroups are removed
+    if oom is not None and oom(ref_of(gen)):
+        emit(s, "oom_killed", host.name, gen.id, exit_code=code, reason="oom")
+        code_line = f"oom: killed by the kernel at its memory limit (status {code})"
+    else:
+        code_line = f"exited (status {code})" if code is not None else "exited"
     if host.one_shot:
         if code == 0:
             mark_good(s, gen.build_id)
         emit(s, "run_ended", host.name, gen.id, exit_code=code, one_shot=True)
         return
     up = (utcnow() - gen.current_at).total_seconds() if gen.current_at else 0.0
-    queue_restart(s, host, gen.build_id, up, f"exited (status {code})" if code is not None
-                  else "exited")
+    queue_restart(s, host, gen.build_id, up, code_line)
 
 
 def queue_restart(s: Session, host: Host, build_id: int, uptime: float, why: str) -> None:
