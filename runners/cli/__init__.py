@@ -12,7 +12,7 @@ import sys
 import click
 
 from models.errors import VigilError
-from runners.cli import agent, db, hosts, inspect, lifecycle, logs, schedule
+from runners.cli import agent, db, hosts, inspect, lifecycle, logs, restart, schedule
 from runners.cli.common import Env, opened
 from runners.cli.rollout import rollout
 
@@ -31,7 +31,7 @@ def cli(ctx: click.Context, state_dir: str | None, db: str | None) -> None:
 
 
 for command in (db.db, hosts.host, hosts.apply_cmd, lifecycle.wake, lifecycle.stop,
-                lifecycle.deploy, lifecycle.retry, inspect.gc, inspect.status_cmd,
+                lifecycle.deploy, lifecycle.retry, restart.restart, inspect.gc, inspect.status_cmd,
                 inspect.obligations, inspect.events, logs.logs, schedule.schedule, inspect.check,
                 inspect.crashpoints, agent.agent, rollout):
     cli.add_command(command)
