@@ -12,7 +12,7 @@ import sys
 import click
 
 from models.errors import VigilError
-from runners.cli import agent, db, hosts, inspect, lifecycle, logs, restart, schedule
+from runners.cli import agent, db, hostedit, hosts, inspect, lifecycle, logs, restart, schedule
 from runners.cli.common import Env, opened
 from runners.cli.rollout import rollout
 
@@ -35,6 +35,7 @@ for command in (db.db, hosts.host, hosts.apply_cmd, lifecycle.wake, lifecycle.st
                 inspect.obligations, inspect.events, logs.logs, schedule.schedule, inspect.check,
                 inspect.crashpoints, agent.agent, rollout):
     cli.add_command(command)
+hostedit.attach(hosts.host)
 
 
 def main(argv: list[str] | None = None) -> None:
