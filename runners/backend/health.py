@@ -28,23 +28,37 @@ def get_status(socket_path: str, timeout: float) -> int:
     return int(parts[1])
 
 
+def silent(socket_path: str, timeout: float, reached: bool) -> str:
+    """Why a generation never answered: an app that never served the socket vigil gave it
+    is told so, and how (the commonest cause with a server nobody wrote for vigil)."""
+    if reached:
+        return f"health: no answer on {socket_path} within {timeout}s"
+    return (f"health: nothing accepted on {socket_path} within {timeout}s: the app must serve "
+            "HTTP on the unix socket named in its $VIGIL_SOCKET (--arg does not expand it: "
+            "use a wrapper script that passes \"$VIGIL_SOCKET\" to the server), or listen "
+            "on a port vigil holds (--listen tcp:HOST:PORT)")
+
+
 class HttpHealth:
     """HealthPort: poll every ~5 ms until status < 500, a timeout, or the process exits."""
 
     def check(self, socket_path: str, timeout: float, alive: Callable[[], bool]) -> str | None:
         deadline = time.monotonic() + timeout
         last: str | None = None  # most telling failure so far
+        reached = False  # a connection was ever accepted: the app serves the socket
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                return last or f"health: no answer on {socket_path} within {float(timeout)}s"
+                return last or silent(socket_path, float(timeout), reached)
             try:
                 code = get_status(socket_path, min(TRY_TIMEOUT, left))
                 if code < 500:
                     return None
                 last = f"health: status {code}"
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass  # not listening yet: keep polling
             except (OSError, ValueError):
-                pass  # not listening yet, reset, or garbage: keep polling
+                reached = True  # accepted, then reset, timed out or garbage: keep polling
             if not alive():
                 return "health: process exited before it answered" + (f" ({last})" if last else "")
             time.sleep(min(POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
