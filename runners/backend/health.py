@@ -10,15 +10,24 @@ POLL_INTERVAL = 0.005  # a refused connect costs microseconds; the switch waits 
 TRY_TIMEOUT = 1.0  # one slow answer must not eat the whole budget
 
 
+MAX_REPLY = 1 << 20  # bytes of a reply read at most; what is beyond is not waited for
+
+
 def get_status(socket_path: str, timeout: float) -> int:
-    """One HTTP/1.0 `GET /`; returns the status code. Raises OSError / ValueError."""
+    """One HTTP/1.0 `GET /`; returns the status code. Raises OSError / ValueError.
+
+    The whole reply is read (its headers and the body they announce, or up to the close)
+    before the connection is closed: closing after the status line left apps on Python's
+    http.server with a BrokenPipeError traceback in their logs for every check."""
+    deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(socket_path)
         s.sendall(b"GET / HTTP/1.0\r\nHost: vigil\r\nConnection: close\r\n\r\n")
         buf = b""
-        while b"\r\n" not in buf and len(buf) < 4096:
-            chunk = s.recv(4096)
+        while len(buf) < MAX_REPLY and not _complete(buf):
+            s.settimeout(max(0.001, deadline - time.monotonic()))
+            chunk = s.recv(65536)
             if not chunk:
                 break
             buf += chunk
@@ -26,6 +35,19 @@ def get_status(socket_path: str, timeout: float) -> int:
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
         raise ValueError(f"bad status line {buf[:40]!r}")
     return int(parts[1])
+
+
+def _complete(buf: bytes) -> bool:
+    """The headers are in and so is the body their Content-Length announces (without one,
+    the reply ends when the app closes: Connection: close)."""
+    head, sep, body = buf.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and value.strip().isdigit():
+            return len(body) >= int(value.strip())
+    return False
 
 
 def silent(socket_path: str, timeout: float, reached: bool) -> str:

@@ -320,6 +320,41 @@ def test_get_status_helper_rejects_garbage(tmp_path: Path) -> None:
         get_status(str(tmp_path / "nope.sock"), 0.2)
 
 
+def test_health_check_reads_the_whole_reply_before_it_closes(tmp_path: Path) -> None:
+    """An app that writes its headers, then its body a moment later (as Python's
+    http.server may): the check waits for the body its Content-Length announces. Before
+    the fix it closed after the status line, and the app's body write failed (EPIPE: a
+    BrokenPipeError traceback in the logs of apps on http.server)."""
+    import threading
+
+    path = str(tmp_path / "app.sock")
+    server = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    errors: list[str] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(4096)
+            body = b"hello\n"
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+            time.sleep(0.2)
+            try:
+                conn.sendall(body)
+            except OSError as exc:
+                errors.append(repr(exc))
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        assert get_status(path, 5.0) == 200
+    finally:
+        t.join(10)
+        server.close()
+    assert errors == []
+
+
 def test_hello_finishes_in_flight_requests_on_term(h: Harness) -> None:
     ref = h.spawn(HELLO, env={"HELLO_DELAY": "0.4", "HELLO_BUILD": "slow"})
     sock = sock_of(h, ref)
