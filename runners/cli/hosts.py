@@ -68,12 +68,14 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         check_env,
         check_name,
         check_socket_room,
+        refuse_taken,
     )
     from workflows.leases.placement import encode
     from workflows.lifecycle.probe import check_probe
     from workflows.lifecycle.workers import check_policy
 
     check_name(name)
+    env.store().read(lambda s: refuse_taken(s, name))  # before its port is found in use
     listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready)
     placed = encode(boxes)
     group, mode = socket_options(socket_group, socket_mode)

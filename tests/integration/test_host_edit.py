@@ -99,3 +99,19 @@ def test_host_set_refuses_bad_values_with_one_line_and_writes_nothing(vigil: Vig
     assert _host_row(vigil, "web")["kind"] == "instance"
     cp = vigil.run("host", "set", "web", "--drain-timeout", "2", "--dry-run")
     assert "dry run: nothing changed" in cp.stdout and _host_row(vigil, "web")["drain_timeout"] == 10.0
+
+
+def test_host_add_of_an_existing_name_says_so_first(vigil: Vigil) -> None:
+    """Before: a host holding a port, added again, was refused for the port in use (by
+    vigil's own agent and holder). The name is checked first now."""
+    port = _free_port()
+    vigil.add_host("web", HELLO, "--listen", f"tcp:127.0.0.1:{port}")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "web", "--wait")
+    cp = vigil.run("host", "add", "web", "--build", str(HELLO), "--listen",
+                   f"tcp:127.0.0.1:{port}", check=False)
+    assert cp.returncode == 2
+    assert cp.stderr.strip() == (
+        "vigil: error: host web already exists; change it with `vigil host set web ...`, or "
+        "remove it first with `vigil host rm web`"), cp.stderr
