@@ -5,6 +5,7 @@ closed-loop client, with no request failed."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ BIN = Path(sys.executable).parent
 RECIPES = {  # the server's directory, its env (the binary from the test extra)
     "hypercorn": {"HYPERCORN": str(BIN / "hypercorn")},
     "uvicorn": {"PYTHON": sys.executable},
+    "node": {"NODE": shutil.which("node") or "node"},  # Debian's nodejs (.ci/run)
 }
 DEPLOYS = 3  # of each mode
 
@@ -34,7 +36,11 @@ def builds(tmp: Path, server: str) -> list[Path]:
 
 @pytest.mark.parametrize("server", sorted(RECIPES))
 def test_recipe_deploys_fail_no_request(vigil: Vigil, short_tmp: Path, server: str) -> None:
-    pytest.importorskip(server)
+    if server == "node":
+        if shutil.which("node") is None:
+            pytest.skip("no node on PATH (Debian: apt-get install nodejs)")
+    else:
+        pytest.importorskip(server)
     port = free_port()
     two = builds(short_tmp, server)
     env = [a for k, v in RECIPES[server].items() for a in ("--env", f"{k}={v}")]
