@@ -116,8 +116,9 @@ def host_list(env: Env, as_json: bool) -> None:
         echo_json(rows)
         return
     t = table("host", "kind", "state", "build")
-    for r in rows:
-        t.add_row(r["host"], r["kind"], r["state"], (r["build_digest"] or "")[:12])
+    for r in rows:  # the build by its file name beside its digest
+        t.add_row(r["host"], r["kind"], r["state"],
+                  f"{r['build_file'] or ''} {(r['build_digest'] or '')[:12]}".strip())
     show(t)
 
 

@@ -34,6 +34,9 @@ def test_host_show_names_every_setting_the_build_file_and_the_last_attempt(vigil
     info = vigil.json("host", "show", "web")
     assert info["build"]["file"] == "hello.py" and len(info["build"]["digest"]) == 64
     assert info["last_attempt"] is None
+    assert "hello.py " + info["build"]["digest"][:12] in vigil.run(
+        "host", "list", env={"COLUMNS": "120"}).stdout
+    assert vigil.status("web")["build_file"] == "hello.py"
 
     agent = vigil.start_agent()
     vigil.wait_ready(agent)

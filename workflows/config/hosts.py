@@ -192,6 +192,7 @@ def status(s: Session, name: str | None = None) -> list[dict[str, Any]]:
             "generation": gen.id if gen else None,
             "pid": gen.pid if gen else None,
             "build_digest": build.digest if build else None,
+            "build_file": os.path.basename(build.source) if build else None,
             "socket": gen.socket if gen else None,
             "since": (gen.current_at.isoformat() + "Z") if gen and gen.current_at else None,
             "lease": {"holder": lease.holder, "fence": lease.fence} if lease else None,
