@@ -132,7 +132,7 @@ def deploy(env: Env, name: str, build_path: str, mode: str, canary: bool, cause:
         return
     if out.get("held_down"):
         click.echo(f"{out['held_down']}; deploying it as asked")
-    _attempt(env, name, out["attempt"], wait, timeout)
+    _attempt(env, name, out["attempt"], wait, timeout, canary=canary)
 
 
 @click.command()
@@ -146,7 +146,7 @@ def retry(env: Env, name: str, wait: bool, timeout: float) -> None:
 
 
 def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float,
-             steps: bool = True) -> None:
+             steps: bool = True, canary: bool = False) -> None:
     """Follow an attempt: each step as it happens (`steps`), then its end as one line."""
     if not wait:
         click.echo(f"attempt #{attempt_id} of {name} queued")
@@ -155,6 +155,7 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float,
     after = quick.call("last_event")
     seen: list[str] = []  # steps printed, in order
     passed: list[int] = []  # attempts reported abandoned and written again
+    settling: list[float] = [0.0]  # when the step was first seen, then each progress line
 
     def tick(a: dict[str, Any], elapsed: float) -> None:
         for r in a["resumed"]:  # the agent restarted: the request goes on as a new attempt
@@ -169,6 +170,11 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float,
         if not seen or seen[-1] != a["step"]:
             seen.append(a["step"])
             click.echo(f"{elapsed:7.2f}s  {a['step']}")
+            settling[:] = [elapsed]
+        elif canary and a["step"] == "healthy" and elapsed - settling[-1] >= 1.0:
+            settling.append(elapsed)  # the canary's settle: the successor must stay up
+            click.echo(f"{elapsed:7.2f}s  settling: the successor is up "
+                       f"{elapsed - settling[0]:.0f}s")
 
     def late(a: dict[str, Any]) -> VigilError:
         return VigilError(f"timed out after {timeout:.0f}s: attempt #{a['id']} is at "

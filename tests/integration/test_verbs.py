@@ -4,6 +4,8 @@ one line per host and every host its own obligation."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.conftest import FIXTURES, HELLO, Vigil
 
 
@@ -96,3 +98,19 @@ def test_status_takes_several_hosts_and_globs(vigil: Vigil) -> None:
     assert [r["host"] for r in vigil.json("status")] == ["api", "web1", "web2"]
     cp = vigil.run("status", "db*", check=False)
     assert cp.returncode == 3 and "no host matches 'db*'" in cp.stderr
+
+
+def test_canary_deploy_shows_its_settle_as_progress(vigil: Vigil, short_tmp: Path) -> None:
+    """Before: `deploy --canary --wait` printed nothing for the whole settle window."""
+    vigil.env["VIGIL_SETTLE_SECONDS"] = "3"
+    vigil.add_host("web", HELLO)
+    vigil.wait_ready(vigil.start_agent())
+    vigil.run("wake", "web", "--wait")
+    new = short_tmp / "hello2.py"
+    new.write_text(HELLO.read_text() + "# another build\n")
+    new.chmod(0o755)
+    cp = vigil.run("deploy", "web", str(new), "--canary", "--wait")
+    lines = cp.stdout.splitlines()
+    settling = [ln for ln in lines if "settling: the successor is up" in ln]
+    assert len(settling) >= 2, cp.stdout
+    assert lines.index(settling[0]) > next(i for i, ln in enumerate(lines) if ln.endswith("healthy"))
