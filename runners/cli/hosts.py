@@ -130,9 +130,11 @@ def host_rm(env: Env, name: str) -> None:
     from runners.agent.schedules import forget
     from runners.base.doorbell import ring
     from runners.cli.listeners import close_removed
+    from runners.cli.logs import set_aside
     from workflows.config.hosts import remove_host
 
     rows = env.store().write(lambda s: remove_host(s, name))
+    set_aside(env.state_dir, name)  # a host added again under the name starts with no output
     forget(env.store(), name)
     close_removed(env.state_dir, rows)
     if rows:
@@ -171,6 +173,11 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
     done = [store.write(partial(apply_host, w=w)) for w in _wanted(env, specs, stage=True)]
     done += [store.write(partial(remove_absent, name=c.host))
              for c in changes if c.host not in keep]
+    from runners.cli.logs import set_aside
+
+    for c in done:
+        if c.action == "remove":
+            set_aside(env.state_dir, c.host)
     ran = apply_running(env, specs)
     for c in done + ran:
         if c.action == "add" and c.host in {r.host for r in ran if r.action == "wake"}:

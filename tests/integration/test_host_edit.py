@@ -118,3 +118,23 @@ def test_host_add_of_an_existing_name_says_so_first(vigil: Vigil) -> None:
     assert cp.stderr.strip() == (
         "vigil: error: host web already exists; change it with `vigil host set web ...`, or "
         "remove it first with `vigil host rm web`"), cp.stderr
+
+
+def test_a_host_added_again_starts_with_no_output(vigil: Vigil) -> None:
+    """Before: `vigil logs` of a re-added host showed the removed host's lines as its own."""
+    from tests.conftest import wait_for
+
+    ticker = FIXTURES / "ticker.py"
+    vigil.add_host("job", ticker, "--kind", "worker")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "job", "--wait")
+    wait_for(lambda: "tick 0" in vigil.run("logs", "job").stdout, 20, what="the ticker's output")
+    vigil.run("stop", "job", "--wait")
+    vigil.quiesce()
+    vigil.run("host", "rm", "job")
+    vigil.add_host("job", ticker, "--kind", "worker")
+    cp = vigil.run("logs", "job")
+    assert cp.stdout == "" and "no output of job yet" in cp.stderr, cp.stdout[-500:]
+    kept = list((vigil.state_dir / "logs" / ".removed").iterdir())
+    assert len(kept) == 1 and kept[0].name.startswith("job-") and list(kept[0].glob("g*.log*"))
