@@ -16,9 +16,11 @@ def _free_port() -> int:
 
 
 def _host_row(vigil: Vigil, name: str) -> dict[str, object]:
+    from sqlalchemy import text
+
     with vigil.store.engine.connect() as conn:
-        return dict(conn.exec_driver_sql("SELECT * FROM hosts WHERE name = ?", (name,))
-                    .one()._mapping)
+        return dict(conn.execute(text("SELECT * FROM hosts WHERE name = :name"),
+                                 {"name": name}).one()._mapping)
 
 
 def test_host_show_names_every_setting_the_build_file_and_the_last_attempt(vigil: Vigil) -> None:
