@@ -37,7 +37,7 @@ def request_restart_now(s: Session, host: str, mode: Mode) -> dict[str, Any]:
     build_id = s.execute(select(Generation.build_id).where(
         Generation.host == host, Generation.state == GenState.current)).scalar()
     if build_id is None:
-        w = request_wake(s, host, cause="restart")
+        w = request_wake(s, host)  # a plain wake: cause "restart" is a crash restart's
         return {"wake": w.id, "state": w.state}
     build = s.get(Build, build_id)
     if build is None:
