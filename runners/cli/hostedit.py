@@ -12,7 +12,6 @@ becomes a deploy attempt with cause `config`."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ import click
 from models.errors import BadInput
 from models.states import HostKind
 from runners.cli.common import SECONDS, Env, echo_json
-from runners.cli.hostfile import _File
 
 UNSETTABLE = ("args", "env", "cwd", "socket-group", "socket-mode", "listen", "ready",
               "health-interval", "unhealthy-after", "unhealthy-restart", "max-run",
@@ -29,13 +27,21 @@ UNSETTABLE = ("args", "env", "cwd", "socket-group", "socket-mode", "listen", "re
               "drain-timeout", "health-timeout")
 
 
-@dataclass(frozen=True)
-class _Options(_File):
-    """A bad value is named by its option, not by a line of a file."""
+def _options() -> Any:
+    """The hosts file's checks, with a bad value named by its option, not by a line of a
+    file (made here: the hosts file module imports the store's models, which `vigil
+    --help` and the quick commands must not pay for)."""
+    from dataclasses import dataclass
 
-    def bad(self, host: str | None, key: str | None, reason: str, fix: str) -> BadInput:
-        option = "--" + (key or "").replace("_", "-")
-        return BadInput(f"host set {host}: {option}: {reason}", fix)
+    from runners.cli.hostfile import _File
+
+    @dataclass(frozen=True)
+    class Options(_File):
+        def bad(self, host: str | None, key: str | None, reason: str, fix: str) -> BadInput:
+            option = "--" + (key or "").replace("_", "-")
+            return BadInput(f"host set {host}: {option}: {reason}", fix)
+
+    return Options(path="", text="", base=Path.cwd())
 
 
 def _table(h: Any, listens: list[Any]) -> dict[str, Any]:
@@ -176,7 +182,7 @@ def host_set(env: Env, name: str, build_path: str | None, envs: tuple[str, ...],
     store = env.store()
     table, old_listens, build = store.read(lambda s: _stored(s, name))
     _lay_over(table, given, unsets, envs, unset_envs, listens)
-    fields, new_listens = _checked(_Options(path="", text="", base=Path.cwd()), name, table)
+    fields, new_listens = _checked(_options(), name, table)
     if fields["kind"] is HostKind.instance:
         check_socket_room(env.state_dir, name)
     probe_all(new_listens, old_listens, label=f"host set {name}: ")
@@ -238,7 +244,7 @@ def _env(current: dict[str, str], envs: tuple[str, ...], drop: tuple[str, ...]) 
     return current
 
 
-def _checked(f: _File, name: str, table: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+def _checked(f: Any, name: str, table: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     """The fields and listeners of the changed host, by the hosts file's own rules."""
     from runners.cli.hostfile import _fields, _listens
 
