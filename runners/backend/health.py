@@ -10,15 +10,24 @@ POLL_INTERVAL = 0.005  # a refused connect costs microseconds; the switch waits 
 TRY_TIMEOUT = 1.0  # one slow answer must not eat the whole budget
 
 
+MAX_REPLY = 1 << 20  # bytes of a reply read at most; what is beyond is not waited for
+
+
 def get_status(socket_path: str, timeout: float) -> int:
-    """One HTTP/1.0 `GET /`; returns the status code. Raises OSError / ValueError."""
+    """One HTTP/1.0 `GET /`; returns the status code. Raises OSError / ValueError.
+
+    The whole reply is read (its headers and the body they announce, or up to the close)
+    before the connection is closed: closing after the status line left apps on Python's
+    http.server with a BrokenPipeError traceback in their logs for every check."""
+    deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(socket_path)
         s.sendall(b"GET / HTTP/1.0\r\nHost: vigil\r\nConnection: close\r\n\r\n")
         buf = b""
-        while b"\r\n" not in buf and len(buf) < 4096:
-            chunk = s.recv(4096)
+        while len(buf) < MAX_REPLY and not _complete(buf):
+            s.settimeout(max(0.001, deadline - time.monotonic()))
+            chunk = s.recv(65536)
             if not chunk:
                 break
             buf += chunk
@@ -28,23 +37,50 @@ def get_status(socket_path: str, timeout: float) -> int:
     return int(parts[1])
 
 
+def _complete(buf: bytes) -> bool:
+    """The headers are in and so is the body their Content-Length announces (without one,
+    the reply ends when the app closes: Connection: close)."""
+    head, sep, body = buf.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and value.strip().isdigit():
+            return len(body) >= int(value.strip())
+    return False
+
+
+def silent(socket_path: str, timeout: float, reached: bool) -> str:
+    """Why a generation never answered: an app that never served the socket vigil gave it
+    is told so, and how (the commonest cause with a server nobody wrote for vigil)."""
+    if reached:
+        return f"health: no answer on {socket_path} within {timeout}s"
+    return (f"health: nothing accepted on {socket_path} within {timeout}s: the app must serve "
+            "HTTP on the unix socket named in its $VIGIL_SOCKET (--arg does not expand it: "
+            "use a wrapper script that passes \"$VIGIL_SOCKET\" to the server), or listen "
+            "on a port vigil holds (--listen tcp:HOST:PORT)")
+
+
 class HttpHealth:
     """HealthPort: poll every ~5 ms until status < 500, a timeout, or the process exits."""
 
     def check(self, socket_path: str, timeout: float, alive: Callable[[], bool]) -> str | None:
         deadline = time.monotonic() + timeout
         last: str | None = None  # most telling failure so far
+        reached = False  # a connection was ever accepted: the app serves the socket
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                return last or f"health: no answer on {socket_path} within {float(timeout)}s"
+                return last or silent(socket_path, float(timeout), reached)
             try:
                 code = get_status(socket_path, min(TRY_TIMEOUT, left))
                 if code < 500:
                     return None
                 last = f"health: status {code}"
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass  # not listening yet: keep polling
             except (OSError, ValueError):
-                pass  # not listening yet, reset, or garbage: keep polling
+                reached = True  # accepted, then reset, timed out or garbage: keep polling
             if not alive():
                 return "health: process exited before it answered" + (f" ({last})" if last else "")
             time.sleep(min(POLL_INTERVAL, max(0.0, deadline - time.monotonic())))

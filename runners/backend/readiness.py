@@ -52,6 +52,15 @@ def sender_is(generation_uuid: str, pid: int) -> bool | None:
     return f"{MARKER}={generation_uuid}".encode() in env.split(b"\0")
 
 
+def silent_notify(host: str, timeout: float) -> str:
+    """A generation that runs and never says READY=1: most servers do not (gunicorn does),
+    so the reason names the readiness that works for them."""
+    return (f"ready: no READY=1 on $NOTIFY_SOCKET within {timeout}s (the app runs; most "
+            "servers never send it): give the host a readiness it has, `vigil host set "
+            f"{host} --ready http` if it also serves $VIGIL_SOCKET, or --ready "
+            "'exec:curl -fs http://127.0.0.1:PORT/'")
+
+
 @dataclass
 class _Watched:
     sock: socket.socket
@@ -101,7 +110,7 @@ class Readiness:
             if not alive():
                 return "ready: process exited before it sent READY=1"
             if time.monotonic() >= deadline:
-                return f"ready: no READY=1 on $NOTIFY_SOCKET within {float(timeout)}s"
+                return silent_notify(w.host, float(timeout))
 
     def forget(self, generation_uuid: str) -> None:
         with self._lock:

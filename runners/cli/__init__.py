@@ -12,7 +12,18 @@ import sys
 import click
 
 from models.errors import VigilError
-from runners.cli import agent, db, hosts, inspect, lifecycle, logs, schedule
+from runners.cli import (
+    agent,
+    db,
+    hostedit,
+    hosts,
+    inspect,
+    lifecycle,
+    logs,
+    restart,
+    schedule,
+    shutdown,
+)
 from runners.cli.common import Env, opened
 from runners.cli.rollout import rollout
 
@@ -31,10 +42,11 @@ def cli(ctx: click.Context, state_dir: str | None, db: str | None) -> None:
 
 
 for command in (db.db, hosts.host, hosts.apply_cmd, lifecycle.wake, lifecycle.stop,
-                lifecycle.deploy, lifecycle.retry, inspect.gc, inspect.status_cmd,
+                lifecycle.deploy, lifecycle.retry, restart.restart, inspect.gc, inspect.status_cmd,
                 inspect.obligations, inspect.events, logs.logs, schedule.schedule, inspect.check,
-                inspect.crashpoints, agent.agent, rollout):
+                inspect.crashpoints, agent.agent, rollout, shutdown.shutdown):
     cli.add_command(command)
+hostedit.attach(hosts.host)
 
 
 def main(argv: list[str] | None = None) -> None:

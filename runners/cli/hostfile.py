@@ -188,6 +188,7 @@ WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")
 BUILD = "build"  # required: the executable, staged like `vigil deploy` does
 LISTEN = "listen"  # ["http=tcp:127.0.0.1:8080", ...]: the host's listeners (not a column)
+RUNNING = "running"  # true|false: apply wakes or stops the host to it (workflows/config/running.py)
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,7 @@ class HostSpec:
     build: str  # absolute path of the source executable
     fields: dict[str, Any]  # every KEYS field, defaults filled in
     listens: list[Listen] = field(default_factory=list)
+    running: bool | None = None  # left out: apply neither wakes nor stops it
 
 
 def line_of(text: str, host: str | None, key: str | None) -> int:
@@ -286,13 +288,20 @@ def _host(f: _File, name: str, table: Any) -> HostSpec:
     if not isinstance(table, dict):
         raise f.bad(name, None, "must be a table", f'write [hosts.{name}] and its keys below it')
     for key in table:
-        if key not in (BUILD, LISTEN) and key not in KEYS:
+        if key not in (BUILD, LISTEN, RUNNING) and key not in KEYS:
             raise f.bad(name, key, "unknown key",
-                        f"the keys are {', '.join([BUILD, LISTEN, *KEYS])}")
+                        f"the keys are {', '.join([BUILD, LISTEN, RUNNING, *KEYS])}")
     src = _build(f, name, table)
     fields = _fields(f, name, table)
     listens = _listens(f, name, table, fields)
-    return HostSpec(name=name, build=str(src.absolute()), fields=fields, listens=listens)
+    running = None
+    if RUNNING in table:
+        try:
+            running = _flag(table[RUNNING], f.base)
+        except Invalid as exc:
+            raise f.bad(name, RUNNING, exc.reason, "write running = true or running = false") from None
+    return HostSpec(name=name, build=str(src.absolute()), fields=fields, listens=listens,
+                    running=running)
 
 
 def _build(f: _File, name: str, table: dict[str, Any]) -> Path:

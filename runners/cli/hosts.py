@@ -72,11 +72,12 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
     from runners.backend.files import stage_build
     from runners.cli.listeners import checked_listeners
-    from workflows.config.hosts import add_host, check_name
+    from workflows.config.hosts import add_host, check_name, refuse_taken
     from workflows.leases.placement import encode
     from workflows.lifecycle.probe import check_probe
 
     check_name(name)
+    env.store().read(lambda s: refuse_taken(s, name))  # before its port is found in use
     listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready)
     placed = encode(boxes)
     group, mode = socket_options(socket_group, socket_mode)
@@ -129,8 +130,9 @@ def host_list(env: Env, as_json: bool) -> None:
         echo_json(rows)
         return
     t = table("host", "kind", "state", "build")
-    for r in rows:
-        t.add_row(r["host"], r["kind"], r["state"], (r["build_digest"] or "")[:12])
+    for r in rows:  # the build by its file name beside its digest
+        t.add_row(r["host"], r["kind"], r["state"],
+                  f"{r['build_file'] or ''} {(r['build_digest'] or '')[:12]}".strip())
     show(t)
 
 
@@ -142,9 +144,11 @@ def host_rm(env: Env, name: str) -> None:
     from runners.agent.schedules import forget
     from runners.base.doorbell import ring
     from runners.cli.listeners import close_removed
+    from runners.cli.logs import set_aside
     from workflows.config.hosts import remove_host
 
     rows = env.store().write(lambda s: remove_host(s, name))
+    set_aside(env.state_dir, name)  # a host added again under the name starts with no output
     forget(env.store(), name)
     close_removed(env.state_dir, rows)
     if rows:
@@ -158,47 +162,58 @@ def host_rm(env: Env, name: str) -> None:
 @click.pass_obj
 def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
     """Create, update and remove hosts to match a TOML file (see docs/reference/hosts-file.md)."""
-    from runners.backend.files import LocalFiles, stage_build, staging_root
-    from runners.base.doorbell import ring as ring_doorbell
+    from runners.cli.common import ring
     from runners.cli.hostfile import load
-    from workflows.config.apply import Wanted, apply_host, plan, remove_absent
+    from workflows.config.apply import apply_host, plan, remove_absent
     from workflows.config.hosts import check_socket_room
 
     specs = load(file)  # every key checked first: a bad file changes nothing
+    if dry_run:
+        from runners.cli.applyplan import dry_run as show_plan
+
+        show_plan(env, file, specs, _wanted(env, specs, stage=False))
+        return
     for spec in specs:
         if spec.fields["kind"] is HostKind.instance:
             check_socket_room(env.state_dir, spec.name)
     store = env.store()
+    from runners.cli.applyplan import apply_running
     from runners.cli.listeners import probe_all, stored_listens
 
     for spec in specs:  # each new address free now (a port in use, ...): nothing written
         probe_all(spec.listens, stored_listens(store, spec.name), label=f"{file}: {spec.name}: ")
-
-    def wanted(stage: bool) -> list[Wanted]:
-        out = []
-        for h in specs:
-            if stage:
-                path, digest = stage_build(h.build, env.state_dir)
-            else:
-                digest = LocalFiles().digest(h.build)
-                path = str(staging_root(env.state_dir) / digest / Path(h.build).name)
-            out.append(Wanted(h.name, h.fields, path, digest, h.build, h.listens))
-        return out
-
-    changes = store.read(lambda s: plan(s, wanted(stage=False)))  # refusals: nothing changed
-    if dry_run:
-        for c in changes:
-            click.echo(c.line())
-        click.echo("dry run: nothing changed")
-        return
+    changes = store.read(lambda s: plan(s, _wanted(env, specs, stage=False)))  # refusals: nothing changed
     keep = {c.host for c in changes if c.action != "remove"}
-    done = [store.write(partial(apply_host, w=w)) for w in wanted(stage=True)]
+    done = [store.write(partial(apply_host, w=w)) for w in _wanted(env, specs, stage=True)]
     done += [store.write(partial(remove_absent, name=c.host))
              for c in changes if c.host not in keep]
+    from runners.cli.logs import set_aside
+
     for c in done:
+        if c.action == "remove":
+            set_aside(env.state_dir, c.host)
+    ran = apply_running(env, specs)
+    for c in done + ran:
+        if c.action == "add" and c.host in {r.host for r in ran if r.action == "wake"}:
+            c.note = ""  # not asleep: woken by its `running = true`
         click.echo(c.line())
-    if any(c.attempt is not None for c in done):
-        ring_doorbell(env.state_dir)
+    if ran or any(c.attempt is not None for c in done):
+        ring(env)
+
+
+def _wanted(env: Env, specs: list[Any], stage: bool) -> list[Any]:
+    from runners.backend.files import LocalFiles, stage_build, staging_root
+    from workflows.config.apply import Wanted
+
+    out = []
+    for h in specs:
+        if stage:
+            path, digest = stage_build(h.build, env.state_dir)
+        else:
+            digest = LocalFiles().digest(h.build)
+            path = str(staging_root(env.state_dir) / digest / Path(h.build).name)
+        out.append(Wanted(h.name, h.fields, path, digest, h.build, h.listens))
+    return out
 
 
 from runners.cli.listeners import attach as _attach_listen  # noqa: E402  (vigil host reopen)

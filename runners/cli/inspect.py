@@ -16,14 +16,19 @@ from runners.cli.retention import keep_of, keep_options, summary
 
 
 @click.command("status")
-@click.argument("name", required=False)
+@click.argument("names", nargs=-1, metavar="[HOST...]")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def status_cmd(env: Env, name: str | None, as_json: bool) -> None:
-    """Each host: state, generation, pid, build and how long it has served, under a line
-    saying whether an agent runs."""
+def status_cmd(env: Env, names: tuple[str, ...], as_json: bool) -> None:
+    """Each host (or those named: names or globs such as 'web*'): state, generation, pid,
+    build and how long it has served, under a line saying whether an agent runs."""
+    from runners.cli.several import resolve
+
     quick = env.quick()
-    rows = quick.call("status", name=name)
+    hosts = resolve(env, names, False, required=False)
+    rows = quick.call("status", name=hosts[0] if len(hosts) == 1 else None)
+    if len(hosts) > 1:
+        rows = [r for r in rows if r["host"] in hosts]
     from runners.base.doorbell import halted_line
 
     halted = halted_line(env.state_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import click
@@ -10,6 +11,7 @@ import click
 from models.errors import VigilError
 from models.states import Cause, Mode
 from runners.cli.common import SECONDS, Env, poll
+from runners.cli.several import Each, resolve, targets
 
 SETTLED = ("done", "failed", "cancelled")
 UNPROVEN_GRACE = 3.0  # an unproven wake is usually proven a moment later
@@ -41,20 +43,39 @@ def _wait_row(env: Env, kind: str, row_id: int, name: str, timeout: float) -> di
 
 
 @click.command()
-@click.argument("name")
-@click.option("--wait", is_flag=True, help="Block until the agent has woken it or it failed.")
+@targets
+@click.option("--wait", is_flag=True, help="Block until the agent has woken them or they failed.")
 @click.option("--timeout", type=SECONDS, default=300.0, show_default=True)
 @click.pass_obj
-def wake(env: Env, name: str, wait: bool, timeout: float) -> None:
-    """Start a host's current build."""
-    req = env.quick().call("wake", name=name)
+def wake(env: Env, names: tuple[str, ...], every: bool, wait: bool, timeout: float) -> None:
+    """Start hosts' current build (HOST..., a glob such as 'web*', or --all)."""
+    hosts = resolve(env, names, every)
+    each = Each(hosts)
+    queued = []
+    for name in hosts:
+        req = each.run(name, env.quick().call, "wake", name=name)
+        if req is not None:
+            queued += _queued(name, "wake", req, wait)
+    deadline = time.monotonic() + timeout
+    for name, row_id in queued:
+        each.run(name, woken, env, name, row_id, max(0.0, deadline - time.monotonic()))
+    each.end("wake")
+
+
+def _queued(name: str, kind: str, req: dict[str, Any], wait: bool) -> list[tuple[str, int]]:
+    """The row to wait for, or a line saying it was queued (or that nothing was)."""
     if req["id"] is None:
         click.echo(f"host {name} is already awake")
-        return
-    if not wait:
-        click.echo(f"wake #{req['id']} of {name} queued")
-        return
-    row = _wait_row(env, "wake", req["id"], name, timeout)
+    elif not wait:
+        click.echo(f"{kind} #{req['id']} of {name} queued")
+    else:
+        return [(name, req["id"])]
+    return []
+
+
+def woken(env: Env, name: str, wake_id: int, timeout: float) -> None:
+    """Until wake `wake_id` settles: its host's line, or the error naming why not."""
+    row = _wait_row(env, "wake", wake_id, name, timeout)
     if row["state"] != "done":
         detail = " (its processes are not proven gone yet)" if row["state"] == "unproven" else ""
         raise VigilError(f"wake of {name} {row['state']}: {row['reason']}{detail}",
@@ -63,17 +84,28 @@ def wake(env: Env, name: str, wait: bool, timeout: float) -> None:
 
 
 @click.command()
-@click.argument("name")
-@click.option("--wait", is_flag=True, help="Block until it is proven stopped.")
+@targets
+@click.option("--wait", is_flag=True, help="Block until they are proven stopped.")
 @click.option("--timeout", type=SECONDS, default=300.0, show_default=True)
 @click.pass_obj
-def stop(env: Env, name: str, wait: bool, timeout: float) -> None:
-    """Stop a host: SIGTERM, drain, SIGKILL, proof, lease given back."""
-    req = env.quick().call("stop", name=name)
-    if not wait:
-        click.echo(f"stop #{req['id']} of {name} queued")
-        return
-    row = _wait_row(env, "stop", req["id"], name, timeout)
+def stop(env: Env, names: tuple[str, ...], every: bool, wait: bool, timeout: float) -> None:
+    """Stop hosts: SIGTERM, drain, SIGKILL, proof, lease given back (HOST..., a glob
+    such as 'web*', or --all)."""
+    hosts = resolve(env, names, every)
+    each = Each(hosts)
+    queued = []
+    for name in hosts:
+        req = each.run(name, env.quick().call, "stop", name=name)
+        if req is not None:
+            queued += _queued(name, "stop", req, wait)
+    deadline = time.monotonic() + timeout
+    for name, row_id in queued:
+        each.run(name, stopped, env, name, row_id, max(0.0, deadline - time.monotonic()))
+    each.end("stop")
+
+
+def stopped(env: Env, name: str, stop_id: int, timeout: float) -> None:
+    row = _wait_row(env, "stop", stop_id, name, timeout)
     click.echo(f"host {name} stopped ({row['reason'] or 'proven gone'})")
 
 
@@ -100,7 +132,7 @@ def deploy(env: Env, name: str, build_path: str, mode: str, canary: bool, cause:
         return
     if out.get("held_down"):
         click.echo(f"{out['held_down']}; deploying it as asked")
-    _attempt(env, name, out["attempt"], wait, timeout)
+    _attempt(env, name, out["attempt"], wait, timeout, canary=canary)
 
 
 @click.command()
@@ -113,7 +145,9 @@ def retry(env: Env, name: str, wait: bool, timeout: float) -> None:
     _attempt(env, name, env.quick().call("retry", name=name)["attempt"], wait, timeout)
 
 
-def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -> None:
+def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float,
+             steps: bool = True, canary: bool = False) -> None:
+    """Follow an attempt: each step as it happens (`steps`), then its end as one line."""
     if not wait:
         click.echo(f"attempt #{attempt_id} of {name} queued")
         return
@@ -121,6 +155,7 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -
     after = quick.call("last_event")
     seen: list[str] = []  # steps printed, in order
     passed: list[int] = []  # attempts reported abandoned and written again
+    settling: list[float] = [0.0]  # when the step was first seen, then each progress line
 
     def tick(a: dict[str, Any], elapsed: float) -> None:
         for r in a["resumed"]:  # the agent restarted: the request goes on as a new attempt
@@ -135,6 +170,11 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -
         if not seen or seen[-1] != a["step"]:
             seen.append(a["step"])
             click.echo(f"{elapsed:7.2f}s  {a['step']}")
+            settling[:] = [elapsed]
+        elif canary and a["step"] == "healthy" and elapsed - settling[-1] >= 1.0:
+            settling.append(elapsed)  # the canary's settle: the successor must stay up
+            click.echo(f"{elapsed:7.2f}s  settling: the successor is up "
+                       f"{elapsed - settling[0]:.0f}s")
 
     def late(a: dict[str, Any]) -> VigilError:
         return VigilError(f"timed out after {timeout:.0f}s: attempt #{a['id']} is at "
@@ -142,11 +182,12 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float) -
                           "watch `vigil obligations`; the agent keeps working on it")
 
     a = poll(lambda: quick.call("progress", kind="attempt", id=attempt_id, after=after),
-             lambda a, _: a["outcome"] is not None, timeout=timeout, late=late, tick=tick,
+             lambda a, _: a["outcome"] is not None, timeout=timeout, late=late,
+             tick=tick if steps else None,
              idle=quick.no_agent_guard(f"attempt #{attempt_id} of {name}"))
     drain = f", drain {a['drain_seconds']:.2f}s" if a["drain_seconds"] is not None else ""
-    line = (f"attempt #{a['id']} {a['outcome']} (mode {a['effective_mode']}, executed "
-            f"{str(a['executed']).lower()}{drain}): {a['reason']}")
+    line = (("" if steps else f"host {name}: ") + f"attempt #{a['id']} {a['outcome']} (mode "
+            f"{a['effective_mode']}, executed {str(a['executed']).lower()}{drain}): {a['reason']}")
     if a["outcome"] != "done":
         raise VigilError(line, f"see `vigil events {name}` and the app's output: "
                          f"`vigil logs {name}`")

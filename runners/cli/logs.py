@@ -20,6 +20,28 @@ _ANY = re.compile(r"g(\d+)\.log(?:\.(\d+))?")
 BLOCK = 1 << 16
 
 
+REMOVED = ".removed"  # <state>/logs/.removed/<host>-<time>: the output of removed hosts
+
+
+def set_aside(state_dir: Path, name: str) -> None:
+    """After `host rm` (or apply's removal) commits: the removed host's output moves to
+    logs/.removed/<name>-<UTC time>, so a host added again under the name starts with
+    none (before, `vigil logs` showed the old host's lines as its own). Kept there for
+    the operator; nothing of vigil reads or prunes it."""
+    import time
+
+    directory = state_dir / "logs" / name
+    if not directory.is_dir():
+        return
+    aside = state_dir / "logs" / REMOVED
+    aside.mkdir(mode=0o700, exist_ok=True)
+    try:
+        directory.rename(aside / f"{name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    except OSError as exc:
+        click.echo(f"vigil: the output of removed host {name} stays in {directory} ({exc})",
+                   err=True)
+
+
 def generations(directory: Path) -> list[int]:
     try:
         names = os.listdir(directory)

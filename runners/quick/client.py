@@ -19,7 +19,7 @@ from typing import Any
 from models.errors import VigilError
 
 CONTROL = "control.sock"  # workflows/base/paths.py CONTROL (kept equal by a test)
-INTENTS = frozenset({"wake", "stop", "deploy", "retry"})  # requests that write a row
+INTENTS = frozenset({"wake", "stop", "deploy", "retry", "restart"})  # requests that write a row
 CONNECT_TIMEOUT = 2.0
 REPLY_TIMEOUT = 120.0  # a deploy stages its build (a copy) before it answers
 READ_TIMEOUT = 10.0  # a read not answered by then is read from the store itself

@@ -62,6 +62,13 @@ def stop(store: Store, name: str) -> dict[str, Any]:
     return {"id": req.id, "state": req.state}
 
 
+def restart(store: Store, name: str, mode: str = "overlap") -> dict[str, Any]:
+    from workflows.deploys.restart import request_restart_now
+
+    refuse_unbindable(store, name)
+    return store.write(lambda s: request_restart_now(s, name, Mode(mode)))
+
+
 def deploy(store: Store, state_dir: Path, name: str, build_path: str, *, cwd: str,
            mode: str = "overlap", canary: bool = False, cause: str = "release",
            converge: bool = False) -> dict[str, Any]:
@@ -115,6 +122,12 @@ def retry(store: Store, name: str) -> dict[str, Any]:
 
 def status(store: Store, name: str | None = None) -> list[dict[str, Any]]:
     return plain(store.read(lambda s: host_rows(s, name)))
+
+
+def names(store: Store) -> list[str]:
+    """Every host's name, sorted: what a glob or --all of a command is matched against."""
+    return list(store.read(lambda s: s.execute(select(Host.name).order_by(Host.name))
+                           .scalars().all()))
 
 
 def obligations(store: Store) -> list[dict[str, Any]]:
@@ -246,10 +259,14 @@ def run(store: Store, state_dir: Path, op: str, args: dict[str, Any]) -> Any:
                       cause=args.get("cause", "release"), converge=bool(args.get("converge")))
     if op == "retry":
         return retry(store, args["name"])
+    if op == "restart":
+        return restart(store, args["name"], args.get("mode", "overlap"))
     if op == "status":
         return status(store, args.get("name"))
     if op == "obligations":
         return obligations(store)
+    if op == "names":
+        return names(store)
     if op == "last_event":
         return last_event(store)
     if op == "progress":

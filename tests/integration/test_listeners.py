@@ -116,6 +116,9 @@ def test_notify_without_ready_fails_health_and_the_old_one_keeps_serving(
                        timeout=60)
         assert cp.returncode != 0 and "failed" in cp.stderr, cp.stdout + cp.stderr
         assert "no READY=1 on $NOTIFY_SOCKET within 2.0s" in cp.stderr, cp.stderr
+        # ... and names the readiness that works for a server that never sends it
+        assert "`vigil host set app --ready http`" in cp.stderr, cp.stderr
+        assert "--ready 'exec:curl -fs http://127.0.0.1:PORT/'" in cp.stderr, cp.stderr
         vigil.quiesce(30)
         now = vigil.status("app")
         assert now["generation"] == old["generation"] and now["pid"] == old["pid"]

@@ -246,7 +246,10 @@ def test_health_no_socket_times_out(h: Harness) -> None:
     ref = h.spawn(FIX / "no_socket.py")
     t0 = time.monotonic()
     reason = HttpHealth().check(sock_of(h, ref), 0.5, lambda: h.b.leader_alive(ref))
-    assert reason == f"health: no answer on {sock_of(h, ref)} within 0.5s"
+    # The app never served $VIGIL_SOCKET: the reason says so, and how (issue 22).
+    assert reason is not None and reason.startswith(
+        f"health: nothing accepted on {sock_of(h, ref)} within 0.5s: the app must serve HTTP "
+        "on the unix socket named in its $VIGIL_SOCKET"), reason
     assert time.monotonic() - t0 < 10.0  # bounded, with room for a loaded CI box
 
 
@@ -316,6 +319,41 @@ def test_contain_modes_and_detection() -> None:
 def test_get_status_helper_rejects_garbage(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         get_status(str(tmp_path / "nope.sock"), 0.2)
+
+
+def test_health_check_reads_the_whole_reply_before_it_closes(tmp_path: Path) -> None:
+    """An app that writes its headers, then its body a moment later (as Python's
+    http.server may): the check waits for the body its Content-Length announces. Before
+    the fix it closed after the status line, and the app's body write failed (EPIPE: a
+    BrokenPipeError traceback in the logs of apps on http.server)."""
+    import threading
+
+    path = str(tmp_path / "app.sock")
+    server = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    errors: list[str] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(4096)
+            body = b"hello\n"
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+            time.sleep(0.2)
+            try:
+                conn.sendall(body)
+            except OSError as exc:
+                errors.append(repr(exc))
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        assert get_status(path, 5.0) == 200
+    finally:
+        t.join(10)
+        server.close()
+    assert errors == []
 
 
 def test_hello_finishes_in_flight_requests_on_term(h: Harness) -> None:

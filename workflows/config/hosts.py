@@ -88,6 +88,15 @@ def record_build(s: Session, path: str, digest: str, source: str) -> Build:
     return b
 
 
+def refuse_taken(s: Session, name: str) -> None:
+    """`host add` of a name the store has: said first, before its port or build is looked
+    at (the port it holds is in use by vigil itself, which misled)."""
+    if s.get(Host, name) is not None:
+        raise BadInput(f"host {name} already exists",
+                       f"change it with `vigil host set {name} ...`, or remove it first with "
+                       f"`vigil host rm {name}`")
+
+
 def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: str, source: str,
              args: list[str], env: dict[str, str], cwd: str | None, drain_timeout: float,
              health_timeout: float, memory_tier_mb: int | None = None, box: str | None = None,
@@ -102,8 +111,7 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
     check_env(env)
     check_seconds(drain_timeout, "--drain-timeout")
     check_seconds(health_timeout, "--health-timeout")
-    if s.get(Host, name) is not None:
-        raise BadInput(f"host {name} already exists", f"remove it first with `vigil host rm {name}`")
+    refuse_taken(s, name)
     worker = check_policy(kind, policy or {})  # restart policy, max-run, one-shot, converge
     build = record_build(s, build_path, digest, source)
     s.add(Host(name=name, kind=kind, build_id=build.id, args=json.dumps(args), env=json.dumps(env),
@@ -185,6 +193,7 @@ def status(s: Session, name: str | None = None) -> list[dict[str, Any]]:
             "generation": gen.id if gen else None,
             "pid": gen.pid if gen else None,
             "build_digest": build.digest if build else None,
+            "build_file": os.path.basename(build.source) if build else None,
             "socket": gen.socket if gen else None,
             "since": (gen.current_at.isoformat() + "Z") if gen and gen.current_at else None,
             "lease": {"holder": lease.holder, "fence": lease.fence} if lease else None,

@@ -1,0 +1,79 @@
+"""`vigil apply --dry-run`: the whole plan, with every refusal in it (not only the first),
+and the `running = true|false` part of an apply (a wake or a stop after the host's settings
+are written). A run without --dry-run still refuses at the first refusal, changing nothing."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import click
+
+from models.errors import VigilError
+from models.states import HostKind
+from runners.cli.common import Env
+
+
+def dry_run(env: Env, file: str, specs: list[Any], wanted: list[Any]) -> None:
+    """Print every change and every refusal; exit 4 when any host is refused."""
+    from runners.cli.listeners import probe_all, stored_listens
+    from workflows.config.apply import diff, removal
+    from workflows.config.hosts import check_socket_room
+    from workflows.config.running import run_change
+
+    store = env.store()
+    lines: list[str] = []
+    refused: list[str] = []
+
+    def attempt(host: str, step: Callable[[], Any]) -> Any:
+        try:
+            return step()
+        except VigilError as exc:
+            refused.append(f"! refused {host}: {exc.line()}")
+            return None
+
+    for spec, w in zip(specs, wanted, strict=True):
+        if spec.fields["kind"] is HostKind.instance:
+            attempt(spec.name, partial(check_socket_room, env.state_dir, spec.name))
+        attempt(spec.name, partial(probe_all, spec.listens, stored_listens(store, spec.name),
+                                   label=f"{file}: {spec.name}: "))
+        steps: list[Callable[[Any], Any]] = [partial(diff, w=w)]
+        if spec.running is not None:
+            steps.append(partial(run_change, name=spec.name, running=spec.running))
+        for step in steps:
+            change = attempt(spec.name, partial(store.read, step))
+            if change is not None:
+                lines.append(change.line())
+    named = {spec.name for spec in specs}
+    for name in store.read(_names):
+        if name not in named:
+            change = attempt(name, partial(store.read, partial(removal, name=name)))
+            if change is not None:
+                lines.append(change.line())
+    for line in lines + refused:
+        click.echo(line)
+    if refused:
+        click.echo(f"dry run: nothing changed; {len(refused)} refusal(s): apply would refuse "
+                   "the whole file until each is resolved", err=True)
+        sys.exit(4)
+    click.echo("dry run: nothing changed")
+
+
+def _names(s: Any) -> list[str]:
+    from sqlalchemy import select
+
+    from models.tables import Host
+
+    return list(s.execute(select(Host.name).order_by(Host.name)).scalars())
+
+
+def apply_running(env: Env, specs: list[Any]) -> list[Any]:
+    """After the settings: each host with a `running` key woken or stopped to it."""
+    from workflows.config.running import apply_running as step
+
+    store = env.store()
+    done = [store.write(partial(step, name=spec.name, running=spec.running))
+            for spec in specs if spec.running is not None]
+    return [c for c in done if c is not None]

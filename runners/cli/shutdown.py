@@ -1,0 +1,145 @@
+"""`vigil shutdown`: the reverse of the quickstart. Every host stopped (SIGTERM, drain,
+proof, lease given back), then the agent, then the listening sockets the fd holder keeps
+closed, then the helpers gone: nothing of vigil is left running on this box, and no port
+it held still takes connections.
+
+Not `vigil agent stop`: that one keeps the apps and their sockets on purpose (the next
+agent adopts them, and connections wait in the backlog meanwhile). Shutdown is for taking
+the whole box down. The hosts stay defined and their listeners declared: `vigil agent
+start` and `vigil wake` bring them back (each socket bound again, recorded as
+`listener_reopened`, closed by `vigil shutdown`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import click
+
+from models.errors import Refused, VigilError
+from runners.cli.common import SECONDS, Env, ring
+from runners.cli.several import Each
+
+HELPERS = (("fd holder", "listeners.lock"), ("log keeper", "logs.lock"),
+           ("fence keeper", "fence.lock"))  # runners/keepers/: their lock files
+
+
+@click.command("shutdown")
+@click.option("--wait", is_flag=True, help="Return once every helper process has exited too "
+                                           "(else they exit by themselves within seconds).")
+@click.option("--timeout", type=SECONDS, default=300.0, show_default=True)
+@click.pass_obj
+def shutdown(env: Env, wait: bool, timeout: float) -> None:
+    """Stop every host, the agent, the held sockets and the helpers: nothing of vigil left
+    running on this box (`vigil agent stop` keeps the apps; this does not)."""
+    from runners.base.doorbell import running_agent_pid
+    from runners.cli.lifecycle import stopped
+    from workflows.generations.shutdown import hosts_of_box
+
+    deadline = time.monotonic() + timeout
+    store = env.store()
+    box = _box(env.state_dir)
+    hosts = store.read(lambda s: hosts_of_box(s, box, store.dialect != "postgresql"))
+    pid = running_agent_pid(env.state_dir)
+    if pid is None:
+        leased = store.read(lambda s: hosts_of_box(s, box, False)) if box else []
+        if leased:
+            raise Refused(f"no agent is running on {env.state_dir}, and {len(leased)} host(s) "
+                          f"still hold their lease ({', '.join(leased[:5])})",
+                          "start it with `vigil agent start`, then `vigil shutdown` again")
+        hosts = []
+    each = Each(hosts)
+    queued = []
+    for name in hosts:
+        req = each.run(name, env.quick().call, "stop", name=name)
+        if req is not None:
+            queued.append((name, req["id"]))
+    for name, row_id in queued:
+        each.run(name, stopped, env, name, row_id, max(0.0, deadline - time.monotonic()))
+    each.end("shutdown: stop")
+    if pid is not None:
+        _stop_agent(env.state_dir, pid, deadline)
+    closed = _close_sockets(env, box)
+    click.echo(f"closed {closed} listening socket(s)")
+    _end_standbys(env.state_dir)
+    if not wait:
+        click.echo("the helpers exit by themselves within seconds (`--wait` waits for them)")
+        return
+    while running := [what for what, lock in HELPERS if _holder(env.state_dir / lock)]:
+        if time.monotonic() > deadline:
+            raise VigilError(f"still running {timeout:g}s after shutdown began: "
+                             f"{', '.join(running)}", "see <state>/logs/ for why")
+        time.sleep(0.1)
+    click.echo(f"nothing of vigil runs on {env.state_dir}")
+    ring(env)  # a store shared with other boxes: theirs see the stopped hosts at once
+
+
+def _box(state_dir: Path) -> str | None:
+    """This box's agent id, if an agent ever ran here (read, never created)."""
+    from workflows.base.paths import AGENT_ID
+
+    try:
+        return (state_dir / AGENT_ID).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _holder(lock: Path) -> int | None:
+    from runners.base.doorbell import lock_holder
+
+    return lock_holder(lock)
+
+
+def _stop_agent(state_dir: Path, pid: int, deadline: float) -> None:
+    from runners.base.doorbell import running_agent_pid
+    from runners.cli.agent import _gone
+
+    if pid < 0:
+        raise VigilError(f"an agent holds the lock of {state_dir} but its pid is unreadable",
+                         "find it with `fuser` on agent.lock and stop it with kill")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    while running_agent_pid(state_dir) == pid or not _gone(pid):
+        if time.monotonic() > deadline:
+            raise VigilError(f"agent pid {pid} is still running after SIGTERM",
+                             f"`kill -9 {pid}` is safe, then `vigil shutdown` again")
+        time.sleep(0.05)
+    click.echo(f"agent pid {pid} stopped")
+
+
+def _close_sockets(env: Env, box: str | None) -> int:
+    """Close every socket the fd holder keeps (the agent, gone, kept the only other
+    copies), then mark this box's held listeners lost with the reason."""
+    from runners.backend.listen import Listeners
+    from workflows.generations.shutdown import mark_closed
+
+    if _holder(env.state_dir / "listeners.lock") is not None:
+        try:
+            Listeners(env.state_dir).peer.ask({"op": "keep", "keys": []}, [], start=False)
+        except OSError as exc:
+            raise VigilError(f"the fd holder did not close its sockets ({exc})",
+                             "run `vigil shutdown` again") from None
+    return env.store().write(lambda s: mark_closed(s, box)) if box else 0
+
+
+def _end_standbys(state_dir: Path) -> None:
+    """A standby helper holds nothing (it only waits to take over a running one's things):
+    ended now, so it does not become the next holder of nothing for another idle period."""
+    import psutil
+
+    from runners.keepers.wire import standby_of
+
+    for _, lock in HELPERS[:2]:
+        pid = _holder(standby_of(state_dir / lock))
+        if pid is None or pid <= 0:
+            continue
+        try:
+            p = psutil.Process(pid)
+            if "--standby" in p.cmdline() and "runners.keepers" in " ".join(p.cmdline()):
+                p.kill()
+        except psutil.Error:
+            pass

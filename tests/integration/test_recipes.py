@@ -1,0 +1,66 @@
+"""The recipes of examples/ for app servers nobody here wrote (issue 22), each as its
+README says to add it: on a TCP port vigil holds, `--ready http` on the generation's own
+$VIGIL_SOCKET (neither sends READY=1), through overlap and hold deploys under a
+closed-loop client, with no request failed."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, Vigil
+from tests.listening import Client, free_port, serving_inode
+
+pytestmark = pytest.mark.timeout(600)
+BIN = Path(sys.executable).parent
+RECIPES = {  # the server's directory, its env (the binary from the test extra)
+    "hypercorn": {"HYPERCORN": str(BIN / "hypercorn")},
+    "uvicorn": {"PYTHON": sys.executable},
+    "node": {"NODE": shutil.which("node") or "node"},  # Debian's nodejs (.ci/run)
+}
+DEPLOYS = 3  # of each mode
+
+
+def builds(tmp: Path, server: str) -> list[Path]:
+    out = []
+    for label in ("a", "b"):
+        p = tmp / f"{server}-{label}"
+        p.write_bytes((ROOT / "examples" / server / "serve").read_bytes() + f"# {label}\n".encode())
+        p.chmod(0o755)
+        out.append(p)
+    return out
+
+
+@pytest.mark.parametrize("server", sorted(RECIPES))
+def test_recipe_deploys_fail_no_request(vigil: Vigil, short_tmp: Path, server: str) -> None:
+    if server == "node":
+        if shutil.which("node") is None:
+            pytest.skip("no node on PATH (Debian: apt-get install nodejs)")
+    else:
+        pytest.importorskip(server)
+    port = free_port()
+    two = builds(short_tmp, server)
+    env = [a for k, v in RECIPES[server].items() for a in ("--env", f"{k}={v}")]
+    vigil.run("host", "add", "web", "--build", str(two[0]), "--cwd",
+              str(ROOT / "examples" / server), "--listen", f"http=tcp:127.0.0.1:{port}",
+              "--ready", "http", *env, "--health-timeout", "30")
+    vigil.wait_ready(vigil.start_agent())
+    vigil.run("wake", "web", "--wait", timeout=60)
+    inode = serving_inode(vigil, "web")
+    with Client(port) as client:
+        for i, mode in enumerate(["overlap", "hold"] * DEPLOYS):
+            cp = vigil.run("deploy", "web", str(two[(i + 1) % 2]), "--mode", mode, "--wait",
+                           timeout=120)
+            assert f"done (mode {mode}, executed true" in cp.stdout, cp.stdout
+            assert serving_inode(vigil, "web") == inode
+    print(f"\n{server}: {client.ok} answered through {2 * DEPLOYS} deploys, "
+          f"{len(client.failures)} failed")
+    assert not client.failures, f"{len(client.failures)} failed: {client.failures[:5]}"
+    assert client.ok > 2 * DEPLOYS and len(client.pids) >= 2
+    logs = vigil.run("logs", "web", "-n", "100000", check=False).stdout
+    assert "Traceback" not in logs and "BrokenPipeError" not in logs, logs[-2000:]
+    vigil.quiesce(30)
+    vigil.check()

@@ -1,0 +1,65 @@
+"""`vigil host show NAME`: every setting of one host as it is stored, the build it runs
+(file name and digest) and the one its next start runs, its listeners, and its last attempt
+with its outcome. A read, plain data; env values are left out (they may be secrets), as
+`vigil apply` leaves them out of its plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models.errors import NotFound
+from models.states import GenState, HostKind
+from models.tables import Attempt, Build, Generation, Host
+from workflows.config.hosts import host_state
+from workflows.generations.listeners import note, stored
+
+SETTINGS = ("drain_timeout", "health_timeout", "memory_tier_mb", "socket_group",
+            "restart_floor", "restart_cap", "restart_reset")
+PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")
+WORKER = ("one_shot", "max_run", "converge_grace")
+
+
+def _build(b: Build | None) -> dict[str, Any] | None:
+    if b is None:
+        return None
+    return {"file": Path(b.source).name, "digest": b.digest, "source": b.source,
+            "staged": b.path}
+
+
+def describe(s: Session, name: str) -> dict[str, Any]:
+    h = s.get(Host, name)
+    if h is None:
+        raise NotFound(f"no host named {name!r}", "see `vigil host list`")
+    gen = s.execute(select(Generation).where(Generation.host == name,
+                                             Generation.state == GenState.current)).scalar()
+    out: dict[str, Any] = {
+        "host": name, "kind": h.kind.value, "state": host_state(s, name),
+        "desired": h.desired.value,
+        "build": _build(s.get(Build, h.build_id)),
+        "running": _build(s.get(Build, gen.build_id)) if gen is not None else None,
+        "generation": gen.id if gen else None, "pid": gen.pid if gen else None,
+        "args": json.loads(h.args), "env": sorted(json.loads(h.env)), "cwd": h.cwd,
+        "boxes": h.box.split(",") if h.box else [],
+        "socket_mode": f"0{h.socket_mode:o}" if h.socket_mode is not None else None,
+        "ready": h.ready or "http",
+    }
+    out.update({c: getattr(h, c) for c in SETTINGS})
+    if h.kind is HostKind.instance:
+        out.update({c: getattr(h, c) for c in PROBE})
+    else:
+        out.update({c: getattr(h, c) for c in WORKER})
+    out["listeners"] = [{"name": r.name, "address": r.address, "fd": 3 + r.position,
+                         "state": r.state.value, "note": note(r)} for r in stored(s, name)]
+    a = s.execute(select(Attempt).where(Attempt.host == name).order_by(Attempt.id.desc())
+                  .limit(1)).scalar()
+    out["last_attempt"] = None if a is None else {
+        "id": a.id, "cause": a.cause.value, "mode": a.effective_mode.value,
+        "step": a.step.value, "outcome": a.outcome.value if a.outcome else None,
+        "reason": a.reason, "build": a.digest[:12],
+        "at": a.created_at.isoformat(timespec="seconds") + "Z"}
+    return out
