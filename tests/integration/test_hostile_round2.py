@@ -5,7 +5,10 @@ disk, non-UTF-8 paths, leftovers of removed hosts). Real agent, real processes."
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +17,7 @@ from sqlalchemy import select
 
 from models.tables import Attempt, Generation
 from runners.backend.health import get_status
-from tests.conftest import HELLO, Vigil, wait_for
+from tests.conftest import HELLO, ROOT, Vigil, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 GATED = Path(__file__).parents[1] / "multibox" / "gated.py"
@@ -71,3 +74,44 @@ def test_a_paused_agent_does_not_fail_a_good_deploy(vigil: Vigil, short_tmp: Pat
     assert vigil.status("app")["pid"] == successor.pid
     vigil.quiesce(20)
     vigil.check()
+
+
+# -- 10. a rollout whose build cannot be read halts ------------------------------------------
+
+def test_a_rollout_whose_build_is_deleted_halts_with_that_reason(vigil: Vigil,
+                                                                 short_tmp: Path) -> None:
+    """The staged build is deleted between wave 1 and wave 2: the rollout halts, naming the
+    build that cannot be read, `rollout start --wait` exits non-zero, and no host is tried
+    again and again (at most one attempt each)."""
+    from models.states import Cause, RolloutOutcome
+    from models.tables import Rollout
+    from tests.integration.test_rollouts import HOSTS, build_variant, digest, fleet, started_id
+
+    fleet(vigil)
+    new = build_variant(short_tmp / "hello-next.py")
+    p = subprocess.Popen([sys.executable, "-m", "runners.cli", "rollout", "start", str(new),
+                          "--hosts", "web*", "--waves", "1,100%", "--pause", "3", "--wait",
+                          "--timeout", "120"], env=vigil.env, cwd=ROOT, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: vigil.store.read(lambda s: s.execute(
+            select(Rollout.settled)).scalar()) == 1, 60, what="wave 1 settled")
+        shutil.rmtree(vigil.state_dir / "builds" / digest(new))
+        out, err = p.communicate(timeout=150)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    rid = started_id(out)
+    r = vigil.store.read(lambda s: s.get(Rollout, rid))
+    assert p.returncode == 1, out + err
+    assert r.outcome is RolloutOutcome.halted, (r.outcome, r.reason)
+    assert "cannot be read" in (r.reason or "") and digest(new)[:12] in (r.reason or ""), r.reason
+    assert "cannot be read" in err, err
+    counts = vigil.store.read(lambda s: [len(s.execute(select(Attempt.id).where(
+        Attempt.host == h, Attempt.cause == Cause.rollout)).all()) for h in HOSTS])
+    assert counts[0] == 1 and max(counts) <= 1, counts
+    vigil.quiesce(30)
+    cp = vigil.run("check", check=False)  # web1 runs the deleted build: that, and nothing else
+    assert cp.returncode == 1 and cp.stdout.splitlines() == [
+        line for line in cp.stdout.splitlines() if line.startswith("referenced_build: ")], cp.stdout

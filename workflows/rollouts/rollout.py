@@ -34,6 +34,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy import func, insert, select
@@ -58,6 +59,7 @@ from workflows.base.context import Context, Poke, Result, Until
 from workflows.base.crash import crashpoint, define
 from workflows.base.waivers import OPERATOR
 from workflows.builds.book import held, held_line
+from workflows.builds.staged import staged_problem
 from workflows.deploys.request import request_deploy
 
 WAVE_ADMITTED = define("rollout.wave_admitted", "a wave's attempts are written (cause rollout) "
@@ -86,6 +88,7 @@ MAX_STEPS = 64  # steps one drive takes before it lets the round go on
 WAVES_FIX = "write cumulative wave sizes as host counts or percentages, e.g. --waves 1,25%,100%"
 
 _REISSUE = "reissue"  # a verdict: the target's attempt is written again
+_RECHECK = "recheck"  # a step not taken: read the build again before writing an attempt again
 
 
 def label(rollout_id: int) -> str:
@@ -284,7 +287,11 @@ def drive_rollout(ctx: Context, rollout_id: int) -> Result:
     """Take every step the rollout can take now, each one transaction and its crash point."""
     moved = False
     for _ in range(MAX_STEPS):
-        step = ctx.store.write(lambda s: advance(s, rollout_id))
+        problem, checked = _unreadable(ctx, rollout_id)
+        step = ctx.store.write(partial(_step, rollout_id=rollout_id, problem=problem,
+                                       checked=checked))
+        if step == _RECHECK:
+            continue
         if isinstance(step, Wait):
             if moved:
                 return Result.progress  # due again at once: the next drive says why it waits
@@ -300,9 +307,42 @@ def drive_rollout(ctx: Context, rollout_id: int) -> Result:
     return Result.progress
 
 
-def advance(s: Session, rollout_id: int) -> str | Wait | None:
+def _unreadable(ctx: Context, rollout_id: int) -> tuple[str | None, frozenset[int]]:
+    """Why the rollout's build cannot be deployed (or None), and the abandoned attempts of
+    its targets this answer covers. The bytes are read (hashed, outside any transaction)
+    only while such an attempt exists: an attempt refused for its bytes is abandoned, never
+    failed, and writing it again cannot help."""
+    rows = ctx.store.read(lambda s: s.execute(
+        select(Attempt.id, Build.path, Rollout.digest).join(Build, Build.id == Rollout.build_id)
+        .join(RolloutTarget, RolloutTarget.rollout_id == Rollout.id)
+        .join(Attempt, Attempt.id == RolloutTarget.attempt_id)
+        .where(Rollout.id == rollout_id, Rollout.state.in_((RolloutState.running, RolloutState.paused)),
+               RolloutTarget.state == TargetState.deploying, Attempt.outcome == Outcome.abandoned)
+    ).all())
+    if not rows:
+        return None, frozenset()
+    # Any box may drive a rollout: the staging root is not this one's to check.
+    return (staged_problem(ctx, rows[0].path, rows[0].digest, executable=False, in_root=False),
+            frozenset(r.id for r in rows))
+
+
+def _step(s: Session, rollout_id: int, problem: str | None,
+          checked: frozenset[int]) -> str | Wait | None:
+    return (problem and halt_unreadable(s, rollout_id, problem)) or advance(s, rollout_id, checked)
+
+
+def halt_unreadable(s: Session, rollout_id: int, problem: str) -> str | None:
+    r = s.get(Rollout, rollout_id)
+    if r is None or r.state not in (RolloutState.running, RolloutState.paused):
+        return None
+    return _halt_for(s, r, f"build {r.digest[:12]} cannot be deployed: {problem}", [])
+
+
+def advance(s: Session, rollout_id: int, checked: frozenset[int] | None = None) -> str | Wait | None:
     """One step of the rollout, in the caller's transaction: the crash point it reached, a
-    Wait, or None (no such rollout, or it has ended)."""
+    Wait, or None (no such rollout, or it has ended). With `checked`, an abandoned attempt
+    is written again only if it is in it (the build was read after it was abandoned); else
+    _RECHECK."""
     r = s.get(Rollout, rollout_id)
     if r is None or r.state is RolloutState.ended:
         return None
@@ -323,6 +363,9 @@ def advance(s: Session, rollout_id: int) -> str | Wait | None:
         if len(failed) > r.max_failures:
             return _halt(s, r, failed)
     again = [(t, a) for t, a in ended if verdicts[t.host][0] == _REISSUE]
+    if checked is not None and any(t.state is TargetState.deploying and a is not None
+                                   and a.id not in checked for t, a in again):
+        return _RECHECK
     if again:
         return _reissue(s, r, again)
     if waiting:
@@ -533,10 +576,14 @@ def _halt(s: Session, r: Rollout, failed: list[tuple[str, str | None]]) -> str:
     else:
         reason = (f"{len(failed)} hosts failed (at most {r.max_failures} allowed): "
                   + "; ".join(f"{h}: {w}" for h, w in failed))
+    return _halt_for(s, r, reason, [h for h, _ in failed])
+
+
+def _halt_for(s: Session, r: Rollout, reason: str, failed: list[str]) -> str:
     _move_rollout(s, r, {"state": RolloutState.halted, "reason": reason}, "-> halted")
     cancelled = _cancel_queued(s, r, "halted")
     emit(s, "rollout_halted", None, rollout=r.id, wave=r.wave, reason=reason,
-         failed=[h for h, _ in failed], cancelled=cancelled)
+         failed=failed, cancelled=cancelled)
     return HALTED
 
 
