@@ -51,8 +51,10 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
     if a.step in (AttemptStep.switched, AttemptStep.drained):
         return _drain(ctx, a)
     if a.step is not AttemptStep.queued:
-        raise Interrupted(f"interrupted at step {a.step.value}, before the switch (found mid-way "
-                          "by a new driver: the agent restarted)")
+        why = ctx.cut_short.pop(a.id, None)
+        found = (f"this agent's last try of it stopped there: {why}" if why is not None
+                 else "found mid-way by a new driver: the agent restarted")
+        raise Interrupted(f"interrupted at step {a.step.value}, before the switch ({found})")
     build = verify(ctx, a)
 
     def admit(s: Session) -> tuple[Host, Generation] | None:
