@@ -115,3 +115,68 @@ def test_a_rollout_whose_build_is_deleted_halts_with_that_reason(vigil: Vigil,
     cp = vigil.run("check", check=False)  # web1 runs the deleted build: that, and nothing else
     assert cp.returncode == 1 and cp.stdout.splitlines() == [
         line for line in cp.stdout.splitlines() if line.startswith("referenced_build: ")], cp.stdout
+
+
+# -- 11. what is staged is what was hashed ----------------------------------------------------
+
+def _digest_of(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_build_replaced_while_it_is_staged_is_named_by_what_was_copied(short_tmp: Path) -> None:
+    """The source is swapped between two builds (atomic renames) as fast as it can be while
+    it is staged again and again: every staged file holds the bytes its name says."""
+    import threading
+
+    from runners.backend.files import stage_build
+
+    state = short_tmp / "state"
+    state.mkdir(mode=0o700)
+    src = short_tmp / "app.py"
+    versions = []
+    for tag in ("a", "b"):
+        v = short_tmp / f"v{tag}.py"
+        v.write_bytes(b"#!/bin/sh\n" + tag.encode() * (4 << 20))
+        v.chmod(0o755)
+        versions.append(v)
+    os.link(versions[0], src)
+    stop = threading.Event()
+
+    def flip() -> None:
+        i = 0
+        while not stop.is_set():
+            tmp = short_tmp / f"flip{i % 2}"
+            tmp.unlink(missing_ok=True)  # a rename onto a link of the same file leaves it
+            os.link(versions[i % 2], tmp)
+            os.replace(tmp, src)
+            i += 1
+
+    t = threading.Thread(target=flip, daemon=True)
+    t.start()
+    try:
+        staged = [stage_build(str(src), state) for _ in range(40)]
+    finally:
+        stop.set()
+        t.join(10)
+    wrong = {d[:12] for path, d in staged if _digest_of(Path(path)) != d}
+    assert not wrong, f"staged under a digest its bytes do not have: {wrong}"
+    assert {d for _, d in staged} <= {_digest_of(v) for v in versions}
+    assert not [p for p in (state / "builds").rglob("*") if ".tmp" in p.name]
+
+
+def test_a_staged_file_not_matching_its_name_is_replaced(short_tmp: Path) -> None:
+    from runners.backend.files import stage_build
+
+    state = short_tmp / "state"
+    state.mkdir(mode=0o700)
+    src = short_tmp / "app.py"
+    src.write_bytes(b"#!/bin/sh\necho good\n")
+    src.chmod(0o755)
+    path, digest = stage_build(str(src), state)
+    Path(path).write_bytes(b"#!/bin/sh\necho tampered\n")
+    again, digest2 = stage_build(str(src), state)
+    assert (again, digest2) == (path, digest)
+    assert _digest_of(Path(path)) == digest
+    assert os.access(path, os.X_OK)
