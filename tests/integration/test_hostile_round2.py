@@ -180,3 +180,36 @@ def test_a_staged_file_not_matching_its_name_is_replaced(short_tmp: Path) -> Non
     assert (again, digest2) == (path, digest)
     assert _digest_of(Path(path)) == digest
     assert os.access(path, os.X_OK)
+
+
+# -- 20. non-UTF-8 paths and names ---------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ("host", "add", "x", "--build", "{bad_build}"),
+    ("host", "add", "x", "--build", str(HELLO), "--cwd", "/tmp/\udcfe"),
+    ("deploy", "hello", "{bad_build}"),
+    ("wake", "\udcff"),
+    ("stop", "\udcff"),
+])
+def test_non_utf8_arguments_are_one_line_and_change_nothing(vigil: Vigil, short_tmp: Path,
+                                                            args: tuple[str, ...]) -> None:
+    """A path or name that is not UTF-8 (argv as bytes, e.g. $'/tmp/\\xff.py'): one line
+    naming it, exit 2, nothing staged or written, with the agent up (its socket path) and
+    in a real process (the bytes as the kernel passes them)."""
+    from tests.integration.test_cli_bad_input import dump, refused
+
+    bad = os.fsencode(short_tmp) + b"/\xff.py"
+    Path(os.fsdecode(bad)).write_bytes(HELLO.read_bytes())
+    os.chmod(bad, 0o755)
+    vigil.add_host("hello")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    ignore = frozenset({("agents", "heartbeat_at")})
+    before = dump(vigil, ignore)
+    staged = sorted(p.name for p in (vigil.state_dir / "builds").iterdir())
+    argv = tuple(a.replace("{bad_build}", os.fsdecode(bad)) for a in args)
+    line = refused(vigil.run(*argv, check=False, subprocess=True), "not valid UTF-8", "\\xf")
+    assert "\udcff" not in line and "\udcfe" not in line
+    assert dump(vigil, ignore) == before
+    assert sorted(p.name for p in (vigil.state_dir / "builds").iterdir()) == staged
+    assert agent.poll() is None
