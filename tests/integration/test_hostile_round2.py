@@ -213,3 +213,60 @@ def test_non_utf8_arguments_are_one_line_and_change_nothing(vigil: Vigil, short_
     assert dump(vigil, ignore) == before
     assert sorted(p.name for p in (vigil.state_dir / "builds").iterdir()) == staged
     assert agent.poll() is None
+
+
+# -- 21. leftovers: control bytes, files of removed hosts and failed generations ---------------
+
+def _worker_printing(short_tmp: Path, text: str) -> Path:
+    build = short_tmp / "loud.sh"
+    build.write_text(f"#!/bin/sh\nprintf '{text}'\nexec sleep 1000\n")
+    build.chmod(0o755)
+    return build
+
+
+def test_logs_escape_an_apps_control_bytes_on_a_terminal_only(vigil: Vigil, short_tmp: Path) -> None:
+    import pty
+
+    vigil.add_host("w", _worker_printing(short_tmp, "\\033]0;pwned\\007\\033[2Jred\\r\\n"),
+                   "--kind", "worker")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "w", "--wait")
+    wait_for(lambda: b"red" in b"".join(p.read_bytes() for p in (vigil.state_dir / "logs" / "w")
+                                         .iterdir()), 20, what="the worker's output")
+    piped = vigil.run("logs", "w", subprocess=True).stdout
+    assert "\x1b]0;pwned\x07\x1b[2Jred" in piped, repr(piped)  # a pipe gets the bytes as written
+    leader, follower = pty.openpty()
+    try:
+        p = subprocess.run([sys.executable, "-m", "runners.cli", "logs", "w"], env=vigil.env,
+                           cwd=ROOT, stdout=follower, stderr=subprocess.PIPE, timeout=60)
+        os.close(follower)
+        follower = -1
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: the writer has gone
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(leader)
+        if follower != -1:
+            os.close(follower)
+    assert p.returncode == 0, p.stderr
+    assert b"\x1b" not in out and b"\x07" not in out, out
+    assert b"\\x1b]0;pwned\\x07\\x1b[2Jred" in out, out
+
+
+def test_the_agents_own_log_lines_escape_control_characters() -> None:
+    import logging
+
+    from runners.agent.agent_log import TEXT, TextFormatter
+
+    record = logging.LogRecord("vigil.x", logging.WARNING, __file__, 1,
+                               "notify status=%s", ("\x1b[2J\nts=forged level=INFO",), None)
+    line = TextFormatter(TEXT).format(record)
+    assert "\x1b" not in line and "\n" not in line, line
+    assert "\\x1b[2J\\x0ats=forged" in line, line
