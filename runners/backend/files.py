@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -43,6 +44,18 @@ class LocalFiles:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
         return h.hexdigest()
+
+
+def forget_host_files(state_dir: Path, host: str) -> None:
+    """A removed host's run/ dir (sockets), canonical link and logs go with it, so a host
+    added again under the name starts with none of them and shows none of its output."""
+    run = state_dir / "run"
+    shutil.rmtree(run / host, ignore_errors=True)
+    shutil.rmtree(state_dir / "logs" / host, ignore_errors=True)
+    try:
+        (run / f"{host}.sock").unlink()
+    except OSError:
+        pass
 
 
 def staging_root(state_dir: Path) -> Path:

@@ -60,7 +60,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
              listens: tuple[str, ...], ready: str | None, health_interval: float | None,
              unhealthy_after: int | None, unhealthy_restart: bool, **policy: Any) -> None:
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
-    from runners.backend.files import stage_build
+    from runners.backend.files import forget_host_files, stage_build
     from runners.cli.listeners import checked_listeners
     from workflows.config.hosts import (
         add_host,
@@ -99,6 +99,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
         health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
         policy=policy, listeners=listeners, ready=ready, probe=probe))
+    forget_host_files(env.state_dir, name)  # a removed namesake's, if its rm was cut short
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
 
 
@@ -125,11 +126,13 @@ def host_list(env: Env, as_json: bool) -> None:
 def host_rm(env: Env, name: str) -> None:
     """Remove a host that does not run (and its restart schedule)."""
     from runners.agent.schedules import forget
+    from runners.backend.files import forget_host_files
     from runners.base.doorbell import ring
     from runners.cli.listeners import close_removed
     from workflows.config.hosts import remove_host
 
     rows = env.store().write(lambda s: remove_host(s, name))
+    forget_host_files(env.state_dir, name)
     forget(env.store(), name)
     close_removed(env.state_dir, rows)
     if rows:
@@ -143,7 +146,7 @@ def host_rm(env: Env, name: str) -> None:
 @click.pass_obj
 def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
     """Create, update and remove hosts to match a TOML file (see docs/reference/hosts-file.md)."""
-    from runners.backend.files import LocalFiles, stage_build, staging_root
+    from runners.backend.files import LocalFiles, forget_host_files, stage_build, staging_root
     from runners.base.doorbell import ring as ring_doorbell
     from runners.cli.hostfile import load
     from workflows.config.apply import Wanted, apply_host, plan, remove_absent
@@ -178,8 +181,10 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
         return
     keep = {c.host for c in changes if c.action != "remove"}
     done = [store.write(partial(apply_host, w=w)) for w in wanted(stage=True)]
-    done += [store.write(partial(remove_absent, name=c.host))
-             for c in changes if c.host not in keep]
+    gone = [c.host for c in changes if c.host not in keep]
+    done += [store.write(partial(remove_absent, name=host)) for host in gone]
+    for host in gone:
+        forget_host_files(env.state_dir, host)
     for c in done:
         click.echo(c.line())
     if any(c.attempt is not None for c in done):

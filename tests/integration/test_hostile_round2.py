@@ -270,3 +270,42 @@ def test_the_agents_own_log_lines_escape_control_characters() -> None:
     line = TextFormatter(TEXT).format(record)
     assert "\x1b" not in line and "\n" not in line, line
     assert "\\x1b[2J\\x0ats=forged" in line, line
+
+
+def test_a_removed_host_leaves_no_files_and_its_name_starts_clean(vigil: Vigil,
+                                                                  short_tmp: Path) -> None:
+    """`host rm`: its run/ dir, canonical link and logs go with it; a host added again under
+    the name shows none of the old one's output."""
+    vigil.add_host("w", _worker_printing(short_tmp, "old output\\n"), "--kind", "worker")
+    vigil.add_host("web")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "w", "--wait")
+    vigil.run("wake", "web", "--wait")
+    wait_for(lambda: "old output" in vigil.run("logs", "w").stdout, 20, what="the worker's output")
+    for host in ("w", "web"):
+        vigil.run("stop", host, "--wait")
+        vigil.quiesce(20)
+        vigil.run("host", "rm", host)
+    left = [p for p in (vigil.state_dir / "run").iterdir() if p.name.startswith(("w", "web"))]
+    left += [p for p in (vigil.state_dir / "logs").iterdir() if p.name in ("w", "web")]
+    assert not left, left
+    vigil.add_host("w", _worker_printing(short_tmp, "new output\\n"), "--kind", "worker")
+    cp = vigil.run("logs", "w")
+    assert "old output" not in cp.stdout + cp.stderr, cp.stdout
+    vigil.check()
+
+
+def test_a_failed_generations_socket_file_goes_once_it_is_proven(vigil: Vigil) -> None:
+    from tests.conftest import FIXTURES
+
+    vigil.add_host("hd", FIXTURES / "bad_health.py", "--health-timeout", "1")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    cp = vigil.run("wake", "hd", "--wait", check=False)
+    assert cp.returncode != 0, cp.stdout
+    vigil.quiesce(20)
+    g = _newest(vigil, "hd")
+    assert g is not None and g.socket and g.state.value == "proven", g
+    assert not os.path.exists(g.socket), f"{g.socket} left behind"
+    vigil.check()

@@ -56,6 +56,7 @@ class ProcRef:
     # Descendants of the leader seen by a walk (pid, start time): processes of the
     # generation even once they have left the cgroup and dropped the marker.
     known: tuple[tuple[int, float], ...] = ()
+    socket: str | None = None  # its own $VIGIL_SOCKET file, removed with its leftovers
 
 
 class ProcessPort(Protocol):
