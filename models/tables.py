@@ -308,7 +308,8 @@ class Attempt(RetryColumns, Base):
     # Its open rows by due time, so a round's read does not grow with the history; a host's
     # rows newest first (migration 0008).
     __table_args__ = (Index("ix_attempts_outcome_next_attempt_at", "outcome", "next_attempt_at"),
-                      Index("ix_attempts_host_id", "host", "id"))
+                      Index("ix_attempts_host_id", "host", "id"),
+                      {"sqlite_autoincrement": True})  # ids never reused after `host rm` (0019)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"))
     build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"))

@@ -13,6 +13,8 @@ import re
 import sys
 from datetime import UTC, datetime
 
+from runners.base.controls import escape_controls
+
 TEXT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
 # key=value where value is a quoted repr ('...' or "...") or runs to the next space.
 PAIR = re.compile(r"""(?:^|\s)([A-Za-z_][\w.]*)=('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\S*)""")
@@ -42,6 +44,15 @@ def _unquote(value: str) -> str:
     return value
 
 
+class TextFormatter(logging.Formatter):
+    """The key=value line with its control characters escaped: a value that came from an
+    app (a STATUS= line, a path, an error's words) cannot put a raw ESC or a line of its own
+    into the log. A traceback after the line keeps its own newlines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return escape_controls(super().formatMessage(record))
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         msg, fields = split_message(record.getMessage())
@@ -55,7 +66,7 @@ class JsonFormatter(logging.Formatter):
 def configure(level: str, fmt: str) -> None:
     """Root logging for `vigil agent`: text exactly as before, or one JSON object a line."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(TEXT))
     logging.basicConfig(level=level.upper(), handlers=[handler])
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)

@@ -6,6 +6,7 @@ import hashlib
 import os
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 from models.errors import BadInput
@@ -45,6 +46,18 @@ class LocalFiles:
         return h.hexdigest()
 
 
+def forget_host_files(state_dir: Path, host: str) -> None:
+    """A removed host's run/ dir (sockets), canonical link and logs go with it, so a host
+    added again under the name starts with none of them and shows none of its output."""
+    run = state_dir / "run"
+    shutil.rmtree(run / host, ignore_errors=True)
+    shutil.rmtree(state_dir / "logs" / host, ignore_errors=True)
+    try:
+        (run / f"{host}.sock").unlink()
+    except OSError:
+        pass
+
+
 def staging_root(state_dir: Path) -> Path:
     return state_dir / "builds"
 
@@ -64,23 +77,38 @@ def stage_build(src: str, state_dir: Path, shown: str | None = None) -> tuple[st
                            "check that the link points at the build you meant, and pass an "
                            "executable file (vigil never suggests changing a link's target)")
         raise BadInput(f"build {src} is not executable", f"run `chmod +x {src}`")
-    digest = LocalFiles().digest(str(path))
-    dest_dir = staging_root(state_dir) / digest
-    dest = dest_dir / path.name
-    if not dest.exists():
-        made = not dest_dir.exists()
-        private_dirs(dest_dir)
-        tmp = dest_dir / f".{path.name}.tmp{os.getpid()}"
-        try:
-            shutil.copyfile(path, tmp)
-            os.chmod(tmp, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    root = staging_root(state_dir)
+    private_dirs(root)
+    # What is hashed is what is copied: the bytes go to a temporary file in the root while
+    # they are hashed (a build replaced meanwhile cannot end up under another's digest), and
+    # only then is it renamed to its digest.
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp", dir=root)  # one per stager
+    tmp = Path(name)
+    try:
+        digest = _copy_hashing(path, fd)
+        dest = root / digest / path.name
+        if not _holds(dest, digest):  # missing, or not what its name says: (re)placed
+            private_dirs(dest.parent)
             os.replace(tmp, dest)
-        except OSError:  # a full disk, say: leave nothing half-staged behind
-            tmp.unlink(missing_ok=True)
-            if made:
-                try:
-                    dest_dir.rmdir()
-                except OSError:
-                    pass
-            raise
+    finally:
+        tmp.unlink(missing_ok=True)  # a full disk, say, or the same build staged already
     return str(dest), digest
+
+
+def _copy_hashing(src: Path, fd: int) -> str:
+    h = hashlib.sha256()
+    mode = stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH
+    with open(fd, "wb") as out, open(src, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            out.write(chunk)
+        out.flush()
+        os.fchmod(out.fileno(), mode)  # whatever the umask
+    return h.hexdigest()
+
+
+def _holds(dest: Path, digest: str) -> bool:
+    try:
+        return LocalFiles().digest(str(dest)) == digest and os.access(dest, os.X_OK)
+    except OSError:
+        return False

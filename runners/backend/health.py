@@ -6,6 +6,8 @@ import socket
 import time
 from collections.abc import Callable
 
+from runners.base.deadline import Deadline
+
 POLL_INTERVAL = 0.005  # a refused connect costs microseconds; the switch waits on this
 TRY_TIMEOUT = 1.0  # one slow answer must not eat the whole budget
 
@@ -65,11 +67,11 @@ class HttpHealth:
     """HealthPort: poll every ~5 ms until status < 500, a timeout, or the process exits."""
 
     def check(self, socket_path: str, timeout: float, alive: Callable[[], bool]) -> str | None:
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout, TRY_TIMEOUT + POLL_INTERVAL, f"health {socket_path}")
         last: str | None = None  # most telling failure so far
         reached = False  # a connection was ever accepted: the app serves the socket
         while True:
-            left = deadline - time.monotonic()
+            left = deadline.left()
             if left <= 0:
                 return last or silent(socket_path, float(timeout), reached)
             try:
@@ -83,7 +85,7 @@ class HttpHealth:
                 reached = True  # accepted, then reset, timed out or garbage: keep polling
             if not alive():
                 return "health: process exited before it answered" + (f" ({last})" if last else "")
-            time.sleep(min(POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(POLL_INTERVAL, max(0.0, deadline.left())))
 
     def probe(self, socket_path: str, timeout: float) -> str | None:
         try:

@@ -331,6 +331,11 @@ class ProcessBackend:
 
     def release(self, ref: ProcRef) -> None:
         self._drop_cgroup(ref.cgroup)  # ENOENT: already gone; EBUSY etc.: leave it
+        if ref.socket:  # proven gone: nothing listens on it any more
+            try:
+                os.unlink(ref.socket)
+            except OSError:
+                pass
         if self.logs is not None:
             self.logs.forget(ref.generation_uuid)
         for hook in self.on_release:  # e.g. its NOTIFY_SOCKET is closed

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from models.store import Store, emit
 from runners.base import sd_notify
+from runners.base.deadline import Deadline
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("vigil.readiness")
 
 POLL = 0.1  # seconds between two runs of a probe command
+PROBE_STEP = 0.5  # a running probe is waited for in steps this long
 STATUS_EVERY = 1.0  # at most one app_status event per generation per second
 MARKER = "VIGIL_GENERATION"
 
@@ -103,13 +105,13 @@ class Readiness:
         w = self._watched.get(generation_uuid)
         if w is None:
             return "ready: the generation has no NOTIFY_SOCKET"
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout, 0.02, f"notify g{w.generation_id}")
         while True:
-            if w.ready.wait(min(0.02, max(0.0, deadline - time.monotonic()))):
+            if w.ready.wait(min(0.02, max(0.0, deadline.left()))):
                 return None
             if not alive():
                 return "ready: process exited before it sent READY=1"
-            if time.monotonic() >= deadline:
+            if deadline.left() <= 0:
                 return silent_notify(w.host, float(timeout))
 
     def forget(self, generation_uuid: str) -> None:
@@ -181,27 +183,37 @@ class Readiness:
     # -- exec --------------------------------------------------------------------------------
     def run_probe(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
                   alive: Callable[[], bool]) -> str | None:
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout, PROBE_STEP, f"probe {command!r}")
         last = ""
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if deadline.left() <= 0:
                 return f"ready: `{command}` did not exit 0 within {float(timeout)}s{last}"
             p = subprocess.Popen(["/bin/sh", "-c", command], env=env, cwd=cwd,
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                out, _ = p.communicate(timeout=left)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                out, _ = p.communicate()
+            out = _finish(p, deadline)
             if p.returncode == 0:
                 return None
             tail = out.decode(errors="replace").strip().splitlines()[-1:] if out else []
             last = f" (last: exit {p.returncode}{': ' + tail[0][:200] if tail else ''})"
             if not alive():
                 return f"ready: process exited before `{command}` passed{last}"
-            time.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(POLL, max(0.0, deadline.left())))
+
+
+def _finish(p: subprocess.Popen[bytes], deadline: Deadline) -> bytes:
+    """The probe's output once it exits, or its process group killed at the deadline. Waited
+    for in steps, so a stall of the agent is seen as one (the deadline re-arms)."""
+    while True:
+        left = deadline.left()
+        try:
+            out, _ = p.communicate(timeout=max(0.0, min(PROBE_STEP, left)))
+            return out
+        except subprocess.TimeoutExpired:
+            if deadline.left() > 0:
+                continue
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return p.communicate()[0]

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from models.errors import VigilError
+from models.errors import BadInput, VigilError
 from runners.cli import (
     agent,
     db,
@@ -49,8 +49,25 @@ for command in (db.db, hosts.host, hosts.apply_cmd, lifecycle.wake, lifecycle.st
 hostedit.attach(hosts.host)
 
 
+def not_utf8(args: list[str]) -> BadInput | None:
+    """An argument whose bytes are not UTF-8 (Python holds them as lone surrogates): names
+    and paths are stored and sent as UTF-8 text, so it is refused before anything is done."""
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            return BadInput(f"argument {shown!r} is not valid UTF-8 (vigil keeps names and "
+                            "paths as UTF-8 text)", "rename the file or directory to a UTF-8 "
+                            "name, or pass a UTF-8 path to it (a symlink)")
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
+        bad = not_utf8(sys.argv[1:] if argv is None else argv)
+        if bad is not None:
+            raise bad
         cli.main(args=argv, prog_name="vigil", standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(130)

@@ -70,7 +70,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
              listens: tuple[str, ...], ready: str | None, health_interval: float | None,
              unhealthy_after: int | None, unhealthy_restart: bool, **policy: Any) -> None:
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
-    from runners.backend.files import stage_build
+    from runners.backend.files import forget_host_files, stage_build
     from runners.cli.listeners import checked_listeners
     from workflows.config.hosts import add_host, check_name, refuse_taken
     from workflows.leases.placement import encode
@@ -92,6 +92,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
         health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
         policy=policy, listeners=listeners, ready=ready, probe=probe, run=run))
+    forget_host_files(env.state_dir, name)  # a removed namesake's, if its rm was cut short
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
 
 
@@ -142,6 +143,7 @@ def host_list(env: Env, as_json: bool) -> None:
 def host_rm(env: Env, name: str) -> None:
     """Remove a host that does not run (and its restart schedule)."""
     from runners.agent.schedules import forget
+    from runners.backend.files import forget_host_files
     from runners.base.doorbell import ring
     from runners.cli.listeners import close_removed
     from runners.cli.logs import set_aside
@@ -149,6 +151,7 @@ def host_rm(env: Env, name: str) -> None:
 
     rows = env.store().write(lambda s: remove_host(s, name))
     set_aside(env.state_dir, name)  # a host added again under the name starts with no output
+    forget_host_files(env.state_dir, name)  # its run dir, link and what set_aside left
     forget(env.store(), name)
     close_removed(env.state_dir, rows)
     if rows:
@@ -162,6 +165,7 @@ def host_rm(env: Env, name: str) -> None:
 @click.pass_obj
 def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
     """Create, update and remove hosts to match a TOML file (see docs/reference/hosts-file.md)."""
+    from runners.backend.files import forget_host_files
     from runners.cli.common import ring
     from runners.cli.hostfile import load
     from workflows.config.apply import apply_host, plan, remove_absent
@@ -192,6 +196,7 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
     for c in done:
         if c.action == "remove":
             set_aside(env.state_dir, c.host)
+            forget_host_files(env.state_dir, c.host)
     ran = apply_running(env, specs)
     for c in done + ran:
         if c.action == "add" and c.host in {r.host for r in ran if r.action == "wake"}:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import click
 
 from models.errors import NotFound
+from runners.base.controls import escape_controls
 from runners.cli.common import Env
 
 _BASE = re.compile(r"g(\d+)\.log")
@@ -93,8 +95,11 @@ def last_lines(directory: Path, gens: list[int], want: int) -> list[tuple[int, b
     return out[-want:] if want else []
 
 
-def emit(n: int, line: bytes) -> None:
-    click.echo(f"g{n} | {line.decode(errors='replace')}")
+def emit(n: int, line: bytes, tty: bool = False) -> None:
+    """One line of output; on a terminal its control bytes escaped (an app's ESC sequences
+    would act on the operator's terminal), elsewhere (a pipe, a file) as the app wrote them."""
+    text = line.decode(errors="replace")
+    click.echo(f"g{n} | {escape_controls(text) if tty else text}", color=not tty)  # no stripping
 
 
 @click.command("logs")
@@ -123,13 +128,14 @@ def logs(env: Env, name: str, only: int | None, lines: int, follow: bool) -> Non
                            f"see which are with `vigil logs {name}` (the newest "
                            "generations' files are kept)")
         gens = [only]
+    tty = sys.stdout.isatty()
     for n, line in last_lines(directory, gens, lines):
-        emit(n, line)
+        emit(n, line, tty)
     if follow:
-        _follow(directory, only)
+        _follow(directory, only, tty)
 
 
-def _follow(directory: Path, only: int | None, interval: float = 0.2) -> None:
+def _follow(directory: Path, only: int | None, tty: bool, interval: float = 0.2) -> None:
     """Print what is appended to each generation's file, across rotations and new
     generations, until SIGTERM or Ctrl-C."""
     import signal
@@ -157,7 +163,7 @@ def _follow(directory: Path, only: int | None, interval: float = 0.2) -> None:
                 data = partial.pop(n, b"") + f.read()  # type: ignore[attr-defined]
                 *done, rest = data.split(b"\n")
                 for line in done:
-                    emit(n, line)
+                    emit(n, line, tty)
                 if rest:
                     partial[n] = rest
                 try:

@@ -232,3 +232,42 @@ def test_store_outage_is_one_warning_each_way_and_the_next_deploy_goes_through(
     serves(v)
     no_tracebacks(v)
     v.check()
+
+
+@pytest.mark.sqlite_only("the SQLite store on the full filesystem (PostgreSQL's disk is the server's)")
+def test_disk_full_mid_deploy_is_said_as_such_not_as_a_restart(full_box: Vigil,
+                                                                short_tmp: Path) -> None:
+    """The disk fills while a deploy waits for its successor's health (issue 20 item 12):
+    the attempt's end says the store's disk was full, never that the agent restarted (it
+    did not)."""
+    v = full_box
+    gate = short_tmp / "gate"
+    v.add_host("hello", HELLO, "--env", f"GATE={gate}", "--env", f"THEN={HELLO}")
+    agent = v.start_agent()
+    v.wait_ready(agent)
+    v.run("wake", "hello", "--wait", "--timeout", "60")
+    gated = short_tmp / "gated.py"
+    gated.write_bytes((FIXTURES.parent / "multibox" / "gated.py").read_bytes())
+    gated.chmod(0o755)
+    first = v.status("hello")["pid"]
+    out = v.run("deploy", "hello", str(gated)).stdout
+    attempt_id = int(next(w for w in out.split() if w.startswith("#"))[1:])
+    wait_for(lambda: v.store.read(lambda s: s.get(Attempt, attempt_id)).successor_id is not None
+             and v.store.read(lambda s: s.get(Attempt, attempt_id)).step.value == "spawned",
+             30, what="the successor spawned")
+    v.store.dispose()
+    filler = fill(v.state_dir, leave=0)
+    gate.touch()
+    wait_for(lambda: agent_lines(v, "store trouble kind=full"), 30, what="the agent to say it")
+    filler.unlink()
+    wait_for(lambda: v.store.read(lambda s: s.get(Attempt, attempt_id)).outcome is not None, 60,
+             what="the attempt to end")
+    a = v.store.read(lambda s: s.get(Attempt, attempt_id))
+    print(a.reason)
+    assert "restarted" not in (a.reason or ""), a.reason
+    assert "this agent's last try of it stopped there: the store failed (full: " in (a.reason or ""), a.reason
+    assert agent.poll() is None
+    v.quiesce(60)  # written again (cause resumed), as after a restart: it goes through
+    assert v.status("hello")["state"] == "awake" and v.status("hello")["pid"] != first
+    no_tracebacks(v)
+    v.check()

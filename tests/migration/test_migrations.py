@@ -303,6 +303,16 @@ def seed_0018(conn: Connection) -> None:
                                      "end_reason": None, "run_user": "nobody"})
 
 
+def seed_0019(conn: Connection) -> None:
+    """Nothing new to hold (0019 only makes attempt ids never reused): an open attempt."""
+    raw_insert(conn, "attempts", {
+        "id": 190, "host": "web", "build_id": 3, "digest": "cd" * 32, "mode": "overlap",
+        "effective_mode": "overlap", "canary": False, "fence": None, "successor_id": None,
+        "retiring_id": None, "drain_seconds": None, "clean_exit": None, "created_at": T0,
+        "cause": "release", "revision": 19, "step": "queued", "outcome": None, "reason": None,
+        "executed": None, "resumed_from": None, "ended_at": None, **retry_cols(0)})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -320,6 +330,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0014": seed_0014,
     "0017": seed_0017,
     "0018": seed_0018,
+    "0019": seed_0019,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
@@ -455,6 +466,25 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         assert tuple(conn.execute(text("SELECT cause, resumed_from FROM attempts WHERE id = 141"
                                        )).one()) == ("resumed", 140)
         assert conn.execute(text("SELECT resumed_from FROM attempts WHERE id = 90")).scalar() is None
+
+
+@pytest.mark.sqlite_only("a PostgreSQL sequence never goes back (the seeds' explicit ids bypass it)")
+def test_attempt_ids_are_never_reused(store: Store) -> None:
+    """The newest attempts deleted (`host rm`): the next one takes a new id (issue 20 item
+    16), also for attempts written before the upgrade to head."""
+    engine = store.engine
+    schema.upgrade(engine, "0001")
+    with engine.begin() as conn:
+        seed_0001(conn)
+    schema.upgrade(engine)
+    with engine.begin() as conn:
+        top = conn.execute(text("SELECT max(id) FROM attempts")).scalar()
+        row = dict(conn.execute(text(f"SELECT * FROM attempts WHERE id = {top}")).mappings().one())
+        conn.execute(text(f"DELETE FROM members WHERE attempt_id = {top}"))
+        conn.execute(text(f"DELETE FROM attempts WHERE id = {top}"))
+        row.pop("id")
+        raw_insert(conn, "attempts", row)
+        assert conn.execute(text("SELECT max(id) FROM attempts")).scalar() == top + 1
 
 
 def test_stored_schedules_follow_the_move(store: Store) -> None:

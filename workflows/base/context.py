@@ -73,6 +73,9 @@ class Context:
     # Generations (uuid) this agent has sent SIGTERM to and that are not proven gone yet:
     # a drain waited for in short holds sends it once, not at every look.
     termed: set[str] = field(default_factory=set)
+    # Attempts a drive of this agent left mid-way (a step failed and so did writing its end,
+    # e.g. on a full disk), with why: the next drive says that, not that the agent restarted.
+    cut_short: dict[int, str] = field(default_factory=dict)
 
     @property
     def run_dir(self) -> Path:

@@ -65,6 +65,7 @@ class ProcRef:
     # generation even once they have left the cgroup and dropped the marker.
     known: tuple[tuple[int, float], ...] = ()
     user: str | None = None  # the user it was spawned as: its processes may carry the marker
+    socket: str | None = None  # its own $VIGIL_SOCKET file, removed with its leftovers
 
 
 class ProcessPort(Protocol):

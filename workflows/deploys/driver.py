@@ -18,6 +18,7 @@ from models.states import (
 from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Member
 from models.transition import move, move_many
+from models.trouble import diagnose, one_line
 from workflows.base.classify import BuildFailed, Cancelled, Interrupted, Stale, StepEnd, classify
 from workflows.base.context import Context, Poke, Result
 from workflows.base.crash import crashpoint, define
@@ -47,6 +48,20 @@ _EXECUTED_FROM = {AttemptStep.spawning, AttemptStep.spawned, AttemptStep.healthy
 
 
 def drive_attempt(ctx: Context, attempt_id: int) -> Result:
+    try:
+        result = _drive_attempt(ctx, attempt_id)
+        ctx.cut_short.pop(attempt_id, None)
+        return result
+    except Poke:
+        raise
+    except Exception as exc:  # left mid-way (its end could not be written): the next try says why
+        t = diagnose(exc)
+        ctx.cut_short[attempt_id] = (f"the store failed ({t.kind}: {t.detail})" if t is not None
+                                     else f"{type(exc).__name__}: {one_line(exc)}")
+        raise
+
+
+def _drive_attempt(ctx: Context, attempt_id: int) -> Result:
     a = load(ctx, attempt_id)
     if a is None or a.outcome is not None:
         return Result.gone

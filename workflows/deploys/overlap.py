@@ -24,12 +24,20 @@ RAISED = define("swap.raised", "the parent limit is raised (or there is none); n
 DRAINED = define("swap.drained", "the retiring generation is proven and left the set; done")
 
 
+def _interrupted(ctx: Context, a: Attempt) -> str:
+    """Why an attempt found before its switch ended there: this agent's own cut-short try
+    (a failed store, kept in memory), else the agent restarted."""
+    why = ctx.cut_short.pop(a.id, None)
+    found = (f"this agent's last try of it stopped there: {why}" if why is not None
+             else "found mid-way by a new driver: the agent restarted")
+    return f"interrupted at step {a.step.value}, before the switch ({found})"
+
+
 def run_overlap(ctx: Context, a: Attempt) -> None:
     if a.step in (AttemptStep.switched, AttemptStep.drained):
         return _drain(ctx, a)
     if a.step is not AttemptStep.queued:
-        raise Interrupted(f"interrupted at step {a.step.value}, before the switch (found mid-way "
-                          "by a new driver: the agent restarted)")
+        raise Interrupted(_interrupted(ctx, a))
     build = steps.verify(ctx, a)
     admitted = ctx.store.write(lambda s: _admit(s, ctx, a))
     if admitted is None:

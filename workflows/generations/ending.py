@@ -31,7 +31,7 @@ WAITING = define("obligation.waiting", "a drain outlasted the hold: the row give
 
 def ref_of(gen: Generation) -> ProcRef:
     return ProcRef(generation_uuid=gen.uuid, pid=gen.pid, create_time=gen.create_time,
-                   cgroup=gen.cgroup, user=gen.run_user)
+                   cgroup=gen.cgroup, user=gen.run_user, socket=gen.socket)
 
 
 def _drain(ctx: Context, gen: Generation, drain_until: float, done: Callable[[], bool]) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy import select
@@ -38,15 +39,17 @@ from sqlalchemy.orm import Session
 
 from models.states import IN_FLIGHT, Outcome, RolloutOutcome, RolloutState, TargetState
 from models.store import utcnow
-from models.tables import Attempt, Rollout, RolloutTarget
+from models.tables import Attempt, Build, Rollout, RolloutTarget
 from workflows.base.context import Context, Poke, Result, Until
 from workflows.base.crash import crashpoint
+from workflows.builds.staged import staged_problem
 from workflows.rollouts.rows import attempt_of, load_attempts, mark, on_build, superseded
 from workflows.rollouts.steps import (
     ENDED,
     admit_wave,
     end,
     halt,
+    halt_for,
     reissue,
     revert_or_end,
     revert_summary,
@@ -60,6 +63,7 @@ MAX_TRIES = 10  # attempts written for one target in its wave (or its revert), a
 MAX_STEPS = 64  # steps one drive takes before it lets the round go on
 
 _REISSUE = "reissue"  # a verdict: the target's attempt is written again
+_RECHECK = "recheck"  # a step not taken: read the build again before writing an attempt again
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,11 @@ def drive_rollout(ctx: Context, rollout_id: int) -> Result:
     """Take every step the rollout can take now, each one transaction and its crash point."""
     moved = False
     for _ in range(MAX_STEPS):
-        step = ctx.store.write(lambda s: advance(s, rollout_id))
+        problem, checked = _unreadable(ctx, rollout_id)
+        step = ctx.store.write(partial(_step, rollout_id=rollout_id, problem=problem,
+                                       checked=checked))
+        if step == _RECHECK:
+            continue
         if isinstance(step, Wait):
             if moved:
                 return Result.progress  # due again at once: the next drive says why it waits
@@ -90,9 +98,42 @@ def drive_rollout(ctx: Context, rollout_id: int) -> Result:
     return Result.progress
 
 
-def advance(s: Session, rollout_id: int) -> str | Wait | None:
+def _unreadable(ctx: Context, rollout_id: int) -> tuple[str | None, frozenset[int]]:
+    """Why the rollout's build cannot be deployed (or None), and the abandoned attempts of
+    its targets this answer covers. The bytes are read (hashed, outside any transaction)
+    only while such an attempt exists: an attempt refused for its bytes is abandoned, never
+    failed, and writing it again cannot help."""
+    rows = ctx.store.read(lambda s: s.execute(
+        select(Attempt.id, Build.path, Rollout.digest).join(Build, Build.id == Rollout.build_id)
+        .join(RolloutTarget, RolloutTarget.rollout_id == Rollout.id)
+        .join(Attempt, Attempt.id == RolloutTarget.attempt_id)
+        .where(Rollout.id == rollout_id, Rollout.state.in_((RolloutState.running, RolloutState.paused)),
+               RolloutTarget.state == TargetState.deploying, Attempt.outcome == Outcome.abandoned)
+    ).all())
+    if not rows:
+        return None, frozenset()
+    # Any box may drive a rollout: the staging root is not this one's to check.
+    return (staged_problem(ctx, rows[0].path, rows[0].digest, executable=False, in_root=False),
+            frozenset(r.id for r in rows))
+
+
+def _step(s: Session, rollout_id: int, problem: str | None,
+          checked: frozenset[int]) -> str | Wait | None:
+    return (problem and halt_unreadable(s, rollout_id, problem)) or advance(s, rollout_id, checked)
+
+
+def halt_unreadable(s: Session, rollout_id: int, problem: str) -> str | None:
+    r = s.get(Rollout, rollout_id)
+    if r is None or r.state not in (RolloutState.running, RolloutState.paused):
+        return None
+    return halt_for(s, r, f"build {r.digest[:12]} cannot be deployed: {problem}", [])
+
+
+def advance(s: Session, rollout_id: int, checked: frozenset[int] | None = None) -> str | Wait | None:
     """One step of the rollout, in the caller's transaction: the crash point it reached, a
-    Wait, or None (no such rollout, or it has ended)."""
+    Wait, or None (no such rollout, or it has ended). With `checked`, an abandoned attempt
+    is written again only if it is in it (the build was read after it was abandoned); else
+    _RECHECK."""
     r = s.get(Rollout, rollout_id)
     if r is None or r.state is RolloutState.ended:
         return None
@@ -113,6 +154,9 @@ def advance(s: Session, rollout_id: int) -> str | Wait | None:
         if len(failed) > r.max_failures:
             return halt(s, r, failed)
     again = [(t, a) for t, a in ended if verdicts[t.host][0] == _REISSUE]
+    if checked is not None and any(t.state is TargetState.deploying and a is not None
+                                   and a.id not in checked for t, a in again):
+        return _RECHECK
     if again:
         return reissue(s, r, again)
     if waiting:

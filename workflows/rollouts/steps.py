@@ -102,10 +102,15 @@ def halt(s: Session, r: Rollout, failed: list[tuple[str, str | None]]) -> str:
     else:
         reason = (f"{len(failed)} hosts failed (at most {r.max_failures} allowed): "
                   + "; ".join(f"{h}: {w}" for h, w in failed))
+    return halt_for(s, r, reason, [h for h, _ in failed])
+
+
+def halt_for(s: Session, r: Rollout, reason: str, failed: list[str]) -> str:
+    """Halt the rollout for `reason` (the hosts that failed, if any)."""
     move_rollout(s, r, {"state": RolloutState.halted, "reason": reason}, "-> halted")
     cancelled = cancel_queued(s, r, "halted")
     emit(s, "rollout_halted", None, rollout=r.id, wave=r.wave, reason=reason,
-         failed=[h for h, _ in failed], cancelled=cancelled)
+         failed=failed, cancelled=cancelled)
     return HALTED
 
 
