@@ -10,7 +10,8 @@ CI runs 2 seeds of 20 actions. `VIGIL_LONG=1`: 20 seeds of 60 actions.
 then). `VIGIL_CHAOS_KEEP=DIR` copies a failing seed's state dir (store, logs) into DIR.
 `VIGIL_CHAOS_LOGS=0|1` switches the lost-log-line check (default off: lines are
 still lost on a keeper's death until the log-loss work lands). A failing seed prints its
-seed, the command that runs it again and every action it took."""
+seed, the command that runs it again and every action it took; several seeds end with
+one summary line (seeds passed, every kill made)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import os
 import re
 import shutil
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,6 +50,17 @@ OPEN_BRANCHES = ("main loses a stopped host's listening socket to a holder kill 
                  "keepers, reopen and resume fix them")
 
 pytestmark = pytest.mark.timeout(600 if LONG or ONE else 300)
+TOTALS: dict[str, Counter] = {"kills": Counter(), "not running": Counter(), "seeds": Counter()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary() -> Iterator[None]:
+    """After several seeds, one line: the seeds that passed and every kill they made."""
+    yield
+    if sum(TOTALS["seeds"].values()) > 1:
+        print(f"\nchaos summary: {dict(TOTALS['seeds'])} seeds; kills "
+              f"{dict(sorted(TOTALS['kills'].items()))} ({sum(TOTALS['kills'].values())} in all); "
+              f"not running when due {dict(sorted(TOTALS['not running'].items()))}")
 
 
 def settle(d: Driver, checker: Checker) -> list[str]:
@@ -125,6 +139,9 @@ def test_chaos(vigil: Vigil, short_tmp: Path, seed: int) -> None:
             found = settle(d, checker)
         took = time.monotonic() - started
         text = report(seed, d, prober, took, found)
+        TOTALS["kills"].update(d.kills)
+        TOTALS["not running"].update(d.skipped)
+        TOTALS["seeds"]["failed" if found else "passed"] += 1
         print("\n" + text)
         if found and KEEP:  # the store and the logs, for a look after the teardown
             shutil.copytree(vigil.state_dir, Path(KEEP) / f"seed{seed}-{os.getpid()}",
