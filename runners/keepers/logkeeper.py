@@ -189,11 +189,22 @@ class LogPipes:
         return w
 
     def forget(self, key: str) -> None:
-        """The generation is proven gone: its copy of the read end is closed."""
+        """The generation is proven gone: its copy of the read end is closed, once a keeper
+        that was given the pipe runs. What the app wrote last may still be in the pipe, and
+        with the keeper dead (or a standby not yet told) this copy is its only reader: a
+        new keeper is handed every end first."""
         with self._lock:
-            end = self.ends.pop(key, None)
-        if end is not None:
-            os.close(end[0])
+            end = self.ends.get(key)
+            if end is None:
+                return
+            now = self.peer.running()
+            if now is None or now[0] != self.peer.told:
+                try:
+                    self.peer.ask({"op": "get", "keys": []})
+                except OSError:
+                    pass  # no keeper can be had: what is left in the pipe goes with it
+            del self.ends[key]
+        os.close(end[0])
 
     def adopt(self) -> int:
         """On agent start: copies of the read ends a running keeper writes for (none runs:

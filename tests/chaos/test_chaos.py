@@ -7,14 +7,20 @@ that trusts neither `vigil status` nor `vigil check`.
 
 CI runs 2 seeds of 20 actions. `VIGIL_LONG=1`: 20 seeds of 60 actions.
 `VIGIL_CHAOS_SEED=N` runs seed N alone (`VIGIL_CHAOS_ACTIONS=K` actions; 60 by default
-then). `VIGIL_CHAOS_LOGS=0|1` switches the lost-log-line check (default off: lines are
+then). `VIGIL_CHAOS_KEEP=DIR` copies a failing seed's state dir (store, logs) into DIR.
+`VIGIL_CHAOS_LOGS=0|1` switches the lost-log-line check (default off: lines are
 still lost on a keeper's death until the log-loss work lands). A failing seed prints its
-seed, the command that runs it again and every action it took."""
+seed, the command that runs it again and every action it took; several seeds end with
+one summary line (seeds passed, every kill made)."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,12 +43,24 @@ ONE = os.environ.get("VIGIL_CHAOS_SEED")
 SEEDS = [int(ONE)] if ONE else list(range(1, 21)) if LONG else [1, 2]
 ACTIONS = int(os.environ.get("VIGIL_CHAOS_ACTIONS") or (60 if LONG or ONE else 20))
 LOGS = env_flag("VIGIL_CHAOS_LOGS", False)
+KEEP = os.environ.get("VIGIL_CHAOS_KEEP")  # a directory: a failing seed's state dir copied there
 QUIET_BOUND = 180.0  # seconds for everything to settle after the last action
 OPEN_BRANCHES = ("main loses a stopped host's listening socket to a holder kill then an agent "
                  "kill, and drops an overlap deploy its agent's death interrupted: branches "
                  "keepers, reopen and resume fix them")
 
 pytestmark = pytest.mark.timeout(600 if LONG or ONE else 300)
+TOTALS: dict[str, Counter] = {"kills": Counter(), "not running": Counter(), "seeds": Counter()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary() -> Iterator[None]:
+    """After several seeds, one line: the seeds that passed and every kill they made."""
+    yield
+    if sum(TOTALS["seeds"].values()) > 1:
+        print(f"\nchaos summary: {dict(TOTALS['seeds'])} seeds; kills "
+              f"{dict(sorted(TOTALS['kills'].items()))} ({sum(TOTALS['kills'].values())} in all); "
+              f"not running when due {dict(sorted(TOTALS['not running'].items()))}")
 
 
 def settle(d: Driver, checker: Checker) -> list[str]:
@@ -78,14 +96,18 @@ def report(seed: int, d: Driver, prober: Prober, took: float, found: list[str]) 
                   f"VIGIL_CHAOS_LOGS={int(LOGS)} .venv/bin/python -m pytest -q -s tests/chaos",
                   "  actions:"] + [f"    {line}" for line in d.log]
         lines += ["  as vigil saw it at the end (for diagnosis only):"] + \
-            [f"    {line}" for line in vigil_view(d.v)]
+            [f"    {line}" for line in vigil_view(d.v, found)]
     return "\n".join(lines)
 
 
-def vigil_view(v: Vigil) -> list[str]:
-    """vigil's own status and its last events: read only to explain a violation."""
+def vigil_view(v: Vigil, found: list[str]) -> list[str]:
+    """vigil's own status, its last events and every event of each host a violation names:
+    read only to explain a violation."""
     out = []
-    for args in (("status",), ("events", "--limit", "60")):
+    named = sorted({f.split(":")[0] for f in found if re.match(r"[a-z0-9-]+:", f)})
+    views = [("status",), ("events", "--limit", "60")]
+    views += [("events", h, "--limit", "400") for h in named]
+    for args in views:
         try:
             cp = v.run(*args, check=False)
             out += (cp.stdout + cp.stderr).splitlines()
@@ -117,7 +139,13 @@ def test_chaos(vigil: Vigil, short_tmp: Path, seed: int) -> None:
             found = settle(d, checker)
         took = time.monotonic() - started
         text = report(seed, d, prober, took, found)
+        TOTALS["kills"].update(d.kills)
+        TOTALS["not running"].update(d.skipped)
+        TOTALS["seeds"]["failed" if found else "passed"] += 1
         print("\n" + text)
+        if found and KEEP:  # the store and the logs, for a look after the teardown
+            shutil.copytree(vigil.state_dir, Path(KEEP) / f"seed{seed}-{os.getpid()}",
+                            ignore=shutil.ignore_patterns("*.sock", "*.lock"), symlinks=True)
         assert not found, text
     finally:
         vigil.cleanup()  # the agents and the apps first: then no one starts a keeper again

@@ -100,6 +100,34 @@ def _write_end(logs: LogPipes, state: Path, key: str) -> int:
     return logs.open(f"{key}-x{time.monotonic_ns()}", str(log_of(state, key)), 1 << 20, 2)
 
 
+def test_a_pipe_forgotten_while_no_keeper_runs_is_written_out_first(short_tmp: Path) -> None:
+    """The generation is proven gone while its keeper is dead (before the watch started
+    another): what the app wrote last is only in the pipe, whose one reader left is the
+    agent's copy. forget() hands it to a new keeper before it closes that copy; it closed
+    it at once, and the lines were lost."""
+    state = short_tmp / "state"
+    (state / "logs" / "h1").mkdir(parents=True)
+    logs = LogPipes(state)  # no helper watch: nothing starts a keeper but the agent's asks
+    try:
+        w = logs.open("g1", str(log_of(state, "g1")), 1 << 20, 2)
+        old = keeper_pid(state)
+        assert old
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: keeper_pid(state) != old and pid_dead(old), 10, what="the keeper dead")
+        os.write(w, b"".join(f"last line {i}\n".encode() for i in range(100)))
+        os.close(w)  # the app's processes are gone: proven
+        logs.forget("g1")
+        assert "g1" not in logs.ends
+        wait_for(lambda: b"last line 99\n" in log_of(state, "g1").read_bytes(), 30,
+                 what="the last lines written by a new keeper")
+        assert log_of(state, "g1").read_bytes().count(b"last line ") == 100
+    finally:
+        for pid in logs.peer.started:  # this process's children
+            if not pid_dead(pid):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
 def test_a_stopped_holder_or_keeper_does_not_freeze_what_asks_it(box) -> None:  # type: ignore[no-untyped-def]
     """SIGSTOP: the agent's next exchange times out (BOUND), the helper is killed by pid and
     start time, a new one gets everything, and the request is served."""

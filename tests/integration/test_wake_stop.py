@@ -255,3 +255,53 @@ def test_long_drains_do_not_starve_other_hosts(vigil: Vigil, containment: str) -
     assert all(vigil.status(n)["state"] == "asleep" for n in deaf)
     vigil.run("stop", "free", "--wait")
     vigil.check()
+
+
+def test_wake_written_after_a_stop_not_yet_signalled_runs_after_it(vigil: Vigil) -> None:
+    # Chaos seed 8 (issue 24): `stop`, the agent killed, `wake`, the agent back. The stop,
+    # still queued when the wake was written, cancelled that wake as it signalled, so the
+    # host ended down with nothing owed though the operator's last word was `wake`.
+    vigil.add_host("hello")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "hello", "--wait")
+    old = awake(vigil, "hello")
+    vigil.stop_agent(agent, signal.SIGKILL)
+    vigil.run("stop", "hello")  # the agent is down: both intents are only rows
+    vigil.run("wake", "hello")
+    before = vigil.ready_count()
+    agent2 = vigil.start_agent()
+    vigil.wait_ready_after(agent2, before)
+    wait_for(lambda: vigil.status("hello")["pid"] not in (None, old["pid"]), 60,
+             what="the wake written after the stop to start the host again")
+    vigil.quiesce(15)
+    new = awake(vigil, "hello")
+    assert pid_dead(old["pid"]) and new["generation"] != old["generation"]
+    kinds = [e["kind"] for e in vigil.json("events", "hello")]
+    assert "woke" in kinds[kinds.index("stopped"):], kinds
+    assert f"pid={new['pid']}".encode() in get(str(vigil.state_dir / "run" / "hello.sock"))
+    vigil.check()
+
+
+def test_wake_written_while_an_earlier_wake_is_under_way_and_a_stop_waits(vigil: Vigil) -> None:
+    # The other way chaos seed 8 left its host down: `wake` (the agent killed mid-spawn),
+    # `stop`, `wake`. The second wake was answered with the first one, still under way:
+    # it finished, then the stop stopped the host, and nothing was left to start it again.
+    vigil.add_host("hello")
+    agent = vigil.start_agent("wake.spawned")
+    vigil.wait_ready(agent)
+    vigil.run("wake", "hello")
+    assert agent.wait(60) != 0  # killed itself at wake.spawned: the wake is mid-flight
+    vigil.run("stop", "hello")
+    vigil.run("wake", "hello")
+    before = vigil.ready_count()
+    agent2 = vigil.start_agent()
+    vigil.wait_ready_after(agent2, before)
+    wait_for(lambda: vigil.status("hello")["state"] == "awake" and not vigil.obligations()
+             and "stopped" in [e["kind"] for e in vigil.json("events", "hello")], 60,
+             what="the first wake, the stop, then the second wake to have run")
+    kinds = [e["kind"] for e in vigil.json("events", "hello")]
+    assert "woke" in kinds[kinds.index("stopped"):], kinds
+    st = awake(vigil, "hello")
+    assert f"pid={st['pid']}".encode() in get(str(vigil.state_dir / "run" / "hello.sock"))
+    vigil.check()

@@ -96,11 +96,7 @@ def _signal(ctx: Context, st: Stop) -> bool:
         if busy is not None:
             raise Poke(f"waiting for wake #{busy.id} ({busy.state.value}) to settle")
         now = utcnow()
-        for state in (WakeState.queued, WakeState.leased):  # a wake requested after the stop
-            move_many(s, Wake, [Wake.host == st.host],
-                      {"state": WakeState.cancelled, "ended_at": now,
-                       "reason": "cancelled by a stop"},
-                      f"wakes of {st.host} cancelled", fence=BY_STATE, col="state", frm=state)
+        _cancel_later_wakes(s, st.host, now)
         _cancel_queued(s, st.host, now)
         # The barrier: attempts in flight see this stop at their next gate and end;
         # members must all leave (proven) before the current generation is stopped.
@@ -137,6 +133,22 @@ def _signal(ctx: Context, st: Stop) -> bool:
     if signalled:
         crashpoint(INTENT)
     return signalled
+
+
+def _cancel_later_wakes(s: Session, host: str, now: datetime) -> None:
+    """Wakes written between the stop's request and its signal. The operator's `wake`
+    after the `stop` (the host is desired up again) is the newer word: it stays queued and
+    starts the host once this stop is done. Only while the host is still desired down are
+    they cancelled (the request cancelled those before it)."""
+    desired = s.execute(select(Host.desired).where(Host.name == host)).scalar()
+    if desired is Desired.up:
+        return
+    for state in (WakeState.queued, WakeState.leased):
+        if move_many(s, Wake, [Wake.host == host],
+                     {"state": WakeState.cancelled, "ended_at": now,
+                      "reason": "cancelled by a stop"},
+                     f"wakes of {host} cancelled", fence=BY_STATE, col="state", frm=state):
+            emit(s, "wake_cancelled", host, reason="cancelled by a stop", was=state.value)
 
 
 def _finish(ctx: Context, st: Stop) -> Result:

@@ -105,11 +105,11 @@ def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
     refuse_if_unproven(s, host)
     move_many(s, Host, [Host.name == host], {"desired": Desired.up}, f"host {host} up",
               fence=OPERATOR, col="desired", frm=tuple(Desired))
-    open_wake = s.execute(select(Wake).where(Wake.host == host, Wake.state.in_(OPEN_WAKE))
-                          .order_by(Wake.id).limit(1)).scalar_one_or_none()
+    stopping = open_stop(s, host)  # then only a queued wake runs after it: one under way ends first
+    open_wake = s.execute(select(Wake).where(Wake.host == host, Wake.state.in_(
+        (WakeState.queued,) if stopping else OPEN_WAKE)).order_by(Wake.id).limit(1)).scalar_one_or_none()
     if open_wake is not None:
         return WakeRequest(open_wake.id, open_wake.state.value)
-    stopping = open_stop(s, host)
     current = s.execute(_CURRENT, {"host": host}).first()
     if current is not None and stopping is None:
         return WakeRequest(None, "awake")
