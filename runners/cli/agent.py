@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -217,32 +218,43 @@ def _why(log_path: os.PathLike[str], offset: int) -> str:
 @click.pass_obj
 def agent_stop(env: Env, wait: bool, timeout: float) -> None:
     """Stop the agent (SIGTERM); the apps keep running, and the next agent adopts them."""
-    import signal
-
     from runners.base.doorbell import running_agent_pid
 
     pid = running_agent_pid(env.state_dir)
     if pid is None:
         click.echo(f"no agent is running on {env.state_dir}")
         return
+    signal_agent(env.state_dir, pid)
+    if not wait:
+        click.echo(f"agent pid {pid} stopping (apps keep running)")
+        return
+    await_agent_exit(env.state_dir, pid, time.monotonic() + timeout,
+                     f"see {env.state_dir / AGENT_LOG}; `kill -9 {pid}` is safe: "
+                     "the next agent recovers what was in flight")
+    click.echo(f"agent pid {pid} stopped (apps keep running)")
+
+
+def signal_agent(state_dir: Path, pid: int) -> None:
+    """SIGTERM to the agent holding the state dir's lock (pid from running_agent_pid)."""
+    import signal
+
     if pid < 0:
-        raise VigilError(f"an agent holds the lock of {env.state_dir} but its pid is unreadable",
+        raise VigilError(f"an agent holds the lock of {state_dir} but its pid is unreadable",
                          "find it with `fuser` on agent.lock and stop it with kill")
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
-    if not wait:
-        click.echo(f"agent pid {pid} stopping (apps keep running)")
-        return
-    deadline = time.monotonic() + timeout
-    while running_agent_pid(env.state_dir) == pid or not _gone(pid):
+
+
+def await_agent_exit(state_dir: Path, pid: int, deadline: float, fix: str) -> None:
+    """Until agent `pid` has exited and let go of the lock; past `deadline`, one line."""
+    from runners.base.doorbell import running_agent_pid
+
+    while running_agent_pid(state_dir) == pid or not _gone(pid):
         if time.monotonic() > deadline:
-            raise VigilError(f"agent pid {pid} is still running {timeout:g}s after SIGTERM",
-                             f"see {env.state_dir / AGENT_LOG}; `kill -9 {pid}` is safe: "
-                             "the next agent recovers what was in flight")
+            raise VigilError(f"agent pid {pid} is still running after SIGTERM", fix)
         time.sleep(0.05)
-    click.echo(f"agent pid {pid} stopped (apps keep running)")
 
 
 def _gone(pid: int) -> bool:

@@ -11,8 +11,6 @@ start` and `vigil wake` bring them back (each socket bound again, recorded as
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from pathlib import Path
 
@@ -93,21 +91,11 @@ def _holder(lock: Path) -> int | None:
 
 
 def _stop_agent(state_dir: Path, pid: int, deadline: float) -> None:
-    from runners.base.doorbell import running_agent_pid
-    from runners.cli.agent import _gone
+    from runners.cli.agent import await_agent_exit, signal_agent
 
-    if pid < 0:
-        raise VigilError(f"an agent holds the lock of {state_dir} but its pid is unreadable",
-                         "find it with `fuser` on agent.lock and stop it with kill")
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    while running_agent_pid(state_dir) == pid or not _gone(pid):
-        if time.monotonic() > deadline:
-            raise VigilError(f"agent pid {pid} is still running after SIGTERM",
-                             f"`kill -9 {pid}` is safe, then `vigil shutdown` again")
-        time.sleep(0.05)
+    signal_agent(state_dir, pid)
+    await_agent_exit(state_dir, pid, deadline,
+                     f"`kill -9 {pid}` is safe, then `vigil shutdown` again")
     click.echo(f"agent pid {pid} stopped")
 
 
