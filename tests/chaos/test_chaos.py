@@ -7,9 +7,10 @@ that trusts neither `vigil status` nor `vigil check`.
 
 CI runs 2 seeds of 20 actions. `VIGIL_LONG=1`: 20 seeds of 60 actions.
 `VIGIL_CHAOS_SEED=N` runs seed N alone (`VIGIL_CHAOS_ACTIONS=K` actions; 60 by default
-then). `VIGIL_CHAOS_KEEP=DIR` copies a failing seed's state dir (store, logs) into DIR.
-`VIGIL_CHAOS_LOGS=0|1` switches the lost-log-line check (default off: lines are
-still lost on a keeper's death until the log-loss work lands). A failing seed prints its
+then). `VIGIL_CHAOS_KEEP=DIR` copies a failing seed's state dir (store, logs) into DIR,
+also when the hosts never came up before the first action.
+`VIGIL_CHAOS_LOGS=0|1` switches the lost-log-line check (on: every ticker line in its
+generation's log once, in order, across keeper kills). A failing seed prints its
 seed, the command that runs it again and every action it took; several seeds end with
 one summary line (seeds passed, every kill made)."""
 
@@ -42,7 +43,7 @@ LONG = env_flag("VIGIL_LONG", False)
 ONE = os.environ.get("VIGIL_CHAOS_SEED")
 SEEDS = [int(ONE)] if ONE else list(range(1, 21)) if LONG else [1, 2]
 ACTIONS = int(os.environ.get("VIGIL_CHAOS_ACTIONS") or (60 if LONG or ONE else 20))
-LOGS = env_flag("VIGIL_CHAOS_LOGS", False)
+LOGS = env_flag("VIGIL_CHAOS_LOGS", True)
 KEEP = os.environ.get("VIGIL_CHAOS_KEEP")  # a directory: a failing seed's state dir copied there
 QUIET_BOUND = 180.0  # seconds for everything to settle after the last action
 OPEN_BRANCHES = ("main loses a stopped host's listening socket to a holder kill then an agent "
@@ -116,6 +117,13 @@ def vigil_view(v: Vigil, found: list[str]) -> list[str]:
     return out
 
 
+def keep(v: Vigil, seed: int) -> None:
+    """VIGIL_CHAOS_KEEP: the store and the logs, for a look after the teardown."""
+    if KEEP:
+        shutil.copytree(v.state_dir, Path(KEEP) / f"seed{seed}-{os.getpid()}",
+                        ignore=shutil.ignore_patterns("*.sock", "*.lock"), symlinks=True)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_chaos(vigil: Vigil, short_tmp: Path, seed: int) -> None:
     builds = make_builds(short_tmp)
@@ -129,8 +137,12 @@ def test_chaos(vigil: Vigil, short_tmp: Path, seed: int) -> None:
         d.agent_ready()
         for h in hosts:
             vigil.run("wake", h.name)
-        wait_for(lambda: not checker.check(d.meant_up), 120, interval=0.5,
-                 what=f"every host up ({checker.check(d.meant_up)})")
+        try:
+            wait_for(lambda: not checker.check(d.meant_up), 120, interval=0.5,
+                     what=f"every host up ({checker.check(d.meant_up)})")
+        except AssertionError:
+            keep(vigil, seed)
+            raise
         checker.baseline()
         actions = plan(seed, ACTIONS, hosts)
         started = time.monotonic()
@@ -143,9 +155,8 @@ def test_chaos(vigil: Vigil, short_tmp: Path, seed: int) -> None:
         TOTALS["not running"].update(d.skipped)
         TOTALS["seeds"]["failed" if found else "passed"] += 1
         print("\n" + text)
-        if found and KEEP:  # the store and the logs, for a look after the teardown
-            shutil.copytree(vigil.state_dir, Path(KEEP) / f"seed{seed}-{os.getpid()}",
-                            ignore=shutil.ignore_patterns("*.sock", "*.lock"), symlinks=True)
+        if found:
+            keep(vigil, seed)
         assert not found, text
     finally:
         vigil.cleanup()  # the agents and the apps first: then no one starts a keeper again
