@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import loadavg, summary  # noqa: E402
+from common import loadavg, summary, vigil_durability  # noqa: E402
 
 from runners.backend.process import ProcessBackend  # noqa: E402
 from workflows.base.ports import ProcRef, SpawnSpec  # noqa: E402
@@ -53,7 +53,7 @@ def main() -> None:
     args = ap.parse_args()
     runs = 10 if args.quick else args.runs
     if os.geteuid() != 0:
-        print("result: spawn_user skipped (needs root to switch users)")
+        print(f"result: spawn_user skipped (needs root to switch users) {vigil_durability(None)}")
         return
     with tempfile.TemporaryDirectory(prefix="vgb"):
         for mode in ("cgroup", "marker"):
@@ -70,7 +70,7 @@ def main() -> None:
             print(f"{mode}: today {summary(times['agent'])}, as nobody "
                   f"{summary(times['nobody'])}, ratio {med['nobody'] / med['agent']:.2f}x")
     print(f"load average {loadavg()}")
-    print("result: spawn_user")
+    print(f"result: spawn_user {vigil_durability(None)}")  # a spawn touches no store
 
 
 if __name__ == "__main__":

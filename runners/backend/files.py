@@ -85,7 +85,10 @@ def stage_build(src: str, state_dir: Path, shown: str | None = None) -> tuple[st
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp", dir=root)  # one per stager
     tmp = Path(name)
     try:
-        digest = _copy_hashing(path, fd)
+        try:
+            digest = _copy_hashing(path, fd)
+        except OSError as e:  # a write to an fd names no file: name it (a full disk is ours)
+            raise e if e.filename else OSError(e.errno, e.strerror, str(tmp)) from e
         dest = root / digest / path.name
         if not _holds(dest, digest):  # missing, or not what its name says: (re)placed
             private_dirs(dest.parent)

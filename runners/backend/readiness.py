@@ -194,6 +194,10 @@ class Readiness:
             out = _finish(p, deadline)
             if p.returncode == 0:
                 return None
+            if p.returncode == -signal.SIGKILL and deadline.left() <= 0:
+                # Ours, at the deadline: the try before says more about why it never passed.
+                last = last or " (last: still running at the deadline, killed)"
+                continue
             tail = out.decode(errors="replace").strip().splitlines()[-1:] if out else []
             last = f" (last: exit {p.returncode}{': ' + tail[0][:200] if tail else ''})"
             if not alive():
