@@ -235,7 +235,10 @@ class Reconciler:
             log.log(level, "drive kind=%s id=%s host=%s result=%s%s", d.kind, d.id, d.host,
                     result.value, f" error={error!r}" if error else "")
         except Exception as exc:
-            if not self._store_failed(exc):
+            if self._store_failed(exc):  # the spell is said once; which drives it cut short here
+                log.info("drive kind=%s id=%s host=%s result=cut_short: the store failed",
+                         d.kind, d.id, d.host)
+            else:
                 log.exception("drive kind=%s id=%s host=%s crashed", d.kind, d.id, d.host)
         finally:
             with self._lock:

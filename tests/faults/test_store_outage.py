@@ -259,6 +259,10 @@ def test_disk_full_mid_deploy_is_said_as_such_not_as_a_restart(full_box: Vigil,
     filler = fill(v.state_dir, leave=0)
     gate.touch()
     wait_for(lambda: agent_lines(v, "store trouble kind=full"), 30, what="the agent to say it")
+    # The disk stays full until the deploy's own drive was cut short by it (not only, say,
+    # the heartbeat's write): else the deploy may go through once space is back.
+    wait_for(lambda: agent_lines(v, f"drive kind=attempt id={attempt_id} host=hello "
+                                    "result=cut_short"), 60, what="the deploy's drive to fail")
     filler.unlink()
     wait_for(lambda: v.store.read(lambda s: s.get(Attempt, attempt_id)).outcome is not None, 60,
              what="the attempt to end")
