@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from models.errors import BadInput
+from models.errors import BadInput, BrokenInvariant
 from models.store import Store
 from models.tables import Host
 from runners.backend.credentials import Credentials
@@ -92,7 +92,8 @@ def check_run_as(user: str | None, group: str | None, label: str = "--") -> None
     except ValueError as exc:
         raise BadInput(str(exc), "name an existing user (see `getent passwd`) and group "
                        "(`getent group`), or create them first (useradd)") from None
-    assert who is not None
+    if who is None:  # resolve() answers None only for no user, handled above
+        raise BrokenInvariant(f"user {user} resolved to nothing")
     me = os.geteuid()
     if me != 0 and (who.uid != me or who.gid != os.getegid()):
         raise BadInput(f"this agent runs as uid {me} and cannot run an app as user {who.name} "
