@@ -56,6 +56,7 @@ def make_context(state_dir: Path, store: Store, agent_id: str, *,
     proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"),
                           log_max_bytes=log_max_bytes, log_files=log_files,
                           logs=LogPipes(state_dir))
+    proc.limits.box = agent_id  # its hosts' memory parents (runners/backend/cglimits.py)
     settle = parse_seconds(os.environ.get("VIGIL_SETTLE_SECONDS", "10"), "VIGIL_SETTLE_SECONDS")
     kw.setdefault("sockets", SocketAccess(state_dir))  # per-host groups; no agent-wide one
     ready = Readiness(store)
@@ -65,5 +66,5 @@ def make_context(state_dir: Path, store: Store, agent_id: str, *,
     kw.setdefault("ready", ready)
     kw.setdefault("listeners", Listeners(state_dir))
     return Context(store=store, agent_id=agent_id, state_dir=state_dir.absolute(), proc=proc,
-                   health=HttpHealth(), files=LocalFiles(), limits=CgroupMemoryLimit(proc.base),
+                   health=HttpHealth(), files=LocalFiles(), limits=CgroupMemoryLimit(proc.base, agent_id),
                    settle_seconds=settle, **kw)  # type: ignore[arg-type]

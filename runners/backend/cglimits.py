@@ -7,6 +7,12 @@ where one is mounted writable (hybrid and legacy boxes: `<mount>/vigil/<uuid>`).
 the limit is refused at `host add`/`apply` naming what is missing, and a start that meets
 such a box (the host was added elsewhere) fails without running anything.
 
+A host with a memory tier (`memory_tier_mb`, the seeds' parent limit) has a parent of its
+own on the v1 memory hierarchy, `<mount>/vigil/hosts/<box>/<host>` (the box: the agent's id,
+so two state dirs on one machine never share one), made with the tier as its
+limit; each of its generations' memory cgroups lives inside it, so an overlap's raise to
+twice the tier (runners/backend/limits.py) holds the old and the new generation together.
+
 The join is the shim's, as root, before the user switch and the exec: `echo $$` into each
 v1 `cgroup.procs`, `ulimit -n` for the rlimit, then exec what follows (setpriv or the app).
 An app killed by the kernel's OOM killer is told apart by its cgroup's `oom_kill` counter
@@ -21,13 +27,20 @@ from workflows.base.ports import SpawnError
 
 CONTROLLERS = {"memory_max": "memory", "cpu_quota": "cpu", "pids_max": "pids"}
 PERIOD_US = 100_000  # the CFS period the quota is a share of
+PARENTS = "hosts"  # <v1 memory mount>/vigil/hosts/<box>/<host>: a tiered host's parent
+MB = 1024 * 1024
+
+
+def parent_dir(mount: str, box: str, host: str) -> str:
+    """A tiered host's parent on the v1 memory hierarchy."""
+    return os.path.join(mount, "vigil", PARENTS, box, host)
 # Joins every cgroup.procs named before `--`, sets the open-files limit when not "-",
 # then execs the rest. Exit 121: a join the agent prepared could not be made.
 _SHIM = ('n=$1; shift; while [ "$1" != -- ]; do echo $$ > "$1" || exit 121; shift; done; '
          'shift; [ "$n" = - ] || ulimit -n "$n" || exit 121; exec "$@"')
 
 
-def _v1_mounts() -> dict[str, str]:
+def v1_mounts() -> dict[str, str]:
     out: dict[str, str] = {}
     try:
         with open("/proc/self/mounts") as f:
@@ -62,9 +75,10 @@ def _write(path: str, value: str) -> None:
 class CgroupLimits:
     """Which controller enforces each limit on this box, and the per-generation cgroups."""
 
-    def __init__(self, v2_base: str | None) -> None:
+    def __init__(self, v2_base: str | None, box: str = "") -> None:
         self.v2 = _v2_delegated(v2_base)
-        self.v1 = _v1_mounts()
+        self.v1 = v1_mounts()
+        self.box = box  # the agent's id: whose hosts' parents these are
 
     def where(self, controller: str) -> str | None:
         """"cgroup v2", "cgroup v1" or None (the box cannot enforce it)."""
@@ -81,17 +95,50 @@ class CgroupLimits:
                 f"delegation of it and no writable cgroup v1 {CONTROLLERS[k]} mount)"
                 for k in limits if k in CONTROLLERS and self.where(CONTROLLERS[k]) is None]
 
-    def _v1_dir(self, controller: str, uuid: str) -> str:
+    def _v1_dir(self, controller: str, uuid: str, parent: str | None = None) -> str:
+        if controller == "memory" and parent:
+            return os.path.join(parent_dir(self.v1["memory"], self.box, parent), uuid)
         return os.path.join(self.v1[controller], "vigil", uuid)
 
-    def prepare(self, uuid: str, cgroup: str | None, limits: dict[str, int]) -> list[str]:
+    def _v1_dirs(self, controller: str, uuid: str) -> list[str]:
+        """Where a generation's v1 cgroup of this controller may be (its host unknown)."""
+        dirs = [self._v1_dir(controller, uuid)]
+        if controller == "memory":
+            parents = os.path.join(self.v1["memory"], "vigil", PARENTS, self.box)
+            try:
+                dirs += [os.path.join(parents, h, uuid) for h in os.listdir(parents)]
+            except OSError:
+                pass
+        return dirs
+
+    def tiered(self, cgroup: str | None, tier: tuple[str, int] | None) -> bool:
+        """Whether this generation joins its host's v1 memory parent (a tier, and a box
+        whose memory controller is v1's: a v2 one would be the cgroup itself)."""
+        return tier is not None and "memory" in self.v1 and not ("memory" in self.v2 and cgroup)
+
+    def _parent(self, host: str, tier_mb: int) -> None:
+        """The host's parent, made with the tier as its limit (an existing one keeps its
+        limit: an overlap may have raised it)."""
+        d = parent_dir(self.v1["memory"], self.box, host)
+        if not os.path.isdir(d):
+            os.makedirs(d, exist_ok=True)
+            _write(os.path.join(d, "memory.limit_in_bytes"), str(tier_mb * MB))
+
+    def prepare(self, uuid: str, cgroup: str | None, limits: dict[str, int],
+                tier: tuple[str, int] | None = None) -> list[str]:
         """Before the spawn: each limit written on its controller; returns the v1
         `cgroup.procs` files the shim joins. Raises ValueError naming what is missing,
         OSError when the box refuses a write."""
         lacking = self.missing(limits)
         if lacking:
             raise ValueError("; ".join(lacking))
+        parent = tier[0] if tier is not None and self.tiered(cgroup, tier) else None
         joins: list[str] = []
+        if tier is not None and parent is not None:
+            self._parent(*tier)
+            d = self._v1_dir("memory", uuid, parent)
+            os.makedirs(d, exist_ok=True)
+            joins.append(os.path.join(d, "cgroup.procs"))
         for key, value in limits.items():
             c = CONTROLLERS.get(key)
             if c is None:
@@ -99,8 +146,9 @@ class CgroupLimits:
             if c in self.v2 and cgroup:
                 d = cgroup
             else:
-                d = self._v1_dir(c, uuid)
-                joins.append(os.path.join(d, "cgroup.procs"))
+                d = self._v1_dir(c, uuid, parent)
+                if os.path.join(d, "cgroup.procs") not in joins:
+                    joins.append(os.path.join(d, "cgroup.procs"))
             os.makedirs(d, exist_ok=True)
             self._set(d, key, value, v2=d == cgroup)
         return joins
@@ -126,12 +174,13 @@ class CgroupLimits:
             _write(os.path.join(d, "pids.max"), str(value))
 
     def wrap(self, uuid: str, cgroup: str | None, limits: dict[str, int],
-             target: list[str]) -> list[str]:
-        """`target` behind the limit shim, or as it is when no limit is set."""
-        if not limits:
+             target: list[str], tier: tuple[str, int] | None = None) -> list[str]:
+        """`target` behind the limit shim, or as it is when no limit is set and no
+        parent is joined. `tier`: (host, MB) of a host with a memory tier."""
+        if not limits and not self.tiered(cgroup, tier):
             return target
         try:
-            joins = self.prepare(uuid, cgroup, limits)
+            joins = self.prepare(uuid, cgroup, limits, tier)
         except (OSError, ValueError) as exc:  # the box's fault, never the build's
             self.drop(uuid)
             raise SpawnError(f"spawn: limits: {exc}", build_fault=False) from exc
@@ -142,7 +191,7 @@ class CgroupLimits:
         """Did the kernel's OOM killer kill a process of this generation?"""
         files = [os.path.join(cgroup, "memory.events")] if cgroup and "memory" in self.v2 else []
         if "memory" in self.v1:
-            files.append(os.path.join(self._v1_dir("memory", uuid), "memory.oom_control"))
+            files += [os.path.join(d, "memory.oom_control") for d in self._v1_dirs("memory", uuid)]
         for path in files:
             try:
                 with open(path) as f:
@@ -157,7 +206,8 @@ class CgroupLimits:
     def drop(self, uuid: str) -> None:
         """After the proof: its v1 cgroups removed (ENOENT: gone; EBUSY: left for later)."""
         for c in self.v1:
-            try:
-                os.rmdir(self._v1_dir(c, uuid))
-            except OSError:
-                pass
+            for d in self._v1_dirs(c, uuid):
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass

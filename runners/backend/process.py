@@ -154,8 +154,9 @@ class ProcessBackend:
     def _target(self, spec: SpawnSpec, who: users.RunAs | None) -> list[str]:
         """What the v2 join's shim execs; every shim runs as root: the limits' (v1 joins,
         rlimits), then setpriv to the app's user, then the app."""
+        tier = (spec.host, spec.memory_tier_mb) if spec.memory_tier_mb else None
         return self.limits.wrap(spec.generation_uuid, spec.cgroup, spec.limits,
-                                users.shim_target(who, spec))
+                                users.shim_target(who, spec), tier)
 
     def _log_pipe(self, spec: SpawnSpec) -> int:
         """The pipe end the app writes to; the box's log keeper reads the other end."""

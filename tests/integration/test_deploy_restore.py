@@ -1,7 +1,7 @@
 """The parent memory limit around an overlap swap, driven in-process:
 the real process backend, health and files, a real SQLite store, and a LimitPort test double
-(no box here has a delegated memory controller, and a failing restore cannot be caused for
-real). The agent is not running; the test drives the workflow steps and the sweep itself."""
+for the faults a real controller cannot be made to produce (a failing restore, a half-done
+raise); the limit on a real memory cgroup is tests/integration/test_parent_limit.py. The agent is not running; the test drives the workflow steps and the sweep itself."""
 
 from __future__ import annotations
 

@@ -43,6 +43,7 @@ from models import schema
 from models.states import LIVE_GEN, Cause, GenState, HostKind, Outcome, RolloutState, WakeState
 from models.store import utcnow
 from models.tables import Attempt, Build, Event, Generation, HeldBuild, Host, Lease, Rollout, Wake
+from runners.backend.cglimits import MB, parent_dir, v1_mounts
 from runners.backend.files import stage_build
 from runners.base.doorbell import ring
 from runners.base.pids import CTIME_TOLERANCE
@@ -62,6 +63,8 @@ BYSTANDER = "bystander"
 CRASH_BOUND = 30.0  # seconds for a crashing agent to reach its point and die
 READY_BOUND = 30.0
 SETTLE = "0.5"  # canary settle window (VIGIL_SETTLE_SECONDS) for every agent here
+TIER_MB = 64  # the tier-* variants: a real parent limit (cgroup v1 memory on these boxes)
+MEMORY = v1_mounts().get("memory")
 
 
 # -- harness ------------------------------------------------------------------------------
@@ -211,7 +214,8 @@ def add_host(v: Vigil, name: str, build: Path, kind: HostKind = HostKind.instanc
         s, name, kind=kind, build_path=path, digest=digest, source=str(build),
         args=list(args), env={}, cwd=None, drain_timeout=opts.get("drain_timeout", 10.0),
         health_timeout=opts.get("health_timeout", 10.0), policy=policy, listeners=listens,
-        ready="http" if listen else None))
+        ready="http" if listen else None,
+        memory_tier_mb=int(opts["memory_tier_mb"]) if "memory_tier_mb" in opts else None))
 
 
 def listener_path(v: Vigil) -> Path:
@@ -535,6 +539,20 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 # The same points reached through another workflow (shared step names).
+def tier_limit(v: Vigil) -> Path:
+    box = (v.state_dir / "agent-id").read_text().strip()
+    return Path(parent_dir(MEMORY or "", box, TARGET)) / "memory.limit_in_bytes"
+
+
+def at_tier(v: Vigil) -> None:
+    """The target's parent is back at its tier, and its current generation inside it."""
+    assert int(tier_limit(v).read_text()) == TIER_MB * MB, tier_limit(v).read_text()
+    g = [g for g in generations(v, TARGET) if g.state is GenState.current][0]
+    cgroups = Path(f"/proc/{g.pid}/cgroup").read_text()
+    assert f"/vigil/hosts/{tier_limit(v).parent.parent.name}/{TARGET}/{g.uuid}\n" in cgroups, \
+        cgroups
+
+
 VARIANTS: dict[str, Scenario] = {
     "hold-swap.admitted": Scenario(HOLD, ("swap.admitted",)),
     "hold-swap.spawned": Scenario(HOLD, ("swap.spawned",)),
@@ -545,6 +563,12 @@ VARIANTS: dict[str, Scenario] = {
     "worker-recover.adopted": Scenario(ADOPT.but(kind=HostKind.worker, build=WORKER),
                                        ("recover.adopted",)),
     "worker-wake.intent": Scenario(WAKE.but(kind=HostKind.worker, build=WORKER), ("wake.intent",)),
+    # the parent limit on a real memory controller (v1 here): raised, then restored
+    "tier-swap.raised": Scenario(OVERLAP_RESUMED.but(
+        host={**_DEPLOY["host"], "memory_tier_mb": TIER_MB}, verify=at_tier,  # type: ignore[dict-item]
+        attempt=("abandoned", False)), ("swap.raised",)),
+    "tier-restore.done": Scenario(MEMBER.but(raised=True, host={"memory_tier_mb": TIER_MB},
+                                             verify=at_tier), ("restore.done",)),
 }
 
 # Double crashes: every scenario is run again with its recovering agent crashed a second
@@ -653,6 +677,8 @@ def run_scenario(v: Vigil, flow: Flow, chain: tuple[str, ...], depth: int = 0) -
     if flow.raised:
         v.store.write(lambda s: s.execute(Host.__table__.update().where(Host.name == TARGET)
                                           .values(raised=True)))
+        if "memory_tier_mb" in flow.host:  # a real parent: raised as an overlap raises it
+            tier_limit(v).write_text(str(2 * int(flow.host["memory_tier_mb"]) * MB))
     phase("setup done")
 
     # The crashes.
@@ -927,6 +953,8 @@ def test_crash_at(vigil: Vigil, point: str) -> None:
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_crash_variant(vigil: Vigil, variant: str) -> None:
+    if variant.startswith("tier-") and MEMORY is None:
+        pytest.skip("no writable cgroup v1 memory hierarchy for a real parent limit")
     sc = VARIANTS[variant]
     run_scenario(vigil, sc.flow, sc.chain)
 

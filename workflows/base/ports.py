@@ -36,6 +36,7 @@ class SpawnSpec:
     # pids_max, limit_nofile (runners/backend/cglimits.py).
     limits: dict[str, int] = field(default_factory=dict)
     credentials: tuple[tuple[str, str], ...] = ()  # (NAME, PATH): copied in at this start
+    memory_tier_mb: int | None = None  # its host's parent limit (LimitPort), if it has one
 
 
 class SpawnError(Exception):

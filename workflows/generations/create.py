@@ -68,7 +68,8 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:
                          notify_socket=notify, user=host.run_user, group=host.run_group,
                          env_files=tuple(json.loads(host.env_files or "[]")),
                          limits={k: v for k in LIMITS if (v := getattr(host, k)) is not None},
-                         credentials=tuple(json.loads(host.credentials or "{}").items()))
+                         credentials=tuple(json.loads(host.credentials or "{}").items()),
+                         memory_tier_mb=host.memory_tier_mb)
         return ctx.proc.spawn(spec)
     except ValueError as exc:  # the host's args or env: no retry can succeed
         raise SpawnError(f"spawn {build.path}: {exc}") from exc
