@@ -381,6 +381,20 @@ class Vigil:
         assert cp.returncode == 0, f"vigil check failed:\n{cp.stdout}{cp.stderr}"
 
     # -- teardown ----------------------------------------------------------------------
+    def _drop_memory_parents(self) -> None:
+        """The v1 memory parents of this box's tiered hosts (runners/backend/cglimits.py),
+        left behind when a test killed the apps itself: removed, deepest first."""
+        from runners.backend.cglimits import PARENTS, v1_mounts
+
+        mount, idfile = v1_mounts().get("memory"), self.state_dir / "agent-id"
+        if mount is None or not idfile.exists():
+            return
+        root = Path(mount) / "vigil" / PARENTS / idfile.read_text().strip()
+        for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            d.rmdir()
+        if root.is_dir():
+            root.rmdir()
+
     def cleanup(self) -> None:
         if self._store is not None:
             self._store.dispose()
@@ -395,6 +409,7 @@ class Vigil:
                 pass
         for pid in marked_pids(self.state_dir, self.db_url):
             wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"pid {pid} to die")
+        self._drop_memory_parents()
         end_holder(self.state_dir)
         if self.owns_db and self.db_url:  # after every process that used it is gone
             drop_db(self.db_url)

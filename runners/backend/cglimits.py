@@ -135,9 +135,15 @@ class CgroupLimits:
         parent = tier[0] if tier is not None and self.tiered(cgroup, tier) else None
         joins: list[str] = []
         if tier is not None and parent is not None:
-            self._parent(*tier)
             d = self._v1_dir("memory", uuid, parent)
-            os.makedirs(d, exist_ok=True)
+            try:
+                self._parent(*tier)
+                os.mkdir(d)
+            except FileNotFoundError:  # the last one out removed the parent just then
+                self._parent(*tier)
+                os.mkdir(d)
+            except FileExistsError:
+                pass
             joins.append(os.path.join(d, "cgroup.procs"))
         for key, value in limits.items():
             c = CONTROLLERS.get(key)
@@ -210,4 +216,16 @@ class CgroupLimits:
                 try:
                     os.rmdir(d)
                 except OSError:
-                    pass
+                    continue
+                if c == "memory" and d != self._v1_dir(c, uuid):
+                    self._drop_parent(os.path.dirname(d))
+
+    @staticmethod
+    def _drop_parent(parent: str) -> None:
+        """A tiered host's parent with no generation left in it, and its box's directory
+        once empty (EBUSY/ENOTEMPTY: still in use; the next start makes it again)."""
+        for d in (parent, os.path.dirname(parent)):
+            try:
+                os.rmdir(d)
+            except OSError:
+                return

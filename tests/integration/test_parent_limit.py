@@ -86,4 +86,6 @@ def test_an_overlap_raises_the_parent_to_twice_the_tier_and_restores_it(
     wait_for(lambda: not (parent(vigil, "tiered") / old.uuid).exists(), 30,
              what="the old generation's memory cgroup removed after its proof")
     vigil.run("stop", "tiered", "--wait")
+    wait_for(lambda: not parent(vigil, "tiered").exists(), 30,
+             what="the parent removed once no generation is left in it")
     vigil.stop_agent(agent)
