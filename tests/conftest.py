@@ -98,9 +98,43 @@ def pytest_sessionstart() -> None:
 
 
 def pytest_sessionfinish() -> None:
-    if on_postgresql():  # a database whose test died before its teardown
+    if on_postgresql():  # a database whose test died before its teardown, and the template
         for name in _pg_databases(PG_PREFIX):
             drop_db(_pg_url(name))
+    for d in _TEMPLATE_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+_TEMPLATES: dict[str, str] = {}  # database kind -> this run's upgraded, empty store
+_TEMPLATE_DIRS: list[Path] = []
+
+
+def schema_template() -> str:
+    """The URL of an upgraded, empty store made once per run: each box's store starts as a
+    copy of it (SQLite: its file; PostgreSQL: CREATE DATABASE ... TEMPLATE), as an Alembic
+    upgrade per test cost 0.4-1.3 s on SQLite and 1.3-3.6 s on PostgreSQL on a busy box."""
+    kind = selected_db()
+    if kind not in _TEMPLATES:
+        from models import schema
+        from models.store import prepare_state_dir
+
+        d = Path(tempfile.mkdtemp(prefix="vgtpl", dir="/tmp"))
+        _TEMPLATE_DIRS.append(d)
+        state = prepare_state_dir(d / "state")
+        url = new_db(state)
+        store = Store(url)
+        try:
+            schema.upgrade(store.engine)
+        finally:
+            store.dispose()
+        if not on_postgresql():  # everything in the file itself, nothing left in a -wal
+            import sqlite3
+
+            con = sqlite3.connect(state / "vigil.db")
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            con.close()
+        _TEMPLATES[kind] = url
+    return _TEMPLATES[kind]
 
 
 def selected_db() -> str:
@@ -277,7 +311,7 @@ class Vigil:
     """One box: a state dir, the CLI and the agent."""
 
     def __init__(self, state_dir: Path, extra_env: dict[str, str] | None = None,
-                 shared_db: str | None = None) -> None:
+                 shared_db: str | None = None, template: str | None = None) -> None:
         self.state_dir = state_dir
         self.env = {**os.environ, "VIGIL_HOME": str(state_dir), **(extra_env or {})}
         self.env.pop("VIGIL_CRASH_AT", None)
@@ -285,7 +319,13 @@ class Vigil:
         # throwaway database; on SQLite, <state>/vigil.db. A `shared_db` (several boxes on
         # one store, tests/multibox) belongs to whoever made it: used, never dropped here.
         self.owns_db = shared_db is None and on_postgresql()
-        self.db_url = shared_db or (new_db(state_dir) if self.owns_db else None)
+        if template is not None:  # the state dir and the store, as `db upgrade` makes them
+            from models.store import prepare_state_dir
+
+            prepare_state_dir(state_dir)
+            if shared_db is None and not on_postgresql():
+                new_db(state_dir, template)
+        self.db_url = shared_db or (new_db(state_dir, template) if self.owns_db else None)
         if self.db_url:
             self.env["VIGIL_DB"] = self.db_url
         else:
@@ -430,8 +470,8 @@ def containment(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def vigil(short_tmp: Path, containment: str) -> Iterator[Vigil]:
-    v = Vigil(short_tmp / "state", {"VIGIL_CONTAINMENT": containment})
-    v.run("db", "upgrade")
+    v = Vigil(short_tmp / "state", {"VIGIL_CONTAINMENT": containment},
+              template=schema_template())  # what `vigil db upgrade` makes, copied
     try:
         yield v
     finally:

@@ -39,7 +39,6 @@ import psutil
 import pytest
 from sqlalchemy import func, select, update
 
-from models import schema
 from models.states import LIVE_GEN, Cause, GenState, HostKind, Outcome, RolloutState, WakeState
 from models.store import utcnow
 from models.tables import Attempt, Build, Event, Generation, HeldBuild, Host, Lease, Rollout, Wake
@@ -47,8 +46,7 @@ from runners.backend.cglimits import MB, parent_dir, v1_mounts
 from runners.backend.files import stage_build
 from runners.base.doorbell import ring
 from runners.base.pids import CTIME_TOLERANCE
-from runners.wiring import open_store
-from tests.conftest import FIXTURES, HELLO, Vigil, marked_pids, wait_for
+from tests.conftest import FIXTURES, HELLO, Vigil, marked_pids, schema_template, wait_for
 from tests.listening import app_has, holder_inodes
 from workflows.config import hosts
 from workflows.engine.recovery import ADOPTED
@@ -72,14 +70,8 @@ MEMORY = v1_mounts().get("memory")
 
 @pytest.fixture
 def vigil(short_tmp: Path, containment: str) -> Iterator[Vigil]:
-    """conftest's `vigil`, with the store created in-process (`vigil db upgrade` is not
-    under test here, and a CLI start-up per test adds up over this many scenarios)."""
-    v = Vigil(short_tmp / "state", {"VIGIL_CONTAINMENT": containment})
-    store = open_store(v.state_dir, v.db_url, create=True)
-    try:
-        schema.upgrade(store.engine)
-    finally:
-        store.dispose()
+    """conftest's `vigil`."""
+    v = Vigil(short_tmp / "state", {"VIGIL_CONTAINMENT": containment}, template=schema_template())
     try:
         yield v
     finally:
