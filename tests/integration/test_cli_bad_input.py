@@ -99,7 +99,7 @@ def test_database_not_at_head(hello: Vigil) -> None:
     downgrade(hello.store.engine, "base")
     before = dump(hello)
     for args in COMMANDS:
-        refused(hello.run(*args, check=False, subprocess=True, timeout=30), "needs revision", "vigil db upgrade")
+        refused(hello.run(*args, check=False, timeout=30), "needs revision", "vigil db upgrade")
         assert dump(hello) == before, args
 
 
@@ -107,13 +107,13 @@ def test_state_dir_never_upgraded(short_tmp: Path) -> None:
     fresh = Vigil(short_tmp / "fresh")
     try:
         for args in COMMANDS:
-            refused(fresh.run(*args, check=False, subprocess=True, timeout=30), "no vigil state directory",
+            refused(fresh.run(*args, check=False, timeout=30), "no vigil state directory",
                     "vigil db upgrade")
             assert not fresh.state_dir.exists(), f"{args}: a failed command must create nothing"
         fresh.state_dir.mkdir(mode=0o700)
         missing = "empty database" if on_postgresql() else "no database"  # VIGIL_DB is empty
         for args in (("status",), ("agent",)):
-            refused(fresh.run(*args, check=False, subprocess=True, timeout=30), missing, "vigil db upgrade")
+            refused(fresh.run(*args, check=False, timeout=30), missing, "vigil db upgrade")
             assert list(fresh.state_dir.iterdir()) == [], f"{args}: a failed command must create nothing"
     finally:
         fresh.cleanup()
@@ -143,7 +143,7 @@ def test_database_file_that_is_not_a_database(vigil: Vigil) -> None:
     for extra in ("-wal", "-shm"):
         Path(f"{db_of(vigil)}{extra}").unlink(missing_ok=True)
     for args in (*COMMANDS, ("db", "upgrade")):
-        refused(vigil.run(*args, check=False, subprocess=True, timeout=30), "not a vigil database", "--state-dir")
+        refused(vigil.run(*args, check=False, timeout=30), "not a vigil database", "--state-dir")
         assert db_of(vigil).read_bytes() == garbage, args
 
 
@@ -154,7 +154,7 @@ def test_state_dir_owned_by_someone_else(hello: Vigil) -> None:
     os.chown(hello.state_dir, 65534, 65534)
     try:
         for args in (*COMMANDS, ("db", "upgrade")):
-            refused(hello.run(*args, check=False, subprocess=True, timeout=30), "owned by uid 65534", "--state-dir")
+            refused(hello.run(*args, check=False, timeout=30), "owned by uid 65534", "--state-dir")
             assert hello.state_dir.stat().st_mode == mode, args
             assert dump(hello) == before, args
     finally:
@@ -178,7 +178,7 @@ def test_second_agent_on_the_same_state_dir(hello: Vigil) -> None:
     # The running agent keeps beating its heartbeat; everything else must stay as it is.
     ignore = frozenset({("agents", "heartbeat_at")})
     before = dump(hello, ignore)
-    cp = hello.run("agent", check=False, subprocess=True, timeout=30)
+    cp = hello.run("agent", check=False, timeout=30)
     refused(cp, f"pid {agent.pid}", "already running", f"kill {agent.pid}")
     assert dump(hello, ignore) == before
     assert agent.poll() is None, "the first agent must keep running"
