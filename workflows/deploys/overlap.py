@@ -94,6 +94,17 @@ def _admit(s: Session, ctx: Context, a: Attempt) -> tuple[Host, Generation] | No
     return h, g
 
 
+def current_locked(s: Session, host: str) -> Generation | None:
+    """The host's current generation, its row locked until this step commits. On
+    PostgreSQL an exit noticed at the same moment (current -> exited, committed between a
+    plain read and the switch's own move) would otherwise make that move a LostRace and
+    drop the deploy: locked, the read waits for it and then finds no current generation.
+    (SQLite's writers are serialized already: FOR UPDATE is left out there.)"""
+    return s.execute(select(Generation).where(
+        Generation.host == host, Generation.state == GenState.current)
+        .with_for_update()).scalar_one_or_none()
+
+
 def _switch(s: Session, ctx: Context, a: Attempt, gen: Generation, merged: bool) -> int | None:
     """The successor becomes current and the old current a retiring member (its id, or
     None when it died mid-deploy: the liveness sweep already made it a retiring member, the
@@ -101,8 +112,7 @@ def _switch(s: Session, ctx: Context, a: Attempt, gen: Generation, merged: bool)
     if merged:
         steps.healthy_in(s, ctx, a, gen)
     steps.gate(s, ctx, a)
-    old = s.execute(select(Generation).where(Generation.host == a.host,
-                                             Generation.state == GenState.current)).scalar_one_or_none()
+    old = current_locked(s, a.host)
     old_id = old.id if old is not None else None
     if old is not None:
         mark_retiring(s, old.id, GenState.current, f"replaced by g{gen.id}")
