@@ -23,6 +23,7 @@ from runners.cli import (
     restart,
     schedule,
     shutdown,
+    top,
 )
 from runners.cli.common import Env, opened
 from runners.cli.rollout import rollout
@@ -44,7 +45,7 @@ def cli(ctx: click.Context, state_dir: str | None, db: str | None) -> None:
 for command in (db.db, hosts.host, hosts.apply_cmd, lifecycle.wake, lifecycle.stop,
                 lifecycle.deploy, lifecycle.retry, restart.restart, inspect.gc, inspect.status_cmd,
                 inspect.obligations, inspect.events, logs.logs, schedule.schedule, inspect.check,
-                inspect.crashpoints, agent.agent, rollout, shutdown.shutdown):
+                inspect.crashpoints, agent.agent, rollout, shutdown.shutdown, top.top):
     cli.add_command(command)
 hostedit.attach(hosts.host)
 
