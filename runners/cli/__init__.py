@@ -14,6 +14,7 @@ import click
 from models.errors import BadInput, VigilError
 from runners.cli import (
     agent,
+    completion,
     db,
     hostedit,
     hosts,
@@ -23,6 +24,7 @@ from runners.cli import (
     restart,
     schedule,
     shutdown,
+    top,
 )
 from runners.cli.common import Env, opened
 from runners.cli.rollout import rollout
@@ -44,9 +46,11 @@ def cli(ctx: click.Context, state_dir: str | None, db: str | None) -> None:
 for command in (db.db, hosts.host, hosts.apply_cmd, lifecycle.wake, lifecycle.stop,
                 lifecycle.deploy, lifecycle.retry, restart.restart, inspect.gc, inspect.status_cmd,
                 inspect.obligations, inspect.events, logs.logs, schedule.schedule, inspect.check,
-                inspect.crashpoints, agent.agent, rollout, shutdown.shutdown):
+                inspect.crashpoints, agent.agent, rollout, shutdown.shutdown, top.top,
+                completion.completion):
     cli.add_command(command)
 hostedit.attach(hosts.host)
+completion.attach(cli)  # host names and generations from the store, on the light path
 
 
 def not_utf8(args: list[str]) -> BadInput | None:

@@ -54,7 +54,7 @@ def peers() -> None:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("script", ["latency", "downtime", "obligations", "recovery", "exits", "keepers",
-                                    "history", "cli", "spawn_user"])
+                                    "history", "cli", "spawn_user", "top"])
 def test_quick(script: str, peers: None) -> None:
     cp = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--quick"], cwd=ROOT,
                         capture_output=True, text=True, timeout=600)

@@ -1,0 +1,252 @@
+"""What `vigil top` shows, one frame at a time: the rows that fit (workflows/config/glance.py
+reads only those in full), each generation's CPU and memory from the box (psutil), the agent's
+line and the last events; drawn for a terminal (rich) or as a plain table."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from runners.cli.output import age, event_line
+
+if TYPE_CHECKING:
+    from models.store import Store
+
+EVENTS = 3  # the footer's last events, when the terminal is tall enough
+CHROME = 4  # lines that are not host rows or events: title, table header, "more", agent
+SHORT = {"crash": "c", "restart": "r", "recycle": "y", "converge": "v"}  # restarts, by cause
+AGENT_TIMEOUT = 0.5  # the agent's own line through its socket; a slow agent is read from the store
+
+
+@dataclass
+class Frame:
+    total: int  # every host in the store
+    offset: int  # the first row shown
+    rows: list[dict[str, Any]]
+    agent: dict[str, Any]
+    halted: str | None
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Sampler:
+    """CPU % and RSS of a whole generation: its cgroup's processes, else its leader and the
+    leader's descendants. A process is kept from one frame to the next, so its CPU % is over
+    the time between two frames (psutil's cpu_percent with no interval)."""
+
+    def __init__(self) -> None:
+        self.procs: dict[tuple[int, float], psutil.Process] = {}
+
+    def sample(self, leaders: dict[str, dict[str, Any]]) -> dict[str, tuple[float, int]]:
+        from runners.backend.known import walk
+        from workflows.base.ports import ProcRef
+
+        trees = walk([ProcRef(host, ld["pid"], ld["create_time"], None)
+                      for host, ld in leaders.items() if not ld["cgroup"]])
+        out: dict[str, tuple[float, int]] = {}
+        seen: set[tuple[int, float]] = set()
+        for host, ld in leaders.items():
+            pids = (cgroup_pids(ld["cgroup"]) if ld["cgroup"]
+                    else [ld["pid"], *(p for p, _ in trees.get(host, ()))] if host in trees
+                    else [])
+            cpu, rss = 0.0, 0
+            for pid in pids:
+                got = self._one(pid, seen)
+                if got is not None:
+                    cpu, rss = cpu + got[0], rss + got[1]
+            if pids:
+                out[host] = (cpu, rss)
+        for key in set(self.procs) - seen:
+            del self.procs[key]
+        return out
+
+    def _one(self, pid: int, seen: set[tuple[int, float]]) -> tuple[float, int] | None:
+        try:
+            p = psutil.Process(pid)
+            key = (pid, p.create_time())
+            p = self.procs.setdefault(key, p)
+            with p.oneshot():
+                got = p.cpu_percent(None), p.memory_info().rss
+            seen.add(key)
+            return got
+        except psutil.Error:  # gone, a zombie, not ours to read
+            return None
+
+
+def cgroup_pids(cg: str) -> list[int]:
+    """Pids in the cgroup and its sub-cgroups (a missing directory is empty)."""
+    pids: list[int] = []
+    for d, _, _ in os.walk(cg):
+        try:
+            with open(os.path.join(d, "cgroup.procs")) as f:
+                pids += [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def agent_of(store: Store, state_dir: Path, db: str | None) -> dict[str, Any]:
+    """The agent's own line: from the agent through its control socket when it answers soon
+    (it alone knows its last round), else what the store and its lock say."""
+    from runners.quick import ops
+    from runners.quick.client import Client, Lost, OtherStore
+
+    c = Client.connect(state_dir, db)
+    if c is not None:
+        try:
+            return dict(c.call("agent", AGENT_TIMEOUT))
+        except (Lost, OtherStore, ValueError):
+            pass
+        finally:
+            c.dispose()
+    return ops.agent_info(store, state_dir)
+
+
+def read(store: Store, state_dir: Path, db: str | None, offset: int, fit: int | None,
+         events: int, sampler: Sampler) -> Frame:
+    """One frame: `fit` rows from `offset` (None: every host), read in one transaction."""
+    from runners.base.doorbell import halted_line
+    from runners.cli.output import events_after
+    from workflows.config.glance import glance, names
+
+    def q(s):  # type: ignore[no-untyped-def]
+        every = names(s)
+        start = max(0, min(offset, len(every) - (fit or len(every))))
+        return len(every), start, glance(s, every[start:None if fit is None else start + fit])
+
+    total, start, rows = store.read(q)
+    usage = sampler.sample({r["host"]: r["leader"] for r in rows if r.get("leader")
+                            and r["leader"]["pid"]})
+    for r in rows:
+        r["usage"] = usage.get(r["host"])
+    return Frame(total, start, rows, agent_of(store, state_dir, db), halted_line(state_dir),
+                 events_after(store, None, -1, events) if events else [])
+
+
+# -- cells -----------------------------------------------------------------------------------
+
+def health(r: dict[str, Any]) -> str:
+    if "health_interval" not in r or r.get("generation") is None:
+        return "-"
+    if r.get("unhealthy_since"):
+        return "unhealthy"
+    failures = r.get("health_failures") or 0
+    return f"fail {failures}/{r['unhealthy_after']}" if failures else "ok"
+
+
+def restarts(r: dict[str, Any], short: bool) -> str:
+    counts = {k: v for k, v in sorted(r["restarts"].items()) if v}
+    if short:
+        return " ".join(f"{SHORT[k]}{v}" for k, v in counts.items()) or "0"
+    return " ".join(f"{k}={v}" for k, v in counts.items()) or "0"
+
+
+def owed(r: dict[str, Any], short: bool) -> str:
+    rows = r["obligations"]
+    if not rows:
+        return ""
+    if short:  # the oldest, and how many more
+        more = f" +{len(rows) - 1}" if len(rows) > 1 else ""
+        return f"{rows[0]['kind']} {age(rows[0]['since'])}{more}"
+    return ", ".join(f"{o['kind']} {age(o['since'])}" for o in rows)
+
+
+def in_flight(r: dict[str, Any]) -> str:
+    """The rollout the host is in, else its deploy in flight with its step, else why it is
+    down (a failed start)."""
+    ro = r.get("rollout")
+    if ro is not None:
+        return f"rollout #{ro['id']} w{ro['wave']}/{ro['wave_count']} {ro['target']}"
+    a = r.get("last_attempt")
+    if a is not None and a["outcome"] is None:
+        return f"deploy #{a['id']} {a['step']}"
+    return str(r.get("problem") or "")
+
+
+def usage(r: dict[str, Any]) -> tuple[str, str]:
+    if r.get("usage") is None:
+        return "", ""
+    cpu, rss = r["usage"]
+    return f"{cpu:.1f}", f"{rss / 2**20:.1f}M"
+
+
+def cells(r: dict[str, Any], short: bool) -> list[str]:
+    cpu, rss = usage(r)
+    return [r["host"], r["state"], f"g{r['generation']}" if r["generation"] else "",
+            str(r["pid"] or ""), age(r["since"]), restarts(r, short), health(r), cpu, rss,
+            owed(r, short), in_flight(r)]
+
+
+COLUMNS = ("host", "state", "gen", "pid", "up", "restarts", "health", "cpu%", "rss",
+           "obligations", "deploy")
+
+
+def agent_text(info: dict[str, Any], halted: str | None) -> str:
+    """`agent: running, not halted, box B, pid P, up 3m (since 12:00:01), last round 0s
+    ago, 2 open obligations`: whether it acts first, so a narrow screen cuts the rest."""
+    n = info.get("open_obligations") or 0
+    open_ = f"{n} open obligation{'' if n == 1 else 's'}"
+    if not info.get("running"):
+        return f"agent: not running ({open_}; start it with `vigil agent start`)"
+    parts = [f"HALTED: {halted}" if halted else "not halted", f"box {info['box']}",
+             f"pid {info['pid']}"]
+    if info.get("up_since"):
+        parts.append(f"up {age(info['up_since'])} (since "
+                     f"{str(info['up_since'])[:19].replace('T', ' ')} UTC)")
+    if info.get("last_round"):
+        parts.append(f"last round {age(info['last_round'])} ago")
+    return f"agent: running, {', '.join(parts)}, {open_}"
+
+
+# -- drawn -----------------------------------------------------------------------------------
+
+def fit_rows(height: int) -> tuple[int, int]:
+    """(host rows, event lines) for a terminal `height` lines tall."""
+    events = EVENTS if height >= 12 else 0
+    return max(1, height - CHROME - events), events
+
+
+def screen(f: Frame, when: str) -> Any:
+    """The frame for a terminal: every line cut, never wrapped, to the screen's width."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold reverse",
+              expand=True)
+    for name in COLUMNS:
+        if name == "obligations":
+            name = "owed"  # the screen's narrow header
+        grow = name in ("host", "deploy", "owed")
+        t.add_column(name, no_wrap=True, overflow="ellipsis", ratio=1 if grow else None,
+                     justify="right" if name in ("pid", "cpu%", "rss", "gen") else "left")
+    for r in f.rows:
+        t.add_row(*cells(r, True), style="red" if r["state"] in TROUBLE else None)
+    last = f.offset + len(f.rows)
+    more = (f"hosts {f.offset + 1}-{last} of {f.total}"
+            + (f", {f.total - last} more" if last < f.total else "")
+            + ("  (arrows, PgUp/PgDn: scroll; q: quit)"))
+
+    def line(s: str, style: str | None = None) -> Text:
+        return Text(s, style=style or "", no_wrap=True, overflow="ellipsis")
+
+    head = line(f"vigil top  {when}  {f.total} host{'' if f.total == 1 else 's'}", "bold")
+    return Group(head, t, line(more, "dim"),
+                 line(agent_text(f.agent, f.halted), "bold red" if f.halted else "bold"),
+                 *(line(event_line(e)) for e in f.events))
+
+
+TROUBLE = ("unproven", "crashloop", "unhealthy", "down")
+
+
+def plain(f: Frame) -> str:
+    """The frame without a terminal: the agent's line, then every host, columns aligned."""
+    rows = [list(COLUMNS), *(cells(r, False) for r in f.rows)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = [agent_text(f.agent, f.halted)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+              for r in rows]
+    return "\n".join(lines) + "\n"
