@@ -32,11 +32,12 @@ from workflows.config.hosts import check_name, host_state, record_build, remove_
 from workflows.deploys.request import request_deploy
 from workflows.generations.listeners import Listen, as_listens, check_free, stored, write_set
 from workflows.leases.lease import still_needed
+from workflows.lifecycle.order import check_graph
 
 # Moves that carry no lease fence, each with the reason it needs none.
 
-JSON_COLUMNS = ("args", "env")  # stored as JSON text
-RUNS = ("awake", "unhealthy", "waking", "crashloop", "deploying")  # a changed build becomes a deploy attempt
+JSON_COLUMNS = ("args", "env", "start_after")  # stored as JSON text
+RUNS = ("awake", "unhealthy", "waking", "waiting", "crashloop", "deploying")  # a changed build becomes a deploy attempt
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ def plan(s: Session, wanted: list[Wanted]) -> list[Change]:
     """Every change, in file order, then the removals. Raises Refused when any is refused,
     so a refused plan changes nothing."""
     names = {w.name for w in wanted}
+    check_graph({w.name: w.fields.get("start_after", []) for w in wanted})  # the file's own order
     changes = [diff(s, w) for w in wanted]
     stored = s.execute(select(Host.name).order_by(Host.name)).scalars().all()
     return changes + [removal(s, n) for n in stored if n not in names]
