@@ -129,10 +129,11 @@ def hold(s: Session, w: Wake, waits: list[str]) -> None:
     """The queued wake waits on `waits` (in the caller's transaction): written on its row,
     due again after RECHECK; said once in the events, when what it waits on changes."""
     on = ", ".join(waits)
+    said = w.waiting_on  # (the move below updates the row this session holds)
     move(s, Wake, w.id, {"waiting_on": on, "last_error": f"waiting on {on}", "attempts": 0,
                          "next_attempt_at": utcnow() + timedelta(seconds=RECHECK)},
          f"wake #{w.id} waits on {on}", fence=BY_STATE, col="state", frm=WakeState.queued)
-    if w.waiting_on != on:
+    if said != on:
         emit(s, "wake_waiting", w.host, wake=w.id, on=waits)
 
 
