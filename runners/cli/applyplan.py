@@ -95,12 +95,12 @@ def apply_running(env: Env, specs: list[Any]) -> list[Any]:
     """After the settings: each host with a `running` key woken or stopped to it, the stops
     first, those that start after others first, then the wakes in the start order."""
     from workflows.config.running import apply_running as step
-    from workflows.lifecycle.order import in_order
+    from workflows.lifecycle.order import dependents_first, in_order
 
     graph = file_order(specs).graph
     woken = in_order([h.name for h in specs if h.running is True], graph)
-    stopped = in_order([h.name for h in specs if h.running is False], graph)
+    stopped = dependents_first([h.name for h in specs if h.running is False], graph)
     store = env.store()
-    done = [store.write(partial(step, name=name, running=False)) for name in reversed(stopped)]
+    done = [store.write(partial(step, name=name, running=False)) for name in stopped]
     done += [store.write(partial(step, name=name, running=True)) for name in woken]
     return [c for c in done if c is not None]

@@ -217,9 +217,9 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
 def _dependents_first(store: Any, names: list[str]) -> list[str]:
     """Hosts to remove, each before the hosts it starts after (`host rm` refuses a host
     that others still name)."""
-    from workflows.lifecycle.order import in_order, stored_graph
+    from workflows.lifecycle.order import dependents_first, stored_graph
 
-    return list(reversed(store.read(lambda s: in_order(names, stored_graph(s)))))
+    return list(store.read(lambda s: dependents_first(names, stored_graph(s))))
 
 
 def _wanted(env: Env, specs: list[Any], stage: bool) -> list[Any]:

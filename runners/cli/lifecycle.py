@@ -62,10 +62,10 @@ def wake(env: Env, names: tuple[str, ...], every: bool, wait: bool, timeout: flo
     each.end("wake")
 
 
-def in_order(env: Env, hosts: list[str]) -> list[str]:
-    """Several hosts in their start order (each after the hosts it names): wakes go in it,
-    stops in its reverse."""
-    return hosts if len(hosts) < 2 else list(env.quick().call("order", names=hosts))
+def in_order(env: Env, hosts: list[str], stop: bool = False) -> list[str]:
+    """Several hosts in their start order (each after the hosts it names) to wake them, or
+    (stop) each before the hosts it names; otherwise as given."""
+    return hosts if len(hosts) < 2 else list(env.quick().call("order", names=hosts, stop=stop))
 
 
 def _queued(name: str, kind: str, req: dict[str, Any], wait: bool) -> list[tuple[str, int]]:
@@ -100,7 +100,7 @@ def stop(env: Env, names: tuple[str, ...], every: bool, wait: bool, timeout: flo
          force: bool) -> None:
     """Stop hosts: SIGTERM, drain, SIGKILL, proof, lease given back (HOST..., a glob
     such as 'web*', or --all; the hosts that start after others first)."""
-    hosts = list(reversed(in_order(env, resolve(env, names, every))))
+    hosts = in_order(env, resolve(env, names, every), stop=True)
     each = Each(hosts)
     queued = []
     for name in hosts:

@@ -48,11 +48,11 @@ def shutdown(env: Env, wait: bool, timeout: float) -> None:
                           f"still hold their lease ({', '.join(leased[:5])})",
                           "start it with `vigil agent start`, then `vigil shutdown` again")
         hosts = []
-    from workflows.lifecycle.order import in_order, stored_graph
+    from workflows.lifecycle.order import dependents_first, stored_graph
 
     # Dependents first (each host's stop also waits for the stops of those that start after
     # it); forced: a host another box still runs after is stopped here all the same.
-    hosts = list(reversed(store.read(lambda s: in_order(hosts, stored_graph(s)))))
+    hosts = store.read(lambda s: dependents_first(hosts, stored_graph(s)))
     each = Each(hosts)
     queued = []
     for name in hosts:

@@ -22,7 +22,7 @@ from runners.quick import client
 from workflows.config.hosts import record_build
 from workflows.config.hosts import status as host_rows
 from workflows.deploys.request import last_failed, no_longer_staged, request_deploy
-from workflows.lifecycle.order import in_order, stored_graph
+from workflows.lifecycle.order import dependents_first, in_order, stored_graph
 from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.wake import request_wake
 
@@ -270,7 +270,8 @@ def run(store: Store, state_dir: Path, op: str, args: dict[str, Any]) -> Any:
         return names(store)
     if op == "order":
         given = [n for n in args["names"] if isinstance(n, str)]
-        return store.read(lambda s: in_order(given, stored_graph(s)))
+        sort = dependents_first if args.get("stop") else in_order
+        return store.read(lambda s: sort(given, stored_graph(s)))
     if op == "last_event":
         return last_event(store)
     if op == "progress":

@@ -20,7 +20,7 @@ SHAPES: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "names": {},
     "wake": _NAME,
     "stop": {**_NAME, "force": ((bool,), False)},
-    "order": {"names": ((list,), True)},
+    "order": {"names": ((list,), True), "stop": ((bool,), False)},
     "retry": _NAME,
     "restart": {**_NAME, "mode": ((str,), False)},
     "status": {"name": ((str, type(None)), False)},

@@ -79,7 +79,7 @@ def find_cycle(graph: Graph) -> list[str] | None:
 
 def in_order(names: Iterable[str], graph: Graph) -> list[str]:
     """`names` with every host after the hosts it names (of those given), otherwise as
-    given: the order to wake them in; reversed, the order to stop them in."""
+    given: the order to wake them in."""
     given = list(dict.fromkeys(names))
     wanted, out, placed = set(given), [], set()
 
@@ -95,6 +95,16 @@ def in_order(names: Iterable[str], graph: Graph) -> list[str]:
     for n in given:
         place(n, frozenset())
     return out
+
+
+def dependents_first(names: Iterable[str], graph: Graph) -> list[str]:
+    """`names` with every host before the hosts it names (of those given), otherwise as
+    given: the order to stop or remove them in."""
+    named_by: dict[str, list[str]] = {}
+    for host, after in graph.items():
+        for name in after:
+            named_by.setdefault(name, []).append(host)
+    return in_order(names, named_by)
 
 
 def stored_graph(s: Session) -> dict[str, list[str]]:
