@@ -53,7 +53,7 @@ def _table(h: Any, listens: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, spec in KEYS.items():
         value = getattr(h, spec.field)
-        if key in ("args", "env", "after"):
+        if key in ("args", "env", "after", "env_file", "credentials"):  # stored as JSON text
             value = json.loads(value)
         elif key == "kind":
             value = value.value
@@ -107,7 +107,7 @@ def _lines(info: dict[str, Any]) -> list[str]:
         if key in skip:
             continue
         shown = "-" if value in (None, []) else (
-            ", ".join(value) if key == "env" else json.dumps(value) if key == "args"
+            ", ".join(value) if key in ("env", "after") else json.dumps(value) if key == "args"
             else str(value).lower() if isinstance(value, bool) else str(value))
         label = key.replace("_", " ") + (" (names)" if key == "env" else "") + ":"
         out.append(f"  {label:<20}{shown}")

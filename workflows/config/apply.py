@@ -37,6 +37,7 @@ from workflows.lifecycle.order import check_graph
 # Moves that carry no lease fence, each with the reason it needs none.
 
 JSON_COLUMNS = ("args", "env", "start_after")  # stored as JSON text
+LABELS = {"start_after": "after"}  # a column shown by its key in the hosts file
 RUNS = ("awake", "unhealthy", "waking", "waiting", "crashloop", "deploying")  # a changed build becomes a deploy attempt
 
 
@@ -97,7 +98,8 @@ def diff(s: Session, w: Wanted) -> Change:
         return Change("add", w.name, [f"{w.fields['kind'].value}, build {w.digest[:12]}"]
                       + [f"listen {a.address}" for a in w.listens], "asleep until `vigil wake`")
     changed = [c for c, v in w.fields.items() if _stored(h, c) != v]
-    details = [f"{c} {_show(c, _stored(h, c))} -> {_show(c, w.fields[c])}" for c in changed]
+    details = [f"{LABELS.get(c, c)} {_show(c, _stored(h, c))} -> {_show(c, w.fields[c])}"
+               for c in changed]
     have = as_listens(stored(s, w.name))
     if have != w.listens:
         changed.append("listen")
