@@ -154,6 +154,9 @@ class Host(Base):
     limit_nofile: Mapped[int | None] = mapped_column(Integer)  # RLIMIT_NOFILE, soft and hard
     # {NAME: PATH}: copied at each start to $CREDENTIALS_DIRECTORY (runners/backend/credentials.py).
     credentials: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
+    # The hosts a wake of it waits for, awake and ready (workflows/config/order.py; migration
+    # 0020): a JSON list of names, `after = [...]` in the hosts file.
+    start_after: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
 
     # Every duration finite, above 0, at most a day (migration 0006; on SQLite the same
     # rule is held by triggers, as adding a CHECK there means rebuilding the table).
@@ -263,6 +266,9 @@ class Wake(RetryColumns, Base):
     # The build this start must exec (a worker's captured build); None: the host's build.
     # No foreign key: see migrations/versions/0003_workers.py (builds rows are never deleted).
     build_id: Mapped[int | None] = mapped_column(Integer)
+    # A queued wake held back by its host's start order: the hosts it waits on ("a, b"),
+    # written in the step that decided it; NULL once it goes on (migration 0020).
+    waiting_on: Mapped[str | None] = mapped_column(Text)
 
 
 class Stop(RetryColumns, Base):

@@ -18,6 +18,7 @@ from runners.cli.common import Env
 
 def dry_run(env: Env, file: str, specs: list[Any], wanted: list[Any]) -> None:
     """Print every change and every refusal; exit 4 when any host is refused."""
+    from runners.cli.hostfile import order_refusals
     from runners.cli.listeners import probe_all, stored_listens
     from workflows.config.apply import diff, removal
     from workflows.config.hosts import check_socket_room
@@ -25,7 +26,8 @@ def dry_run(env: Env, file: str, specs: list[Any], wanted: list[Any]) -> None:
 
     store = env.store()
     lines: list[str] = []
-    refused: list[str] = []
+    refused = [f"! refused {host}: {exc.line()}" for host, exc in order_refusals(file, specs)]
+    order = file_order(specs)
 
     def attempt(host: str, step: Callable[[], Any]) -> Any:
         try:
@@ -41,7 +43,7 @@ def dry_run(env: Env, file: str, specs: list[Any], wanted: list[Any]) -> None:
                                    label=f"{file}: {spec.name}: "))
         steps: list[Callable[[Any], Any]] = [partial(diff, w=w)]
         if spec.running is not None:
-            steps.append(partial(run_change, name=spec.name, running=spec.running))
+            steps.append(partial(run_change, name=spec.name, running=spec.running, order=order))
         for step in steps:
             change = attempt(spec.name, partial(store.read, step))
             if change is not None:
@@ -69,11 +71,36 @@ def _names(s: Any) -> list[str]:
     return list(s.execute(select(Host.name).order_by(Host.name)).scalars())
 
 
-def apply_running(env: Env, specs: list[Any]) -> list[Any]:
-    """After the settings: each host with a `running` key woken or stopped to it."""
-    from workflows.config.running import apply_running as step
+def file_order(specs: list[Any]) -> Any:
+    """The start order the file sets, and the hosts it wakes and stops."""
+    from workflows.config.running import FileOrder
 
+    return FileOrder({h.name: h.fields["start_after"] for h in specs},
+                     frozenset(h.name for h in specs if h.running is True),
+                     frozenset(h.name for h in specs if h.running is False))
+
+
+def check_running(env: Env, specs: list[Any]) -> None:
+    """Each `running` the file asks for can be done (reads only): refused otherwise."""
+    from workflows.config.running import run_change
+
+    order = file_order(specs)
+    for spec in specs:
+        if spec.running is not None:
+            env.store().read(partial(run_change, name=spec.name, running=spec.running,
+                                     order=order))
+
+
+def apply_running(env: Env, specs: list[Any]) -> list[Any]:
+    """After the settings: each host with a `running` key woken or stopped to it, the stops
+    first, those that start after others first, then the wakes in the start order."""
+    from workflows.config.running import apply_running as step
+    from workflows.lifecycle.order import dependents_first, in_order
+
+    graph = file_order(specs).graph
+    woken = in_order([h.name for h in specs if h.running is True], graph)
+    stopped = dependents_first([h.name for h in specs if h.running is False], graph)
     store = env.store()
-    done = [store.write(partial(step, name=spec.name, running=spec.running))
-            for spec in specs if spec.running is not None]
+    done = [store.write(partial(step, name=name, running=False)) for name in stopped]
+    done += [store.write(partial(step, name=name, running=True)) for name in woken]
     return [c for c in done if c is not None]

@@ -24,7 +24,7 @@ from runners.cli.common import SECONDS, Env, echo_json
 UNSETTABLE = ("args", "env", "cwd", "socket-group", "socket-mode", "listen", "ready",
               "health-interval", "unhealthy-after", "unhealthy-restart", "max-run",
               "restart-floor", "restart-cap", "restart-reset", "converge-grace", "one-shot",
-              "drain-timeout", "health-timeout")
+              "drain-timeout", "health-timeout", "after")
 
 
 def _options() -> Any:
@@ -53,7 +53,7 @@ def _table(h: Any, listens: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, spec in KEYS.items():
         value = getattr(h, spec.field)
-        if key in ("args", "env"):
+        if key in ("args", "env", "after", "env_file", "credentials"):  # stored as JSON text
             value = json.loads(value)
         elif key == "kind":
             value = value.value
@@ -107,7 +107,7 @@ def _lines(info: dict[str, Any]) -> list[str]:
         if key in skip:
             continue
         shown = "-" if value in (None, []) else (
-            ", ".join(value) if key == "env" else json.dumps(value) if key == "args"
+            ", ".join(value) if key in ("env", "after") else json.dumps(value) if key == "args"
             else str(value).lower() if isinstance(value, bool) else str(value))
         label = key.replace("_", " ") + (" (names)" if key == "env" else "") + ":"
         out.append(f"  {label:<20}{shown}")
@@ -150,6 +150,9 @@ SET_OPTIONS = [
     click.option("--restart-cap", type=SECONDS, default=None),
     click.option("--restart-reset", type=SECONDS, default=None),
     click.option("--converge-grace", type=SECONDS, default=None),
+    click.option("--after", "after", multiple=True, metavar="HOST",
+                  help="A host its wake waits for, awake and ready (repeatable; replaces them "
+                       "all)."),
     click.option("--unset", "unsets", multiple=True, type=click.Choice(UNSETTABLE),
                   help="Give this option back its default (repeatable)."),
     click.option("--dry-run", is_flag=True, help="Print the change; write nothing."),
@@ -192,8 +195,8 @@ def host_set(env: Env, name: str, build_path: str | None, envs: tuple[str, ...],
         path, digest = stage_build(build_path, env.state_dir) if not dry_run else (
             _would_stage(env, build_path))
     w = Wanted(name, fields, path, digest, source, new_listens)
-    change = (store.read(lambda s: diff(s, w)) if dry_run
-              else store.write(partial(apply_host, w=w)))
+    change = (store.read(partial(_in_order, step=diff, w=w)) if dry_run
+              else store.write(partial(_in_order, step=apply_host, w=w)))
     if change.action == "keep":
         click.echo(f"host {name}: nothing to change")
         return
@@ -204,6 +207,15 @@ def host_set(env: Env, name: str, build_path: str | None, envs: tuple[str, ...],
         ring(env)
 
 
+def _in_order(s: Any, step: Any, w: Any) -> Any:
+    """`step` (diff or apply_host), once the stored start order with this host's `after`
+    laid over it is checked (every name a host, no cycle) in its own transaction."""
+    from workflows.lifecycle.order import check_graph, stored_graph
+
+    check_graph({**stored_graph(s), w.name: w.fields["start_after"]})
+    return step(s, w=w)
+
+
 def _lay_over(table: dict[str, Any], given: dict[str, Any], unsets: tuple[str, ...],
               envs: tuple[str, ...], unset_envs: tuple[str, ...],
               listens: tuple[str, ...]) -> None:
@@ -211,8 +223,9 @@ def _lay_over(table: dict[str, Any], given: dict[str, Any], unsets: tuple[str, .
     given = {k: v for k, v in given.items() if v not in (None, ())}
     for key in unsets:
         table.pop(key.replace("-", "_"), None)
-    if "args" in given:
-        given["args"] = list(given["args"])
+    for key in ("args", "after"):
+        if key in given:
+            given[key] = list(given[key])
     if envs or unset_envs:
         given["env"] = _env(dict(table.get("env", {})), envs, unset_envs)
     if listens:

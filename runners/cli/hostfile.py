@@ -31,6 +31,7 @@ from runners.cli.runopts import (
     LIMIT_KEYS,
     Invalid,
     check_limits,
+    file_after,
     file_credentials,
     file_env_files,
     file_limit,
@@ -183,6 +184,8 @@ KEYS: dict[str, Key] = {
     "cpu_quota": Key("cpu_quota", file_limit(lambda t: parse_percent(t, "")), None),
     "pids_max": Key("pids_max", file_limit(lambda t: parse_count(t, "")), None),
     "limit_nofile": Key("limit_nofile", file_limit(lambda t: parse_count(t, "")), None),
+    # The hosts its wake waits for, awake and ready (workflows/lifecycle/order.py).
+    "after": Key("start_after", file_after, []),
 }
 WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")
@@ -279,6 +282,15 @@ def load(path: str) -> list[HostSpec]:
                             f"{seen[other]}'s listener", "give each host its own address")
             seen[a.address] = host_spec.name
     return specs
+
+
+def order_refusals(path: str, specs: list[HostSpec]) -> list[tuple[str, BadInput]]:
+    """Each `after` that names no host of the file, and a cycle: (host, its file:line)."""
+    from workflows.lifecycle.order import problems
+
+    f, _ = _read(path)
+    return [(host, f.bad(host, "after", exc.cause, exc.fix or ""))
+            for host, exc in problems({h.name: h.fields["start_after"] for h in specs})]
 
 
 def _host(f: _File, name: str, table: Any) -> HostSpec:

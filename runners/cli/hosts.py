@@ -60,6 +60,9 @@ def host() -> None:
                    "... (LISTEN_FDS; repeatable).")
 @click.option("--ready", default=None, metavar="notify|http|exec:CMD",
               help="How a generation says it is ready (default: http; notify with --listen).")
+@click.option("--after", "after", multiple=True, metavar="HOST",
+              help="A host its wake waits for, awake and ready; stopping HOST waits for "
+                   "this one (repeatable).")
 @health_options
 @policy_options
 @run_options
@@ -67,8 +70,9 @@ def host() -> None:
 def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
              envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
              boxes: tuple[str, ...], socket_group: str | None, socket_mode: str | None,
-             listens: tuple[str, ...], ready: str | None, health_interval: float | None,
-             unhealthy_after: int | None, unhealthy_restart: bool, **policy: Any) -> None:
+             listens: tuple[str, ...], ready: str | None, after: tuple[str, ...],
+             health_interval: float | None, unhealthy_after: int | None,
+             unhealthy_restart: bool, **policy: Any) -> None:
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
     from runners.backend.files import forget_host_files, stage_build
     from runners.cli.listeners import checked_listeners
@@ -91,7 +95,8 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         source=str(Path(build_path).absolute()), args=list(args), env=pairs,
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
         health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
-        policy=policy, listeners=listeners, ready=ready, probe=probe, run=run))
+        policy=policy, listeners=listeners, ready=ready, probe=probe, run=run,
+        after=list(after)))
     forget_host_files(env.state_dir, name)  # a removed namesake's, if its rm was cut short
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
 
@@ -167,7 +172,7 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
     """Create, update and remove hosts to match a TOML file (see docs/reference/hosts-file.md)."""
     from runners.backend.files import forget_host_files
     from runners.cli.common import ring
-    from runners.cli.hostfile import load
+    from runners.cli.hostfile import load, order_refusals
     from workflows.config.apply import apply_host, plan, remove_absent
     from workflows.config.hosts import check_socket_room
 
@@ -177,20 +182,23 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
 
         show_plan(env, file, specs, _wanted(env, specs, stage=False))
         return
+    for _, refusal in order_refusals(file, specs)[:1]:  # an unknown name or a cycle in `after`
+        raise refusal
     for spec in specs:
         if spec.fields["kind"] is HostKind.instance:
             check_socket_room(env.state_dir, spec.name)
     store = env.store()
-    from runners.cli.applyplan import apply_running
+    from runners.cli.applyplan import apply_running, check_running
     from runners.cli.listeners import probe_all, stored_listens
 
     for spec in specs:  # each new address free now (a port in use, ...): nothing written
         probe_all(spec.listens, stored_listens(store, spec.name), label=f"{file}: {spec.name}: ")
     changes = store.read(lambda s: plan(s, _wanted(env, specs, stage=False)))  # refusals: nothing changed
+    check_running(env, specs)  # a wake or stop it cannot make: refused before anything is written
     keep = {c.host for c in changes if c.action != "remove"}
     done = [store.write(partial(apply_host, w=w)) for w in _wanted(env, specs, stage=True)]
-    done += [store.write(partial(remove_absent, name=c.host))
-             for c in changes if c.host not in keep]
+    done += [store.write(partial(remove_absent, name=n))
+             for n in _dependents_first(store, [c.host for c in changes if c.host not in keep])]
     from runners.cli.logs import set_aside
 
     for c in done:
@@ -204,6 +212,14 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
         click.echo(c.line())
     if ran or any(c.attempt is not None for c in done):
         ring(env)
+
+
+def _dependents_first(store: Any, names: list[str]) -> list[str]:
+    """Hosts to remove, each before the hosts it starts after (`host rm` refuses a host
+    that others still name)."""
+    from workflows.lifecycle.order import dependents_first, stored_graph
+
+    return list(store.read(lambda s: dependents_first(names, stored_graph(s))))
 
 
 def _wanted(env: Env, specs: list[Any], stage: bool) -> list[Any]:

@@ -49,7 +49,7 @@ def _wait_row(env: Env, kind: str, row_id: int, name: str, timeout: float) -> di
 @click.pass_obj
 def wake(env: Env, names: tuple[str, ...], every: bool, wait: bool, timeout: float) -> None:
     """Start hosts' current build (HOST..., a glob such as 'web*', or --all)."""
-    hosts = resolve(env, names, every)
+    hosts = in_order(env, resolve(env, names, every))
     each = Each(hosts)
     queued = []
     for name in hosts:
@@ -60,6 +60,12 @@ def wake(env: Env, names: tuple[str, ...], every: bool, wait: bool, timeout: flo
     for name, row_id in queued:
         each.run(name, woken, env, name, row_id, max(0.0, deadline - time.monotonic()))
     each.end("wake")
+
+
+def in_order(env: Env, hosts: list[str], stop: bool = False) -> list[str]:
+    """Several hosts in their start order (each after the hosts it names) to wake them, or
+    (stop) each before the hosts it names; otherwise as given."""
+    return hosts if len(hosts) < 2 else list(env.quick().call("order", names=hosts, stop=stop))
 
 
 def _queued(name: str, kind: str, req: dict[str, Any], wait: bool) -> list[tuple[str, int]]:
@@ -87,15 +93,18 @@ def woken(env: Env, name: str, wake_id: int, timeout: float) -> None:
 @targets
 @click.option("--wait", is_flag=True, help="Block until they are proven stopped.")
 @click.option("--timeout", type=SECONDS, default=300.0, show_default=True)
+@click.option("--force", is_flag=True,
+              help="Stop a host even while hosts that start after it (--after) are up.")
 @click.pass_obj
-def stop(env: Env, names: tuple[str, ...], every: bool, wait: bool, timeout: float) -> None:
+def stop(env: Env, names: tuple[str, ...], every: bool, wait: bool, timeout: float,
+         force: bool) -> None:
     """Stop hosts: SIGTERM, drain, SIGKILL, proof, lease given back (HOST..., a glob
-    such as 'web*', or --all)."""
-    hosts = resolve(env, names, every)
+    such as 'web*', or --all; the hosts that start after others first)."""
+    hosts = in_order(env, resolve(env, names, every), stop=True)
     each = Each(hosts)
     queued = []
     for name in hosts:
-        req = each.run(name, env.quick().call, "stop", name=name)
+        req = each.run(name, env.quick().call, "stop", name=name, force=force)
         if req is not None:
             queued += _queued(name, "stop", req, wait)
     deadline = time.monotonic() + timeout

@@ -70,8 +70,13 @@ def status_table(rows: list[dict[str, Any]]) -> Any:
         t.add_row(r["host"], r["kind"], r["state"],
                   f"g{r['generation']}" if r["generation"] else "", str(r["pid"] or ""),
                   (r["build_digest"] or "")[:12], age(r["since"]), _where(r),
-                  r.get("deploy") or r.get("problem") or "")
+                  _waiting(r) or r.get("deploy") or r.get("problem") or "")
     return t
+
+
+def _waiting(r: dict[str, Any]) -> str:
+    """A wake held back by the start order: the hosts it waits on."""
+    return f"waiting on {', '.join(r['waiting_on'])}" if r.get("waiting_on") else ""
 
 
 def _where(r: dict[str, Any]) -> str:

@@ -190,3 +190,17 @@ def file_credentials(v: Any, base: Path) -> str:
         return json.dumps(check_credentials({k: str(base / x) for k, x in v.items()}, label=""))
     except BadInput as exc:
         raise Invalid(exc.cause, exc.fix or "") from None
+
+
+def file_after(v: Any, _: Path) -> list[str]:
+    """`after = ["db", ...]`: the hosts a wake of this one waits for (each a host name; that
+    each is a host and the order has no cycle is checked over the whole file)."""
+    from workflows.config.hosts import NAME
+
+    names = [v] if isinstance(v, str) else v
+    if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+        raise Invalid("must be a list of host names", 'write after = ["db"]')
+    for n in names:
+        if not NAME.fullmatch(n):
+            raise Invalid(f"{n!r} is not a host name", "use the names of [hosts.NAME] tables")
+    return list(dict.fromkeys(names))

@@ -48,10 +48,15 @@ def shutdown(env: Env, wait: bool, timeout: float) -> None:
                           f"still hold their lease ({', '.join(leased[:5])})",
                           "start it with `vigil agent start`, then `vigil shutdown` again")
         hosts = []
+    from workflows.lifecycle.order import dependents_first, stored_graph
+
+    # Dependents first (each host's stop also waits for the stops of those that start after
+    # it); forced: a host another box still runs after is stopped here all the same.
+    hosts = store.read(lambda s: dependents_first(hosts, stored_graph(s)))
     each = Each(hosts)
     queued = []
     for name in hosts:
-        req = each.run(name, env.quick().call, "stop", name=name)
+        req = each.run(name, env.quick().call, "stop", name=name, force=True)
         if req is not None:
             queued.append((name, req["id"]))
     for name, row_id in queued:

@@ -22,6 +22,7 @@ from runners.quick import client
 from workflows.config.hosts import record_build
 from workflows.config.hosts import status as host_rows
 from workflows.deploys.request import last_failed, no_longer_staged, request_deploy
+from workflows.lifecycle.order import dependents_first, in_order, stored_graph
 from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.wake import request_wake
 
@@ -57,8 +58,8 @@ def wake(store: Store, name: str) -> dict[str, Any]:
     return {"id": req.id, "state": req.state}
 
 
-def stop(store: Store, name: str) -> dict[str, Any]:
-    req = store.write(lambda s: request_stop(s, name))
+def stop(store: Store, name: str, force: bool = False) -> dict[str, Any]:
+    req = store.write(lambda s: request_stop(s, name, force))
     return {"id": req.id, "state": req.state}
 
 
@@ -252,7 +253,7 @@ def run(store: Store, state_dir: Path, op: str, args: dict[str, Any]) -> Any:
     if op == "wake":
         return wake(store, args["name"])
     if op == "stop":
-        return stop(store, args["name"])
+        return stop(store, args["name"], bool(args.get("force")))
     if op == "deploy":
         return deploy(store, state_dir, args["name"], args["build"], cwd=args["cwd"],
                       mode=args.get("mode", "overlap"), canary=bool(args.get("canary")),
@@ -267,6 +268,10 @@ def run(store: Store, state_dir: Path, op: str, args: dict[str, Any]) -> Any:
         return obligations(store)
     if op == "names":
         return names(store)
+    if op == "order":
+        given = [n for n in args["names"] if isinstance(n, str)]
+        sort = dependents_first if args.get("stop") else in_order
+        return store.read(lambda s: sort(given, stored_graph(s)))
     if op == "last_event":
         return last_event(store)
     if op == "progress":

@@ -106,6 +106,22 @@ def test_host_set_refuses_bad_values_with_one_line_and_writes_nothing(vigil: Vig
     assert "dry run: nothing changed" in cp.stdout and _host_row(vigil, "web")["drain_timeout"] == 10.0
 
 
+def test_host_set_keeps_the_env_files_and_credentials_it_does_not_change(
+        vigil: Vigil, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Before: the stored JSON lists were read back as one path each (`host set x
+    --drain-timeout 5` on a host with an env file said `env file .../["/x.env"] does not
+    exist`)."""
+    env_file, cred = tmp_path / "x.env", tmp_path / "token"
+    env_file.write_text("A=1\n")
+    cred.write_text("secret\n")
+    vigil.add_host("x", HELLO, "--env-file", str(env_file), "--credential", f"tok={cred}")
+    before = _host_row(vigil, "x")
+    assert "update x: drain_timeout 10.0 -> 5.0" in vigil.run(
+        "host", "set", "x", "--drain-timeout", "5").stdout
+    after = _host_row(vigil, "x")
+    assert (after["env_files"], after["credentials"]) == (before["env_files"], before["credentials"])
+
+
 def test_host_add_of_an_existing_name_says_so_first(vigil: Vigil) -> None:
     """Before: a host holding a port, added again, was refused for the port in use (by
     vigil's own agent and holder). The name is checked first now."""

@@ -313,6 +313,22 @@ def seed_0019(conn: Connection) -> None:
         "executed": None, "resumed_from": None, "ended_at": None, **retry_cols(0)})
 
 
+def seed_0020(conn: Connection) -> None:
+    """A host that starts after another, and its wake held back by that order (0020:
+    hosts.start_after, wakes.waiting_on): queued, so pending_obligations shows it."""
+    raw_insert(conn, "hosts", {"name": "after-web", "kind": "instance", "build_id": 1,
+                               "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "up",
+                               "raised": False, "fence_seq": 0, "box": None, "created_at": T0,
+                               "start_after": '["web"]'})
+    raw_insert(conn, "wakes", {"id": 200, "host": "after-web", "state": "queued",
+                               "cause": "wake", "fence": None, "generation_id": None,
+                               "reason": None, "created_at": T0, "ended_at": None,
+                               "build_id": None, "waiting_on": "web", "attempts": 0,
+                               "next_attempt_at": T0, "last_error": "waiting on web",
+                               "since": T0})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -331,6 +347,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0017": seed_0017,
     "0018": seed_0018,
     "0019": seed_0019,
+    "0020": seed_0020,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
@@ -466,6 +483,13 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         assert tuple(conn.execute(text("SELECT cause, resumed_from FROM attempts WHERE id = 141"
                                        )).one()) == ("resumed", 140)
         assert conn.execute(text("SELECT resumed_from FROM attempts WHERE id = 90")).scalar() is None
+        # 0020: a host written before it starts after nothing; a wake held back by the order
+        # is an open wake, its last_error saying what it waits on.
+        assert conn.execute(text("SELECT start_after FROM hosts WHERE name = 'web'")).scalar() == "[]"
+        assert tuple(conn.execute(text(
+            "SELECT kind, generation, last_error FROM pending_obligations WHERE host = 'after-web'"
+        )).one()) == ("wake", None, "waiting on web")
+        assert conn.execute(text("SELECT waiting_on FROM wakes WHERE id = 200")).scalar() == "web"
 
 
 @pytest.mark.sqlite_only("a PostgreSQL sequence never goes back (the seeds' explicit ids bypass it)")

@@ -196,7 +196,7 @@ def describe(pids: set[int]) -> str:
 
 def add_host(v: Vigil, name: str, build: Path, kind: HostKind = HostKind.instance,
              args: tuple[str, ...] = (), policy: dict[str, Any] | None = None,
-             listen: bool = False, **opts: float) -> None:
+             listen: bool = False, after: tuple[str, ...] = (), **opts: float) -> None:
     """What `vigil host add` does, in-process (the setup is not under test; this saves a
     CLI start-up per host on a busy box). `listen`: on a unix listener vigil holds, its
     readiness still GET / on its own socket (hello serves both)."""
@@ -206,7 +206,7 @@ def add_host(v: Vigil, name: str, build: Path, kind: HostKind = HostKind.instanc
         s, name, kind=kind, build_path=path, digest=digest, source=str(build),
         args=list(args), env={}, cwd=None, drain_timeout=opts.get("drain_timeout", 10.0),
         health_timeout=opts.get("health_timeout", 10.0), policy=policy, listeners=listens,
-        ready="http" if listen else None,
+        ready="http" if listen else None, after=list(after),
         memory_tier_mb=int(opts["memory_tier_mb"]) if "memory_tier_mb" in opts else None))
 
 
@@ -275,6 +275,7 @@ class Flow:
     until: Callable[[Vigil], bool] | None = None  # what the clean agent does without an obligation
     listen: bool = False  # the target is on a listener vigil holds (workflows/generations/listeners.py)
     verify: Callable[[Vigil], None] | None = None  # more invariants of this workflow, checked last
+    after: tuple[str, ...] = ()  # hosts (asleep, hello) the target starts after
 
     def but(self, **changes: Any) -> Flow:
         return dataclasses.replace(self, **changes)
@@ -398,6 +399,28 @@ ONE_SHOT_DEPLOY = Flow("one-shot-deploy", cli_deploy("hold", JOB), end="ran",
 LISTEN_WAKE = WAKE.but(name="listen-wake", listen=True)
 
 
+# Start order (workflows/lifecycle/order.py): the target starts after DEP, which is asleep
+# when the target's wake is asked for; the wake waits (its row says on what), then DEP is
+# woken and the target starts once DEP is ready.
+DEP = "dep"
+
+
+def wake_dep(v: Vigil) -> None:
+    v.store.write(lambda s: request_wake(s, DEP))
+
+
+def started_after_dep(v: Vigil) -> None:
+    assert_serving(v, DEP)
+    (ready,) = rows(v, Event, Event.host == DEP, Event.kind == "woke")
+    gen = currents(v)[TARGET]
+    assert gen.created_at >= ready.at, f"g{gen.id} of {TARGET} written before {DEP} was ready"
+    assert rows(v, Event, Event.host == TARGET, Event.kind == "wake_waiting"), "it never waited"
+
+
+WAITING_WAKE = WAKE.but(name="waiting-wake", after=(DEP,), between=wake_dep,
+                        verify=started_after_dep)
+
+
 # Rollouts (workflows/rollouts/driver.py) of the target alone: a good build (done), a build whose
 # health fails (halted; the old generation keeps serving, the build is held down there), and
 # a hold rollout of that build with --auto-revert (the host went down; the revert wakes it on
@@ -458,6 +481,8 @@ SCENARIOS: dict[str, Scenario] = {
     "wake.spawned": Scenario(WAKE),
     "wake.recorded": Scenario(WAKE),
     "wake.current": Scenario(WAKE),
+    # a wake held back by the start order, its row saying what it waits on
+    "wake.waiting": Scenario(WAITING_WAKE),
     # failed wake (health answers 500)
     "wake.failing": Scenario(FAILED_WAKE),
     "wake.killed": Scenario(FAILED_WAKE),
@@ -651,7 +676,10 @@ def run_scenario(v: Vigil, flow: Flow, chain: tuple[str, ...], depth: int = 0) -
     v.env["VIGIL_SETTLE_SECONDS"] = flow.settle
     build = flow.build(v) if callable(flow.build) else flow.build
     add_host(v, BYSTANDER, HELLO)
-    add_host(v, TARGET, build, flow.kind, flow.args, flow.policy, flow.listen, **flow.host)
+    for dep in flow.after:
+        add_host(v, dep, HELLO)
+    add_host(v, TARGET, build, flow.kind, flow.args, flow.policy, flow.listen, flow.after,
+             **flow.host)
 
     # Setup: a clean agent wakes what must be serving before the crash.
     setup, off = start(v)

@@ -32,11 +32,13 @@ from workflows.config.hosts import check_name, host_state, record_build, remove_
 from workflows.deploys.request import request_deploy
 from workflows.generations.listeners import Listen, as_listens, check_free, stored, write_set
 from workflows.leases.lease import still_needed
+from workflows.lifecycle.order import check_graph
 
 # Moves that carry no lease fence, each with the reason it needs none.
 
-JSON_COLUMNS = ("args", "env")  # stored as JSON text
-RUNS = ("awake", "unhealthy", "waking", "crashloop", "deploying")  # a changed build becomes a deploy attempt
+JSON_COLUMNS = ("args", "env", "start_after")  # stored as JSON text
+LABELS = {"start_after": "after"}  # a column shown by its key in the hosts file
+RUNS = ("awake", "unhealthy", "waking", "waiting", "crashloop", "deploying")  # a changed build becomes a deploy attempt
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,8 @@ def diff(s: Session, w: Wanted) -> Change:
         return Change("add", w.name, [f"{w.fields['kind'].value}, build {w.digest[:12]}"]
                       + [f"listen {a.address}" for a in w.listens], "asleep until `vigil wake`")
     changed = [c for c, v in w.fields.items() if _stored(h, c) != v]
-    details = [f"{c} {_show(c, _stored(h, c))} -> {_show(c, w.fields[c])}" for c in changed]
+    details = [f"{LABELS.get(c, c)} {_show(c, _stored(h, c))} -> {_show(c, w.fields[c])}"
+               for c in changed]
     have = as_listens(stored(s, w.name))
     if have != w.listens:
         changed.append("listen")
@@ -135,6 +138,7 @@ def plan(s: Session, wanted: list[Wanted]) -> list[Change]:
     """Every change, in file order, then the removals. Raises Refused when any is refused,
     so a refused plan changes nothing."""
     names = {w.name for w in wanted}
+    check_graph({w.name: w.fields.get("start_after", []) for w in wanted})  # the file's own order
     changes = [diff(s, w) for w in wanted]
     stored = s.execute(select(Host.name).order_by(Host.name)).scalars().all()
     return changes + [removal(s, n) for n in stored if n not in names]

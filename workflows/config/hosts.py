@@ -29,6 +29,7 @@ from models.tables import Attempt, Build, Generation, Host, Lease, Listener, Sto
 from workflows.base.paths import CONTROL
 from workflows.generations.listeners import Listen, check_set, note, reopened, stored, write_set
 from workflows.leases.lease import still_needed
+from workflows.lifecycle.order import check_graph, dependents, stored_graph
 from workflows.lifecycle.workers import check_policy
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
@@ -103,7 +104,7 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
              policy: dict[str, Any] | None = None, socket_group: str | None = None,
              socket_mode: int | None = None, listeners: list[Listen] | None = None,
              ready: str | None = None, probe: dict[str, Any] | None = None,
-             run: dict[str, Any] | None = None) -> None:
+             run: dict[str, Any] | None = None, after: list[str] | None = None) -> None:
     check_name(name)
     listens = listeners or []
     check_set(listens, kind, ready)
@@ -112,12 +113,16 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
     check_seconds(drain_timeout, "--drain-timeout")
     check_seconds(health_timeout, "--health-timeout")
     refuse_taken(s, name)
+    after = list(dict.fromkeys(after or []))
+    if after:
+        check_graph({**stored_graph(s), name: after})  # no unknown name, no cycle
     worker = check_policy(kind, policy or {})  # restart policy, max-run, one-shot, converge
     build = record_build(s, build_path, digest, source)
     s.add(Host(name=name, kind=kind, build_id=build.id, args=json.dumps(args), env=json.dumps(env),
                cwd=cwd, drain_timeout=drain_timeout, health_timeout=health_timeout,
                memory_tier_mb=memory_tier_mb, box=box, socket_group=socket_group,
                socket_mode=socket_mode, ready=ready, created_at=utcnow(), **worker,
+               start_after=json.dumps(after),
                **(probe or {}), **(run or {})))
     s.flush()
     write_set(s, name, listens)
@@ -133,6 +138,11 @@ def remove_host(s: Session, name: str) -> list[Listener]:
     if why is not None or s.get(Lease, name) is not None:
         raise Refused(f"host {name} cannot be removed: {why or 'it still holds its lease'}",
                       f"stop it first with `vigil stop {name} --wait`")
+    named_by = [h for h in dependents(s, name) if h != name]
+    if named_by:
+        raise Refused(f"host {name} cannot be removed: {', '.join(named_by)} start after it",
+                      f"drop it from their after first (`vigil host set {named_by[0]} --unset "
+                      f"after`), or remove them first")
     rows = stored(s, name)
     s.execute(Host.__table__.delete().where(Host.name == name))
     emit(s, "host_removed", name)
@@ -158,6 +168,8 @@ def host_state(s: Session, name: str) -> str:
             return "unhealthy"  # it runs, but has failed its probe --unhealthy-after times
         return "awake"
     if has(Wake, Wake.state.in_(OPEN_WAKE)):
+        if has(Wake, Wake.state == WakeState.queued, Wake.waiting_on.is_not(None)):
+            return "waiting"  # on hosts it starts after (workflows/lifecycle/order.py)
         host = s.get(Host, name)
         if host is not None and host.restart_streak >= CRASHLOOP_STREAK and has(
                 Wake, Wake.state == WakeState.queued, Wake.cause == "restart",
@@ -258,6 +270,8 @@ def _worker_status(s: Session, h: Host, gen: Generation | None) -> dict[str, Any
                   ).scalar_one_or_none()
     if w is not None and w.state in OPEN_WAKE and w.cause == "restart":
         out["restart_at"] = w.next_attempt_at.isoformat() + "Z"
+    if w is not None and w.state is WakeState.queued and w.waiting_on:
+        out["waiting_on"] = w.waiting_on.split(", ")  # the hosts it starts after, not ready
     if gen is None and w is not None and w.state is WakeState.failed:
         out["problem"] = w.reason  # e.g. its env file has a bad line: named with file:line
     if h.kind is not HostKind.worker:

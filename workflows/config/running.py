@@ -9,19 +9,45 @@ the run will do."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from models.states import Desired
 from models.tables import Host
 from workflows.config.apply import Change
 from workflows.config.hosts import host_state
+from workflows.lifecycle.order import stop_refusal
 from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.wake import refuse_if_unproven, request_wake
 
 WAKE_FROM = ("asleep", "down", "stopping")
-STOP_FROM = ("awake", "unhealthy", "waking", "crashloop", "deploying", "retiring", "unproven")
+STOP_FROM = ("awake", "unhealthy", "waking", "waiting", "crashloop", "deploying", "retiring", "unproven")
 
 
-def run_change(s: Session, name: str, running: bool) -> Change | None:
+@dataclass(frozen=True)
+class FileOrder:
+    """The start order a hosts file sets, and the hosts it wakes and stops: a stop of a
+    host that a host left up starts after is refused before anything is written."""
+
+    graph: Mapping[str, list[str]] = field(default_factory=dict)
+    waking: frozenset[str] = frozenset()
+    stopping: frozenset[str] = frozenset()
+
+    def refuse_stop(self, s: Session, name: str) -> None:
+        named = [h for h, after in self.graph.items() if name in after and h not in self.stopping]
+        up = set(s.execute(select(Host.name).where(Host.name.in_(named),
+                                                   Host.desired == Desired.up)).scalars())
+        left_up = sorted(h for h in named if h in up or h in self.waking)
+        if left_up:
+            raise stop_refusal(name, left_up, fix="add running = false to them too, or keep "
+                               f"{name} running")
+
+
+def run_change(s: Session, name: str, running: bool,
+               order: FileOrder | None = None) -> Change | None:
     """What `running` asks of the host now: a wake, a stop, or nothing (reads only).
     A host not stored yet is one this apply adds: asleep."""
     state = host_state(s, name) if s.get(Host, name) is not None else "asleep"
@@ -30,6 +56,8 @@ def run_change(s: Session, name: str, running: bool) -> Change | None:
     if running and state in WAKE_FROM:
         return Change("wake", name, note="running = true")
     if not running and state in STOP_FROM:
+        if order is not None:
+            order.refuse_stop(s, name)
         return Change("stop", name, note="running = false")
     return None
 

@@ -47,6 +47,7 @@ def describe(s: Session, name: str) -> dict[str, Any]:
         "boxes": h.box.split(",") if h.box else [],
         "socket_mode": f"0{h.socket_mode:o}" if h.socket_mode is not None else None,
         "ready": h.ready or "http",
+        "after": json.loads(h.start_after),  # the hosts its wake waits for, awake and ready
     }
     out.update({c: getattr(h, c) for c in SETTINGS})
     if h.kind is HostKind.instance:

@@ -23,6 +23,7 @@ from workflows.base.waivers import BY_STATE, OPERATOR
 from workflows.builds.book import nudge
 from workflows.generations.ending import end_generation, mark_proven, ref_of
 from workflows.leases.lease import held_fence, owe_release, release_owed
+from workflows.lifecycle.order import refuse_stop, stopping_dependents
 
 # Moves that carry no lease fence, each with the reason it needs none.
 
@@ -39,10 +40,13 @@ class StopRequest:
     state: str
 
 
-def request_stop(s: Session, host: str) -> StopRequest:
-    """The CLI's intent: wakes that have not spawned yet are cancelled in the same transaction."""
+def request_stop(s: Session, host: str, force: bool = False) -> StopRequest:
+    """The CLI's intent: wakes that have not spawned yet are cancelled in the same transaction.
+    Refused while hosts that start after it are up, unless `force`."""
     if s.get(Host, host) is None:
         raise NotFound(f"no host named {host!r}", "see `vigil host list`")
+    if not force:
+        refuse_stop(s, host)
     move_many(s, Host, [Host.name == host], {"desired": Desired.down}, f"host {host} down",
               fence=OPERATOR, col="desired", frm=tuple(Desired))
     open_stop = s.execute(select(Stop).where(Stop.host == host, Stop.state.in_(OPEN_STOP))
@@ -90,6 +94,9 @@ def _signal(ctx: Context, st: Stop) -> bool:
     """queued -> signalled with the current generation retiring; False when nothing runs."""
 
     def step(s: Session) -> bool:
+        first = stopping_dependents(s, st.host)
+        if first:
+            raise Poke(f"waiting for {', '.join(first)} to stop first (they start after {st.host})")
         busy = s.execute(select(Wake.id, Wake.state).where(
             Wake.host == st.host,
             Wake.state.in_((WakeState.spawning, WakeState.checking, WakeState.reaping)))).first()

@@ -40,6 +40,7 @@ from workflows.lifecycle.failed_wake import (
     refuse_if_unproven,
     to_reaping,
 )
+from workflows.lifecycle.order import go_on, hold, names_of, unready, wake_waiters
 from workflows.lifecycle.workers import (
     COALESCED,
     clean_wake,
@@ -54,6 +55,7 @@ INTENT = define("wake.intent", "the generation row is written (spawning); nothin
 SPAWNED = define("wake.spawned", "the build is exec'd; its pid is not recorded yet")
 RECORDED = define("wake.recorded", "pid and create_time are recorded; health not checked yet")
 CURRENT = define("wake.current", "the generation is current; the canonical link not repointed yet")
+WAITING = define("wake.waiting", "the queued wake waits on hosts it starts after; its row says which")
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def _first(col: Any, *where: Any) -> Any:
 # checks): the host's lease, fence counter and placement; an open stop, an unproven wake,
 # a current generation, any generation not proven gone.
 _BEFORE_START = select(
-    _H.fence_seq, _H.box, _L.holder, _L.fence, _L.expires_at,
+    _H.fence_seq, _H.box, _H.start_after, _L.holder, _L.fence, _L.expires_at,
     _first(_S.id, _S.host == _H.name, _S.state.in_(OPEN_STOP)).label("stop"),  # type: ignore[attr-defined]
     _first(_W.id, _W.host == _H.name, _W.state == WakeState.unproven).label("unproven"),  # type: ignore[attr-defined]
     _first(_G.id, _G.host == _H.name, _G.state == GenState.current).label("current"),  # type: ignore[attr-defined]
@@ -154,6 +156,7 @@ class _Intent:
     build: Build | None = None
     gen: Generation | None = None  # None: nothing written past the lease
     why_not: str | None = None  # a leftover to wait for (Poke)
+    waiting: bool = False  # held back by the start order: still queued, nothing taken
     refusal: str | None = None  # the staged build cannot run
 
 
@@ -178,6 +181,9 @@ def _start(ctx: Context, wake_id: int) -> Result | None:
         return None
     if not isinstance(it, _Intent):
         return it
+    if it.waiting:
+        crashpoint(WAITING)
+        return Result.waiting  # due again at the time its row says (order.RECHECK)
     if it.fresh:
         crashpoint(LEASED)
     if it.why_not is not None:
@@ -209,6 +215,8 @@ def _intent(s: Session, ctx: Context, wake_id: int, coalesced: list[int],
         raise BrokenInvariant(f"host {w.host} of wake #{w.id} is missing")
     if fresh:
         taken = _take_lease(s, ctx, w, seen, coalesced)
+        if taken is Result.waiting:
+            return _Intent(w, fresh, waiting=True)
         if isinstance(taken, Result):
             return taken
         fence = taken
@@ -247,7 +255,8 @@ def _take_lease(s: Session, ctx: Context, w: Wake, seen: Any,
                 coalesced: list[int]) -> int | Result:
     """A queued wake: ended at once (a worker's own start yields to a queued release, an
     earlier failed wake is unproven, the host is already awake), or the fence of the lease
-    it takes. Waits (Poke) while the host is being stopped."""
+    it takes. Waits (Poke) while the host is being stopped, and (Result.waiting, written on
+    the row) while a host it starts after is not ready."""
     if seen.stop is not None:
         raise Poke(f"waiting for stop #{seen.stop} of {w.host} to finish")
     if coalesce(s, w) is not None:
@@ -263,6 +272,11 @@ def _take_lease(s: Session, ctx: Context, w: Wake, seen: Any,
                              "generation_id": seen.current, "reason": "already awake"},
              f"wake #{w.id}", fence=BY_STATE, col="state", frm=WakeState.queued)
         return Result.progress
+    waits = unready(s, names_of(seen.start_after))
+    if waits:
+        hold(s, w, waits)
+        return Result.waiting
+    go_on(s, w)
     lease = None if seen.holder is None else seen
     return acquire(s, ctx, w.host, Holding(lease, seen.fence_seq, seen.box))
 
@@ -336,6 +350,7 @@ def _current(s: Session, w: Wake, gen: Generation, build: Build, spawned: Spawne
          f"wake #{w.id} checking -> done", fence=ours, col="state",
          frm=WakeState.checking)
     emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
+    wake_waiters(s)
 
 
 def _recorded_current(s: Session, w: Wake, gen: Generation, build: Build, spawned: Spawned,
@@ -350,6 +365,7 @@ def _recorded_current(s: Session, w: Wake, gen: Generation, build: Build, spawne
     move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow()},
          f"wake #{w.id} spawning -> done", fence=ours, col="state", frm=WakeState.spawning)
     emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
+    wake_waiters(s)
 
 
 def always_on(host: Host, gen: Generation) -> bool:

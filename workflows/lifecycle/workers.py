@@ -39,6 +39,7 @@ from workflows.builds.staged import set_build
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.leases.lease import owe_release, release_owed
+from workflows.lifecycle.order import wake_waiters
 
 # Moves that carry no lease fence, each with the reason it needs none.
 ONE_SHOT = Unfenced("the attempt ending its one-shot run: its gate checked the lease")
@@ -253,6 +254,7 @@ def clean_wake(ctx: Context, w: Wake, gen: Generation) -> None:
              frm=WakeState.checking)
         emit(s, "clean_exit", w.host, gen.id, wake=w.id, pid=gen.pid)
         owe_release(s, ctx, w.host)
+        wake_waiters(s)  # a one-shot that ran is ready for the hosts that start after it
 
     ctx.store.write(step)
     if proven:
