@@ -46,6 +46,9 @@ def started(vigil: Vigil, host: str, *limits: str, hog: str) -> tuple[Any, int, 
     vigil.wait_ready(agent)
     vigil.run("wake", host, "--wait")
     st = vigil.status(host)
+    if st["generation"] is None:  # a hog the kernel ended already (the OOM test): its start
+        woke = [e for e in vigil.json("events", host) if e["kind"] == "woke"][0]
+        return agent, int(woke["generation"]), int(woke["detail"]["pid"])
     return agent, int(st["generation"]), int(st["pid"])
 
 
