@@ -69,9 +69,17 @@ def status_table(rows: list[dict[str, Any]]) -> Any:
     for r in rows:
         t.add_row(r["host"], r["kind"], r["state"],
                   f"g{r['generation']}" if r["generation"] else "", str(r["pid"] or ""),
-                  (r["build_digest"] or "")[:12], age(r["since"]), _where(r),
-                  r.get("deploy") or r.get("problem") or "")
+                  (r["build_digest"] or "")[:12], age(r["since"]), _where(r), _news(r))
     return t
+
+
+def _news(r: dict[str, Any]) -> str:
+    """The last column: a restart waiting after a crash says how the leader ended, else
+    where the last deploy is, else why it is not running."""
+    ended = r.get("last_exit")
+    if ended and r.get("restart_at") and r["generation"] is None:
+        return f"{ended['status']} {age(ended['at'])} ago, restart {until(r['restart_at'])}"
+    return r.get("deploy") or r.get("problem") or ""
 
 
 def _where(r: dict[str, Any]) -> str:
