@@ -33,7 +33,8 @@ DEPLOYS = 3  # of each mode
 # never allowed.
 DROPPED_AT_STOP = ("answer b''", "ConnectionResetError")
 # waitress has no graceful stop (SIGTERM ends it at once): each stop may drop the one
-# request the closed-loop client has in flight, so at most one per deploy, same kinds.
+# request the closed-loop client has in flight, so at most one per deploy, same kinds
+# (seen: 0-1 of 170-280 requests through 6 deploys).
 NO_GRACEFUL_STOP = {"waitress"}
 
 
