@@ -8,6 +8,7 @@ and starts from zero with it: reconciler round durations and failed termination 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -25,7 +26,7 @@ from sqlalchemy.orm import Session
 from models.errors import BadInput, Refused
 from models.states import Outcome, RolloutOutcome, RolloutState
 from models.store import Store, utcnow
-from models.tables import Attempt, Host, Rollout
+from models.tables import Attempt, Event, Host, Rollout
 from workflows.base.context import Context
 from workflows.config.hosts import host_state
 
@@ -127,6 +128,14 @@ class StoreCollector:
             ended.add_metric([outcome.value], snap["rollout_outcomes"].get(outcome.value, 0))
         yield ended
 
+        exits = CounterMetricFamily(
+            "vigil_app_exits", "Leaders of current generations that ended by themselves, in the "
+            "store's history, by how ('exited 3', 'killed by SIGKILL', 'exited (status unknown)')",
+            labels=["status"])
+        for how, n in sorted(snap["exits"].items()):
+            exits.add_metric([how], n)
+        yield exits
+
         yield _histogram("vigil_deploy_duration_seconds",
                          "Attempt creation to end, for attempts that ran their build and are done",
                          snap["deploys"], DEPLOY_BUCKETS)
@@ -159,6 +168,11 @@ class StoreCollector:
             rollouts[state.value] = rollouts.get(state.value, 0) + n
             if outcome is not None:
                 outcomes[outcome.value] = outcomes.get(outcome.value, 0) + n
-        return {"obligations": obligations, "attempts": attempts, "hosts": hosts,
+        exits: dict[str, int] = {}
+        for detail in s.execute(select(Event.detail).where(
+                Event.kind == "exited", Event.detail.contains('"status": '))).scalars():
+            how = json.loads(detail)["status"]
+            exits[how] = exits.get(how, 0) + 1
+        return {"obligations": obligations, "attempts": attempts, "hosts": hosts, "exits": exits,
                 "deploys": deploys, "drains": drains, "rollouts": rollouts,
                 "rollout_outcomes": outcomes}

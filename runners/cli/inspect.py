@@ -37,9 +37,11 @@ def status_cmd(env: Env, names: tuple[str, ...], as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
+    from rich.text import Text
+
     from runners.cli.output import agent_line, status_table
 
-    click.echo(agent_line(quick.call("agent")))
+    show(Text(agent_line(quick.call("agent"))))  # wrapped at the console's width
     show(status_table(rows))
 
 

@@ -51,11 +51,15 @@ def until(when: datetime | str | None) -> str:
     return "due" if left <= 0 else f"in {duration(left + 0.999)}"
 
 
-def table(*columns: str, title: str | None = None) -> Any:
-    from rich.table import Table  # rich is imported only when a table is printed
+ELLIPSIS = "…"
+GAP = "  "  # between columns
+CELL_FLOOR = 8  # a column is cut no narrower than this (or its heading)
+LAST_FLOOR = 20  # narrower than this, the last column goes on lines of its own, under its row
+UNDER = "    "  # the indent of a last column put under its row
 
-    t = Table(*columns, title=title, title_justify="left")
-    return t
+
+def table(*columns: str, title: str | None = None) -> Fitted:
+    return Fitted(columns, title)
 
 
 def show(t: Any) -> None:
@@ -64,19 +68,96 @@ def show(t: Any) -> None:
     Console().print(t)
 
 
+def middle(text: str, width: int) -> str:
+    """`/very/lo…/build`: cut in the middle, where a long path says least."""
+    if len(text) <= width:
+        return text
+    head = width // 2
+    tail = width - 1 - head
+    return text[:head] + ELLIPSIS + (text[-tail:] if tail > 0 else "")
+
+
+def narrowed(natural: list[int], floors: list[int], room: int) -> list[int]:
+    """The widths, the widest cut first, one column at a time, until they fit `room` or
+    every column is at its floor."""
+    w = list(natural)
+    while sum(w) > room:
+        cut = [i for i in range(len(w)) if w[i] > floors[i]]
+        if not cut:
+            break
+        w[max(cut, key=lambda i: w[i])] -= 1
+    return w
+
+
+def wrapped(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, max(1, width), break_on_hyphens=False) or [""]
+
+
+class Fitted:
+    """A table that fits the console's width (80 columns when not a terminal): each column
+    but the last on one line, a long cell cut in the middle; the last column wraps (and
+    goes under its row when too little is left of the width for it)."""
+
+    def __init__(self, columns: tuple[str, ...], title: str | None) -> None:
+        self.columns, self.title = columns, title
+        self.rows: list[list[str]] = []
+
+    def add_row(self, *cells: str) -> None:
+        self.rows.append([str(c) for c in cells])
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.text import Text  # the lines fit already; a cell is never read as markup
+
+        yield Text("\n".join(self.lines(options.max_width)), no_wrap=True, overflow="ignore")
+
+    def lines(self, width: int) -> list[str]:
+        heads, rows = list(self.columns), self.rows
+        natural = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(heads)]
+        floors = [min(n, max(len(h), CELL_FLOOR)) for h, n in zip(heads, natural, strict=True)]
+        room = width - len(GAP) * (len(heads) - 1)
+        fixed = narrowed(natural[:-1], floors[:-1], room - min(natural[-1], LAST_FLOOR))
+        last = room - sum(fixed)
+        under = last < min(natural[-1], LAST_FLOOR)
+        if under:  # the other columns get the whole width, the last one's gap too
+            fixed = narrowed(natural[:-1], floors[:-1], width - len(GAP) * (len(heads) - 2))
+        out = [self.title] if self.title else []
+        out.append(self._line(heads[:-1], fixed, [] if under else [heads[-1]]))
+        for r in rows:
+            tail = [] if under else wrapped(r[-1], last)
+            out.append(self._line(r[:-1], fixed, tail[:1]))
+            pad = " " * (sum(fixed) + len(GAP) * len(fixed))
+            out.extend((pad + more).rstrip() for more in tail[1:])
+            if under and r[-1]:
+                out.extend(UNDER + more for more in wrapped(r[-1], width - len(UNDER)))
+        return out
+
+    @staticmethod
+    def _line(cells: list[str], widths: list[int], last: list[str]) -> str:
+        parts = [middle(c, w).ljust(w) for c, w in zip(cells, widths, strict=True)] + last
+        return GAP.join(parts).rstrip()
+
+
 def status_table(rows: list[dict[str, Any]]) -> Any:
     t = table("host", "kind", "state", "gen", "pid", "build", "up for", "socket", "deploy")
     for r in rows:
         t.add_row(r["host"], r["kind"], r["state"],
                   f"g{r['generation']}" if r["generation"] else "", str(r["pid"] or ""),
-                  (r["build_digest"] or "")[:12], age(r["since"]), _where(r),
-                  _waiting(r) or r.get("deploy") or r.get("problem") or "")
+                  (r["build_digest"] or "")[:12], age(r["since"]), _where(r), _news(r))
     return t
 
 
-def _waiting(r: dict[str, Any]) -> str:
-    """A wake held back by the start order: the hosts it waits on."""
-    return f"waiting on {', '.join(r['waiting_on'])}" if r.get("waiting_on") else ""
+def _news(r: dict[str, Any]) -> str:
+    """The last column: a wake held back by the start order says what it waits on; a
+    restart waiting after a crash says how the leader ended; else where the last deploy
+    is, else why it is not running."""
+    if r.get("waiting_on"):
+        return f"waiting on {', '.join(r['waiting_on'])}"
+    ended = r.get("last_exit")
+    if ended and r.get("restart_at") and r["generation"] is None:
+        return f"{ended['status']} {age(ended['at'])} ago, restart {until(r['restart_at'])}"
+    return r.get("deploy") or r.get("problem") or ""
 
 
 def _where(r: dict[str, Any]) -> str:

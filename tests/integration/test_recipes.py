@@ -1,7 +1,8 @@
 """The recipes of examples/ for app servers nobody here wrote (issue 22), each as its
-README says to add it: on a TCP port vigil holds, `--ready http` on the generation's own
-$VIGIL_SOCKET (neither sends READY=1), through overlap and hold deploys under a
-closed-loop client, with no request failed."""
+README or its `serve` says to add it: on a TCP port vigil holds, `--ready http` on the
+generation's own $VIGIL_SOCKET (gunicorn alone sends READY=1: the default notify), through
+overlap and hold deploys under a closed-loop client, with no request refused or timed out
+and the server's own drops at its stop bounded as the guide says."""
 
 from __future__ import annotations
 
@@ -16,18 +17,25 @@ from tests.listening import Client, free_port, serving_inode
 
 pytestmark = pytest.mark.timeout(600)
 BIN = Path(sys.executable).parent
-RECIPES = {  # the server's directory, its env (the binary from the test extra)
-    "hypercorn": {"HYPERCORN": str(BIN / "hypercorn")},
-    "uvicorn": {"PYTHON": sys.executable},
-    "node": {"NODE": shutil.which("node") or "node"},  # Debian's nodejs (.ci/run)
+RECIPES = {  # the server's directory: its env (the binary from the test extra), its --ready
+    "gunicorn": ({"GUNICORN": str(BIN / "gunicorn")}, "notify"),
+    "hypercorn": ({"HYPERCORN": str(BIN / "hypercorn")}, "http"),
+    "uvicorn": ({"PYTHON": sys.executable}, "http"),
+    "waitress": ({"PYTHON": sys.executable}, "http"),
+    "node": ({"NODE": shutil.which("node") or "node"}, "http"),  # Debian's nodejs (.ci/run)
 }
 DEPLOYS = 3  # of each mode
 # At its graceful stop each of these servers may drop a connection it had just accepted:
 # closed unanswered (b'') or, with the request unread, reset. Seen on this 2-core box under
 # load: hypercorn 0.18 0-2 and uvicorn 0.54 0-1 of ~500-680 requests through 6 deploys, node
-# none. A fault of the server's own, said in docs/guides/listeners.md: bounded here, never
-# hidden, and a refusal or a timeout (what vigil's held socket prevents) is never allowed.
+# and gunicorn none. A fault of the server's own, said in docs/guides/listeners.md: bounded
+# here, never hidden, and a refusal or a timeout (what vigil's held socket prevents) is
+# never allowed.
 DROPPED_AT_STOP = ("answer b''", "ConnectionResetError")
+# waitress has no graceful stop (SIGTERM ends it at once): each stop may drop the one
+# request the closed-loop client has in flight, so at most one per deploy, same kinds
+# (seen: 0-1 of 170-280 requests through 6 deploys).
+NO_GRACEFUL_STOP = {"waitress"}
 
 
 def builds(tmp: Path, server: str) -> list[Path]:
@@ -49,10 +57,11 @@ def test_recipe_deploys_fail_no_request(vigil: Vigil, short_tmp: Path, server: s
         pytest.importorskip(server)
     port = free_port()
     two = builds(short_tmp, server)
-    env = [a for k, v in RECIPES[server].items() for a in ("--env", f"{k}={v}")]
+    server_env, ready = RECIPES[server]
+    env = [a for k, v in server_env.items() for a in ("--env", f"{k}={v}")]
     vigil.run("host", "add", "web", "--build", str(two[0]), "--cwd",
               str(ROOT / "examples" / server), "--listen", f"http=tcp:127.0.0.1:{port}",
-              "--ready", "http", *env, "--health-timeout", "30")
+              "--ready", ready, *env, "--health-timeout", "30")
     vigil.wait_ready(vigil.start_agent())
     vigil.run("wake", "web", "--wait", timeout=60)
     inode = serving_inode(vigil, "web")
@@ -65,7 +74,8 @@ def test_recipe_deploys_fail_no_request(vigil: Vigil, short_tmp: Path, server: s
     print(f"\n{server}: {client.ok} answered through {2 * DEPLOYS} deploys, "
           f"{len(client.failures)} failed")
     assert all(f.startswith(DROPPED_AT_STOP) for f in client.failures), client.failures[:5]
-    assert len(client.failures) <= max(2, client.ok // 100), client.failures[:5]
+    bound = 2 * DEPLOYS if server in NO_GRACEFUL_STOP else max(2, client.ok // 100)
+    assert len(client.failures) <= bound, client.failures[:5]
     assert client.ok > 2 * DEPLOYS and len(client.pids) >= 2
     logs = vigil.run("logs", "web", "-n", "100000", check=False).stdout
     assert "Traceback" not in logs and "BrokenPipeError" not in logs, logs[-2000:]

@@ -72,7 +72,7 @@ def test_crash_loop_backs_off_from_the_floor_to_the_cap(vigil: Vigil) -> None:
     scheduled = events(vigil, "restart_scheduled", "w")[:5]
     assert [d["delay"] for _, d in scheduled] == [0.4, 0.8, 1.6, 1.6, 1.6]
     assert [d["streak"] for _, d in scheduled] == [1, 2, 3, 4, 5]
-    assert all(d["reason"] == "exited (status 3)" for _, d in scheduled)
+    assert all(d["reason"] == "exited 3" for _, d in scheduled)
     # Measured: from each restart's scheduling to the next start (`woke`) of the worker.
     woke = [at for at, _ in events(vigil, "woke", "w")]
     waits = []

@@ -25,7 +25,7 @@ from models.states import (
     WakeState,
 )
 from models.store import emit, utcnow
-from models.tables import Attempt, Build, Generation, Host, Lease, Listener, Stop, Wake
+from models.tables import Attempt, Build, Event, Generation, Host, Lease, Listener, Stop, Wake
 from workflows.base.paths import CONTROL
 from workflows.generations.listeners import Listen, check_set, note, reopened, stored, write_set
 from workflows.leases.lease import still_needed
@@ -213,8 +213,21 @@ def status(s: Session, name: str | None = None) -> list[dict[str, Any]]:
             **_probe_status(h, gen),
             **_listen_status(s, h),
             **_worker_status(s, h, gen),
+            **_exit_status(s, h),
         })
     return out
+
+
+def _exit_status(s: Session, h: Host) -> dict[str, Any]:
+    """How the host's last leader to end by itself ended (`exited 3`, `killed by SIGKILL`),
+    and when: the newest `exited` event with a status, of this host since it was added."""
+    e = s.execute(select(Event.at, Event.generation_id, Event.detail).where(
+        Event.host == h.name, Event.kind == "exited", Event.at >= h.created_at,
+        Event.detail.contains('"status": ')).order_by(Event.id.desc()).limit(1)).first()
+    if e is None:
+        return {}
+    return {"last_exit": {"status": json.loads(e.detail)["status"], "generation": e.generation_id,
+                          "at": e.at.isoformat() + "Z"}}
 
 
 def _deploy_status(s: Session, h: Host) -> dict[str, Any]:

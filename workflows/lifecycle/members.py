@@ -28,6 +28,7 @@ from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, ref_of
 from workflows.generations.known import note
 from workflows.leases.lease import owe_release, release_owed
+from workflows.lifecycle.exits import exit_code, exit_line
 from workflows.lifecycle.workers import restart_delay, worker_exited
 
 # Moves that carry no lease fence, each with the reason it needs none.
@@ -37,8 +38,10 @@ PROVEN = define("member.proven", "a member is proven gone and has left the set")
 RESTORED = define("restore.done", "the parent limit is restored and the raised mark cleared")
 
 
-def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool) -> None:
-    """current -> retiring member (one transaction); queue a restart wake if wanted."""
+def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool,
+           code: int | None = None, exited: bool = False) -> None:
+    """current -> retiring member (one transaction); queue a restart wake if wanted.
+    `exited`: its leader is gone, and `code` is its status when this agent knows it."""
     move(s, Generation, gen.id,
          {"state": GenState.retiring, "end_reason": why},
          f"generation g{gen.id} current -> retiring", fence=BY_STATE, col="state",
@@ -46,7 +49,8 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
     lease = s.get(Lease, gen.host)
     join_set(s, gen.id, gen.host, MemberRole.retiring,
              lease.fence if lease is not None else gen.fence, unproven=True)
-    emit(s, "exited", gen.host, gen.id, pid=gen.pid, reason=why)
+    how = {"exit_code": code, "status": exit_line(code)} if exited else {}
+    emit(s, "exited", gen.host, gen.id, pid=gen.pid, reason=why, **how)
     host = s.get(Host, gen.host)
     if restart and host is not None and host.kind is HostKind.worker:
         worker_exited(s, ctx, gen, host)  # backoff, onto its captured build; one-shot: none
@@ -108,11 +112,14 @@ def retire_dead_currents(ctx: Context, only: Collection[int] | None = None,
         note(ctx, {gid: ref for gid, ref in refs.items() if gid not in dead})
     retired = 0
     for gen_id in dead:
-        def step(s: Session, gen_id: int = gen_id) -> Generation:
+        code = exit_code(ctx, refs[gen_id].pid)  # reaped before the transaction opens
+
+        def step(s: Session, gen_id: int = gen_id, code: int | None = code) -> Generation:
             gen = s.get(Generation, gen_id)
             if gen is None:
                 raise LostRace(f"generation g{gen_id} is gone")
-            retire(s, ctx, gen, "leader exited", restart=True)
+            retire(s, ctx, gen, f"leader {exit_line(code)}", restart=True, code=code,
+                   exited=True)
             return gen
 
         try:

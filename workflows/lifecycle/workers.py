@@ -39,6 +39,7 @@ from workflows.builds.staged import set_build
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.leases.lease import owe_release, release_owed
+from workflows.lifecycle.exits import exit_code, exit_line
 from workflows.lifecycle.order import wake_waiters
 
 # Moves that carry no lease fence, each with the reason it needs none.
@@ -112,22 +113,16 @@ def _busy(s: Session, host: str) -> str | None:
 # -- exits and restarts -------------------------------------------------------------------
 
 
-def exit_code(ctx: Context, gen: Generation) -> int | None:
-    """The leader's exit status when this agent spawned and reaped it, else None."""
-    status = getattr(ctx.proc, "exit_status", None)
-    return status(gen.pid) if status is not None and gen.pid is not None else None
-
-
 def worker_exited(s: Session, ctx: Context, gen: Generation, host: Host) -> None:
     """A worker's current generation ended (in the transaction that retires it): a one-shot
     run is over (a clean exit marks the build good); anything else restarts, with backoff."""
-    code = exit_code(ctx, gen)
+    code = exit_code(ctx, gen.pid)
     oom = getattr(ctx.proc, "oom_killed", None)  # read before its cgroups are removed
     if oom is not None and oom(ref_of(gen)):
         emit(s, "oom_killed", host.name, gen.id, exit_code=code, reason="oom")
-        code_line = f"oom: killed by the kernel at its memory limit (status {code})"
+        code_line = f"oom: killed by the kernel at its memory limit ({exit_line(code)})"
     else:
-        code_line = f"exited (status {code})" if code is not None else "exited"
+        code_line = exit_line(code)
     if host.one_shot:
         if code == 0:
             mark_good(s, gen.build_id)
