@@ -147,11 +147,12 @@ class Host(Base):
     run_user: Mapped[str | None] = mapped_column(String(32))  # a name or a uid
     run_group: Mapped[str | None] = mapped_column(String(32))  # NULL: the user's own group
     env_files: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")  # JSON list
-    # Limits on each generation's cgroup (runners/backend/limits_v1.py); NULL: none.
+    # Limits on each generation's cgroup and its rlimits (runners/backend/cglimits.py); NULL: none.
     memory_max: Mapped[int | None] = mapped_column(BigInteger)  # bytes
     cpu_quota: Mapped[int | None] = mapped_column(Integer)  # percent of one core
     pids_max: Mapped[int | None] = mapped_column(Integer)
     limit_nofile: Mapped[int | None] = mapped_column(Integer)  # RLIMIT_NOFILE, soft and hard
+    limit_core: Mapped[int | None] = mapped_column(BigInteger)  # RLIMIT_CORE, bytes (0: none)
     # {NAME: PATH}: copied at each start to $CREDENTIALS_DIRECTORY (runners/backend/credentials.py).
     credentials: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
     # The hosts a wake of it waits for, awake and ready (workflows/config/order.py; migration

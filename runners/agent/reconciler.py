@@ -231,7 +231,7 @@ class Reconciler:
             result, error = run_one(self.ctx, d)
             if result is Result.progress:
                 self.on_progress()
-            level = logging.INFO if result is not Result.poked else logging.WARNING
+            level = logging.WARNING if result is Result.poked else logging.INFO  # held: ordinary
             log.log(level, "drive kind=%s id=%s host=%s result=%s%s", d.kind, d.id, d.host,
                     result.value, f" error={error!r}" if error else "")
         except Exception as exc:

@@ -1,5 +1,6 @@
 """Limits on a generation's cgroup (`host add --memory-max --cpu-quota --pids-max`) and its
-rlimit (`--limit-nofile`).
+rlimits (`--limit-nofile`, `--limit-core`: the two of systemd's Limit*= an app server
+needs; the others are the agent's own).
 
 Each limit lives on the controller of the same name: cgroup v2 where vigil's cgroup base
 has it in `cgroup.subtree_control` (delegated), else the cgroup v1 hierarchy of that name
@@ -14,7 +15,7 @@ limit; each of its generations' memory cgroups lives inside it, so an overlap's 
 twice the tier (runners/backend/limits.py) holds the old and the new generation together.
 
 The join is the shim's, as root, before the user switch and the exec: `echo $$` into each
-v1 `cgroup.procs`, `ulimit -n` for the rlimit, then exec what follows (setpriv or the app).
+v1 `cgroup.procs`, `ulimit -n`/`-c` for the rlimits, then exec what follows (setpriv or the app).
 An app killed by the kernel's OOM killer is told apart by its cgroup's `oom_kill` counter
 (v1 `memory.oom_control`, v2 `memory.events`), read before its cgroups are removed.
 """
@@ -36,8 +37,11 @@ def parent_dir(mount: str, box: str, host: str) -> str:
     return os.path.join(mount, "vigil", PARENTS, box, host)
 # Joins every cgroup.procs named before `--`, sets the open-files limit when not "-",
 # then execs the rest. Exit 121: a join the agent prepared could not be made.
-_SHIM = ('n=$1; shift; while [ "$1" != -- ]; do echo $$ > "$1" || exit 121; shift; done; '
-         'shift; [ "$n" = - ] || ulimit -n "$n" || exit 121; exec "$@"')
+# The core limit is given in 512-byte blocks: the unit of `ulimit -c` in dash and in any
+# POSIX-mode sh.
+_SHIM = ('n=$1; c=$2; shift 2; while [ "$1" != -- ]; do echo $$ > "$1" || exit 121; shift; '
+         'done; shift; [ "$n" = - ] || ulimit -n "$n" || exit 121; '
+         '[ "$c" = - ] || ulimit -c "$c" || exit 121; exec "$@"')
 
 
 def v1_mounts() -> dict[str, str]:
@@ -191,7 +195,8 @@ class CgroupLimits:
             self.drop(uuid)
             raise SpawnError(f"spawn: limits: {exc}", build_fault=False) from exc
         nofile = str(limits["limit_nofile"]) if "limit_nofile" in limits else "-"
-        return ["/bin/sh", "-c", _SHIM, "vigil-limits", nofile, *joins, "--", *target]
+        core = str(-(-limits["limit_core"] // 512)) if "limit_core" in limits else "-"
+        return ["/bin/sh", "-c", _SHIM, "vigil-limits", nofile, core, *joins, "--", *target]
 
     def oom_killed(self, uuid: str, cgroup: str | None) -> bool:
         """Did the kernel's OOM killer kill a process of this generation?"""

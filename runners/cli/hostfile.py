@@ -36,6 +36,7 @@ from runners.cli.runopts import (
     file_env_files,
     file_limit,
     file_who,
+    parse_core,
     parse_count,
     parse_percent,
     parse_size,
@@ -184,6 +185,7 @@ KEYS: dict[str, Key] = {
     "cpu_quota": Key("cpu_quota", file_limit(lambda t: parse_percent(t, "")), None),
     "pids_max": Key("pids_max", file_limit(lambda t: parse_count(t, "")), None),
     "limit_nofile": Key("limit_nofile", file_limit(lambda t: parse_count(t, "")), None),
+    "limit_core": Key("limit_core", file_limit(lambda t: parse_core(t, "")), None),
     # The hosts its wake waits for, awake and ready (workflows/lifecycle/order.py).
     "after": Key("start_after", file_after, []),
 }

@@ -15,7 +15,7 @@ import click
 from models.errors import BadInput
 
 RUN_KEYS = ("run_user", "run_group", "env_files")
-LIMIT_KEYS = ("memory_max", "cpu_quota", "pids_max", "limit_nofile")
+LIMIT_KEYS = ("memory_max", "cpu_quota", "pids_max", "limit_nofile", "limit_core")
 _SIZE = re.compile(r"(\d+)([KMGT]?)", re.I)
 MAX_INT = 2**31 - 1  # an Integer column
 
@@ -26,6 +26,18 @@ def parse_size(text: str, label: str = "--memory-max ") -> int:
     if not m or int(m.group(1)) <= 0:
         raise BadInput(f"{label}{text!r} is not a size", f"write e.g. {label.strip()} 64M")
     return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
+
+
+def parse_core(text: object, label: str = "--limit-core ") -> int:
+    """A core-file size: 0 (no core file is written) or a size as parse_size takes it."""
+    body = "x" if isinstance(text, bool) else str(text).strip()
+    if body == "0":
+        return 0
+    try:
+        return parse_size(body, label)
+    except BadInput:
+        raise BadInput(f"{label}{text!r} is not a core-file size",
+                       f"write e.g. {label.strip()} 0 (no core file) or 512M") from None
 
 
 def parse_percent(text: str, label: str = "--cpu-quota ") -> int:
@@ -78,6 +90,8 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Most processes and threads its cgroup may hold."),
         click.option("--limit-nofile", default=None, metavar="N",
                      help="Open-files limit (RLIMIT_NOFILE, soft and hard)."),
+        click.option("--limit-core", default=None, metavar="SIZE",
+                     help="Core-file size limit (RLIMIT_CORE, soft and hard): 0 writes none."),
     ]):
         f = opt(f)
     return f
@@ -98,7 +112,8 @@ def checked_run(opts: dict[str, Any]) -> dict[str, Any]:
               "pids_max": _opt(opts.pop("pids_max", None),
                                lambda t: parse_count(t, "--pids-max ")),
               "limit_nofile": _opt(opts.pop("limit_nofile", None),
-                                   lambda t: parse_count(t, "--limit-nofile "))}
+                                   lambda t: parse_count(t, "--limit-nofile ")),
+              "limit_core": _opt(opts.pop("limit_core", None), parse_core)}
     check_limits(limits)
     creds: dict[str, str] = {}
     for item in opts.pop("credentials", ()) or ():

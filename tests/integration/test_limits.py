@@ -104,10 +104,22 @@ def test_the_open_files_limit_is_set(vigil: Vigil) -> None:
 
 
 @pytest.mark.parametrize("containment", ["auto"])
+@pytest.mark.parametrize(("given", "limit"), [("0", 0), ("1M", 1 << 20), ("1000", 1024)])
+def test_the_core_file_limit_is_set(vigil: Vigil, given: str, limit: int) -> None:
+    """In bytes, as systemd's LimitCORE=; rounded up to the shell's 512-byte blocks."""
+    agent, n, _ = started(vigil, "w", "--limit-core", given, hog="core")
+    r = wait_for(lambda: reports(vigil, "w", n), 20, what="its report")[0]
+    assert r == {"core": [limit, limit]}
+    vigil.run("stop", "w", "--wait")
+    vigil.stop_agent(agent)
+
+
+@pytest.mark.parametrize("containment", ["auto"])
 def test_bad_limits_are_refused_in_one_line(vigil: Vigil, tmp_path: Path) -> None:
     for extra, says in ((["--memory-max", "lots"], "--memory-max 'lots' is not a size"),
                         (["--cpu-quota", "0%"], "--cpu-quota '0%' is not a share"),
-                        (["--pids-max", "-1"], "--pids-max '-1' is not a whole number")):
+                        (["--pids-max", "-1"], "--pids-max '-1' is not a whole number"),
+                        (["--limit-core", "lots"], "--limit-core 'lots' is not a core-file size")):
         cp = vigil.run("host", "add", "w", "--build", str(HOG), "--kind", "worker", *extra,
                        check=False)
         assert cp.returncode != 0 and says in cp.stderr, cp.stderr

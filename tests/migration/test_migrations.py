@@ -329,6 +329,15 @@ def seed_0020(conn: Connection) -> None:
                                "since": T0})
 
 
+def seed_0021(conn: Connection) -> None:
+    """A host whose generations write no core file (0021: hosts.limit_core, bytes)."""
+    raw_insert(conn, "hosts", {"name": "no-core", "kind": "worker", "build_id": 1,
+                               "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "down",
+                               "raised": False, "fence_seq": 0, "box": None, "created_at": T0,
+                               "limit_core": 0})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -348,6 +357,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0018": seed_0018,
     "0019": seed_0019,
     "0020": seed_0020,
+    "0021": seed_0021,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
@@ -490,6 +500,9 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
             "SELECT kind, generation, last_error FROM pending_obligations WHERE host = 'after-web'"
         )).one()) == ("wake", None, "waiting on web")
         assert conn.execute(text("SELECT waiting_on FROM wakes WHERE id = 200")).scalar() == "web"
+        # 0021: a host written before it keeps the agent's core limit (NULL); 0 is kept as 0.
+        assert conn.execute(text("SELECT limit_core FROM hosts WHERE name = 'web'")).scalar() is None
+        assert conn.execute(text("SELECT limit_core FROM hosts WHERE name = 'no-core'")).scalar() == 0
 
 
 @pytest.mark.sqlite_only("a PostgreSQL sequence never goes back (the seeds' explicit ids bypass it)")

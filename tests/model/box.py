@@ -211,7 +211,7 @@ class Box:
     def drive(self, d: Due) -> tuple[Result, str | None]:
         self.drives += 1
         result, error = run_one(self.ctx, d)
-        if result is Result.poked:
+        if result in (Result.poked, Result.held):
             self.pokes.append((d.kind, error))
         return result, error
 

@@ -29,10 +29,16 @@ class Result(str, enum.Enum):
     progress = "progress"  # it moved: resolved or advanced to its next state
     poked = "poked"  # nothing changed; keep the backoff
     waiting = "waiting"  # nothing wrong: due again at a time of the row's own (Until)
+    held = "held"  # nothing wrong: it waits on another obligation in flight (Held); paced as poked
 
 
 class Poke(Exception):
     """Nothing could be done this time; the message becomes the row's last_error."""
+
+
+class Held(Poke):
+    """Nothing is wrong: the row waits on another obligation in flight (an attempt, a
+    member's proof, a stop, a wake). Paced like any poke; the agent logs it at INFO."""
 
 
 class Until(Poke):

@@ -33,7 +33,7 @@ class SpawnSpec:
     group: str | None = None
     env_files: tuple[str, ...] = ()
     # Limits on its cgroup and rlimits: memory_max (bytes), cpu_quota (% of a core),
-    # pids_max, limit_nofile (runners/backend/cglimits.py).
+    # pids_max, limit_nofile, limit_core (bytes) (runners/backend/cglimits.py).
     limits: dict[str, int] = field(default_factory=dict)
     credentials: tuple[tuple[str, str], ...] = ()  # (NAME, PATH): copied in at this start
     memory_tier_mb: int | None = None  # its host's parent limit (LimitPort), if it has one

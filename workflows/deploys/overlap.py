@@ -11,7 +11,7 @@ from models.states import AttemptStep, GenState, MemberRole, Outcome
 from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Host, Member
 from workflows.base.classify import BuildFailed, Interrupted, Stale
-from workflows.base.context import Context, Poke
+from workflows.base.context import Context, Held
 from workflows.base.crash import crashpoint, define
 from workflows.builds.book import attempt_ended
 from workflows.builds.staged import set_build
@@ -77,9 +77,9 @@ def _admit(s: Session, ctx: Context, a: Attempt) -> tuple[Host, Generation] | No
     h, fence = admitted
     members = s.execute(select(Member.generation_id).where(Member.host == a.host)).scalars().all()
     if members:
-        raise Poke(f"waiting for member(s) {members} of {a.host} to be proven gone")
+        raise Held(f"waiting for member(s) {members} of {a.host} to be proven gone")
     if h.raised:
-        raise Poke(f"parent limit of {a.host} is still raised: a restore is pending")
+        raise Held(f"parent limit of {a.host} is still raised: a restore is pending")
     g = intend(s, ctx, h, a.build_id, fence)
     join_set(s, g.id, a.host, MemberRole.spawning, fence, attempt_id=a.id)
     steps.step_to(s, a, AttemptStep.admitted, fence=fence, successor_id=g.id)

@@ -23,7 +23,7 @@ from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Member, Wake
 from models.transition import Unfenced, move, move_many
 from workflows.base.classify import BuildFailed, Cancelled, Stale
-from workflows.base.context import Context, Poke
+from workflows.base.context import Context, Held, Poke
 from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import newest_revision, open_stop
 from workflows.base.queue import enqueue_wake
@@ -122,7 +122,7 @@ def asleep(s: Session, ctx: Context, a: Attempt, h: Host,
     waking = s.execute(select(Wake.id).where(Wake.host == a.host, Wake.state.in_(OPEN_WAKE))).first()
     # A worker's own restart still waiting out its backoff gives way: this attempt spawns.
     if waking is not None and not yield_own_starts(s, a.host, coalesced):
-        raise Poke(f"waiting for wake #{waking.id} of {a.host}")
+        raise Held(f"waiting for wake #{waking.id} of {a.host}")
     if h.one_shot:
         return False  # a one-shot worker's attempt runs the job itself (clean_exit recorded)
     set_build(s, a.host, a.build_id)

@@ -16,7 +16,7 @@ from models.states import OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE
 from models.store import utcnow
 from models.tables import Attempt, Host, Lease, Member, Release, Restore, Rollout, Stop, Wake
 from models.trouble import diagnose, refine
-from workflows.base.context import Context, Poke, Result, Until
+from workflows.base.context import Context, Held, Poke, Result, Until
 from workflows.base.pacing import backoff
 from workflows.base.sanity import impossible_hosts, refuse_if_impossible
 from workflows.deploys.driver import drive_attempt
@@ -187,6 +187,8 @@ def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
         result, error = kind.drive(ctx, item.id), None
     except Until as exc:  # due again at a time of the row's own, not after a backoff
         result, error, until = Result.waiting, str(exc), exc.at
+    except Held as exc:
+        result, error = Result.held, str(exc)
     except Poke as exc:
         result, error = Result.poked, str(exc)
     except Exception as exc:  # a step lost a race or the store failed: retry later
@@ -199,7 +201,7 @@ def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
     now = utcnow()
     if until is not None:
         values = {"attempts": 0, "last_error": error, "next_attempt_at": until}
-    elif result is Result.poked:
+    elif result in (Result.poked, Result.held):
         tried = item.attempts if item.attempts is not None else _attempts(ctx, kind, item.id)
         values = {"attempts": kind.model.attempts + 1, "last_error": error,
                   "next_attempt_at": now + timedelta(seconds=backoff(tried + 1))}

@@ -22,7 +22,7 @@ from workflows.generations.listeners import fds_for
 from workflows.generations.readiness import mode, own_socket
 
 _G = Generation.__table__
-LIMITS = ("memory_max", "cpu_quota", "pids_max", "limit_nofile")  # host columns
+LIMITS = ("memory_max", "cpu_quota", "pids_max", "limit_nofile", "limit_core")  # host columns
 _NEW = insert(_G).returning(_G.c.id)  # built once: an ORM add cost a unit-of-work flush
 _SOCKET = update(_G).where(_G.c.id == bindparam("gid")).values(socket=bindparam("sock"))
 

@@ -25,7 +25,7 @@ from models.tables import (
     Wake,
 )
 from models.transition import Unfenced, affected, move
-from workflows.base.context import Context, Poke, Result
+from workflows.base.context import Context, Held, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import lease_of
 from workflows.base.pacing import backoff
@@ -216,7 +216,7 @@ def drive_release(ctx: Context, release_id: int) -> Result:
             return Result.gone
         why = still_needed(s, row.host)
         if why is not None:
-            raise Poke(f"lease of {row.host} still needed: {why}")
+            raise Held(f"lease of {row.host} still needed: {why}")
         gone = affected(s.execute(delete(Lease).where(
             Lease.host == row.host, Lease.holder == row.holder, Lease.fence == row.fence)))
         s.execute(drop)

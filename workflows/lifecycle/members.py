@@ -18,7 +18,7 @@ from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole
 from models.store import emit, utcnow
 from models.tables import Generation, Host, Lease, Listener, Member, Restore, Wake
 from models.transition import move
-from workflows.base.context import Context, Poke, Result
+from workflows.base.context import Context, Held, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.ports import ProcRef
 from workflows.base.queue import enqueue_wake
@@ -194,7 +194,7 @@ def drive_restore(ctx: Context, restore_id: int) -> Result:
         return Result.gone
     if ctx.store.read(lambda s: s.execute(select(Member.generation_id).where(
             Member.host == r.host)).first()) is not None:
-        raise Poke(f"members of {r.host} are still in the set; the last one out restores")
+        raise Held(f"members of {r.host} are still in the set; the last one out restores")
     if host.raised and host.memory_tier_mb and ctx.limits is not None:
         try:
             ctx.limits.set_limit(r.host, host.memory_tier_mb)

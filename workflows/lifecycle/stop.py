@@ -17,7 +17,7 @@ from models.states import OPEN_STOP, AttemptStep, Desired, GenState, Outcome, St
 from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Host, Member, Stop, Wake
 from models.transition import Fence, move, move_many
-from workflows.base.context import Context, Poke, Result
+from workflows.base.context import Context, Held, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.waivers import BY_STATE, OPERATOR
 from workflows.builds.book import nudge
@@ -96,12 +96,12 @@ def _signal(ctx: Context, st: Stop) -> bool:
     def step(s: Session) -> bool:
         first = stopping_dependents(s, st.host)
         if first:
-            raise Poke(f"waiting for {', '.join(first)} to stop first (they start after {st.host})")
+            raise Held(f"waiting for {', '.join(first)} to stop first (they start after {st.host})")
         busy = s.execute(select(Wake.id, Wake.state).where(
             Wake.host == st.host,
             Wake.state.in_((WakeState.spawning, WakeState.checking, WakeState.reaping)))).first()
         if busy is not None:
-            raise Poke(f"waiting for wake #{busy.id} ({busy.state.value}) to settle")
+            raise Held(f"waiting for wake #{busy.id} ({busy.state.value}) to settle")
         now = utcnow()
         _cancel_later_wakes(s, st.host, now)
         _cancel_queued(s, st.host, now)
@@ -110,10 +110,10 @@ def _signal(ctx: Context, st: Stop) -> bool:
         attempt = s.execute(select(Attempt.id, Attempt.step).where(
             Attempt.host == st.host, Attempt.outcome.is_(None))).first()
         if attempt is not None:
-            raise Poke(f"waiting for attempt #{attempt.id} ({attempt.step.value}) to end")
+            raise Held(f"waiting for attempt #{attempt.id} ({attempt.step.value}) to end")
         member = s.execute(select(Member.generation_id).where(Member.host == st.host)).first()
         if member is not None:
-            raise Poke(f"waiting for member g{member.generation_id} to be proven gone")
+            raise Held(f"waiting for member g{member.generation_id} to be proven gone")
         gen = s.execute(select(Generation).where(Generation.host == st.host,
                                                  Generation.state == GenState.current)).scalar_one_or_none()
         if gen is None:

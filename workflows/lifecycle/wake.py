@@ -19,7 +19,7 @@ from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, Hos
 from models.store import emit, utcnow
 from models.tables import Build, Generation, Host, Lease, Stop, Wake
 from models.transition import Fence, move, move_many
-from workflows.base.context import Context, Poke, Result
+from workflows.base.context import Context, Held, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import open_stop
 from workflows.base.ports import Spawned, SpawnError
@@ -258,7 +258,7 @@ def _take_lease(s: Session, ctx: Context, w: Wake, seen: Any,
     it takes. Waits (Poke) while the host is being stopped, and (Result.waiting, written on
     the row) while a host it starts after is not ready."""
     if seen.stop is not None:
-        raise Poke(f"waiting for stop #{seen.stop} of {w.host} to finish")
+        raise Held(f"waiting for stop #{seen.stop} of {w.host} to finish")
     if coalesce(s, w) is not None:
         coalesced.append(w.id)
         return Result.progress

@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 from models.states import IN_FLIGHT, Outcome, RolloutOutcome, RolloutState, TargetState
 from models.store import utcnow
 from models.tables import Attempt, Build, Rollout, RolloutTarget
-from workflows.base.context import Context, Poke, Result, Until
+from workflows.base.context import Context, Held, Result, Until
 from workflows.base.crash import crashpoint
 from workflows.builds.staged import staged_problem
 from workflows.rollouts.rows import attempt_of, load_attempts, mark, on_build, superseded
@@ -88,7 +88,7 @@ def drive_rollout(ctx: Context, rollout_id: int) -> Result:
                 return Result.progress  # due again at once: the next drive says why it waits
             if step.until is not None:
                 raise Until(step.until, step.why)
-            raise Poke(step.why)
+            raise Held(step.why)
         if step is None:
             return Result.progress if moved else Result.gone
         moved = True
