@@ -144,8 +144,14 @@ def status_table(rows: list[dict[str, Any]]) -> Any:
     for r in rows:
         t.add_row(r["host"], r["kind"], r["state"],
                   f"g{r['generation']}" if r["generation"] else "", str(r["pid"] or ""),
-                  (r["build_digest"] or "")[:12], age(r["since"]), _where(r), _news(r))
+                  _build(r), age(r["since"]), _where(r), _news(r))
     return t
+
+
+def _build(r: dict[str, Any]) -> str:
+    """The build's digest, and beside it the name of the file it was staged from."""
+    digest = (r["build_digest"] or "")[:12]
+    return f"{digest} {r['build_file']}" if digest and r.get("build_file") else digest
 
 
 def _news(r: dict[str, Any]) -> str:

@@ -39,6 +39,8 @@ def test_tables_fit_80_columns(vigil: Vigil, short_tmp: Path) -> None:
 
     wide = vigil.run("status", env={"COLUMNS": "300"}).stdout
     assert socket in wide and vigil.status(BROKEN)["problem"] in wide  # all there, one line each
+    digest = vigil.status(LONG)["build_digest"][:12]
+    assert f"{digest} {build.name}" in wide, wide  # the build's file name beside its digest
     status = vigil.run("status", env=NARROW).stdout
     lines = lines_fit(status)
     assert all(h in status for h in ("host", "state", "socket")), status
