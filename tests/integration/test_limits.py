@@ -69,6 +69,28 @@ def test_a_memory_limit_ends_the_app_oom_and_it_restarts(vigil: Vigil) -> None:
 
 
 @pytest.mark.parametrize("containment", ["auto"])
+def test_an_instance_killed_at_its_memory_limit_ends_oom_and_restarts(vigil: Vigil) -> None:
+    """As a worker does (above): the exit path of an instance reads the same counter."""
+    needs("memory")
+    vigil.add_host("web", FIXTURES / "oom_after_ready.py", "--memory-max", "64M",
+                   "--env", "HOG_MB=200")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "web", "--wait")
+    n = [e for e in vigil.json("events", "web") if e["kind"] == "woke"][0]["generation"]
+    oom = wait_for(lambda: [e for e in vigil.json("events", "web") if e["kind"] == "oom_killed"],
+                   30, what="the oom_killed event")
+    assert oom[0]["generation"] == n, oom
+    restart = wait_for(lambda: [e for e in vigil.json("events", "web")
+                                if e["kind"] == "restart_scheduled"], 30, what="its restart")
+    assert restart[0]["detail"]["reason"].startswith("oom: killed by the kernel"), restart
+    wait_for(lambda: any(e["kind"] == "woke" and e["generation"] > n
+                         for e in vigil.json("events", "web")), 30, what="the next generation")
+    vigil.run("stop", "web", "--wait")
+    vigil.stop_agent(agent)
+
+
+@pytest.mark.parametrize("containment", ["auto"])
 def test_a_pids_limit_stops_a_fork_bomb_at_ten(vigil: Vigil) -> None:
     needs("pids")
     agent, n, pid = started(vigil, "w", "--pids-max", "10", hog="fork:50")

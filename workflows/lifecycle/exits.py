@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import signal
 
+from sqlalchemy.orm import Session
+
+from models.store import emit
+from models.tables import Generation
 from workflows.base.context import Context
+from workflows.generations.ending import ref_of
 
 UNKNOWN = "exited (status unknown)"
 
@@ -34,3 +39,14 @@ def exit_line(code: int | None) -> str:
         return f"killed by {signal_name(-code) or f'signal {-code}'}"
     shell = signal_name(code - 128) if code > 128 else None
     return f"exited {code} ({shell})" if shell else f"exited {code}"
+
+
+def oom_line(s: Session, ctx: Context, gen: Generation, code: int | None) -> str | None:
+    """In the transaction that retires it: an OOM kill, told by its cgroup's counter (read
+    before its cgroups are removed), recorded as `oom_killed`, and the words that say so;
+    None when the kernel's OOM killer did not end it."""
+    oom = getattr(ctx.proc, "oom_killed", None)
+    if oom is not None and oom(ref_of(gen)):
+        emit(s, "oom_killed", gen.host, gen.id, exit_code=code, reason="oom")
+        return f"oom: killed by the kernel at its memory limit ({exit_line(code)})"
+    return None

@@ -28,7 +28,7 @@ from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, ref_of
 from workflows.generations.known import note
 from workflows.leases.lease import owe_release, release_owed
-from workflows.lifecycle.exits import exit_code, exit_line
+from workflows.lifecycle.exits import exit_code, exit_line, oom_line
 from workflows.lifecycle.workers import restart_delay, worker_exited
 
 # Moves that carry no lease fence, each with the reason it needs none.
@@ -57,8 +57,8 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
     elif restart and host is not None and host.desired is Desired.up:
         queued = s.execute(select(Wake.id).where(Wake.host == gen.host,
                                                  Wake.state.in_(OPEN_WAKE))).first()
-        if queued is None:
-            instance_exited(s, host, gen, why)
+        if queued is None:  # an OOM kill says so, and restarts by the same policy
+            instance_exited(s, host, gen, (oom_line(s, ctx, gen, code) if exited else None) or why)
 
 
 def instance_exited(s: Session, host: Host, gen: Generation, why: str) -> None:

@@ -39,7 +39,7 @@ from workflows.builds.staged import set_build
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.leases.lease import owe_release, release_owed
-from workflows.lifecycle.exits import exit_code, exit_line
+from workflows.lifecycle.exits import exit_code, exit_line, oom_line
 from workflows.lifecycle.order import wake_waiters
 
 # Moves that carry no lease fence, each with the reason it needs none.
@@ -117,12 +117,7 @@ def worker_exited(s: Session, ctx: Context, gen: Generation, host: Host) -> None
     """A worker's current generation ended (in the transaction that retires it): a one-shot
     run is over (a clean exit marks the build good); anything else restarts, with backoff."""
     code = exit_code(ctx, gen.pid)
-    oom = getattr(ctx.proc, "oom_killed", None)  # read before its cgroups are removed
-    if oom is not None and oom(ref_of(gen)):
-        emit(s, "oom_killed", host.name, gen.id, exit_code=code, reason="oom")
-        code_line = f"oom: killed by the kernel at its memory limit ({exit_line(code)})"
-    else:
-        code_line = exit_line(code)
+    code_line = oom_line(s, ctx, gen, code) or exit_line(code)
     if host.one_shot:
         if code == 0:
             mark_good(s, gen.build_id)
