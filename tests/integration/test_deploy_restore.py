@@ -195,13 +195,13 @@ def test_failed_restore_is_pending_retried_with_backoff_and_blocks_overlap(
     assert 0.05 <= delays[0] < delays[1], delays
     assert box.host().raised is True
 
-    # While raised with no member, no overlap is admitted: the attempt waits (poked).
+    # While raised with no member, no overlap is admitted: the attempt waits (held: paced as poked).
     assert box.store.read(lambda s: list(s.execute(select(Member)).scalars())) == []
     gens_before = box.store.read(lambda s: len(s.execute(select(Generation)).all()))
     blocked = box.deploy(variant(short_tmp, "c"))
     calls_before = len(box.limits.calls)
     result, error = box.run("attempt", blocked)
-    assert result is Result.poked and "raised" in (error or ""), error
+    assert result is Result.held and "raised" in (error or ""), error
     b = box.attempt(blocked)
     assert b.outcome is None and b.step.value == "queued" and b.successor_id is None
     assert "raised" in (b.last_error or "")
