@@ -47,6 +47,18 @@ LOG_MAX_BYTES = 10 << 20  # per file of a generation's output
 LOG_FILES = 3  # files kept per generation (the one written and two rotated)
 
 
+def cgroup_pids(cg: str) -> list[int]:
+    """Pids listed in the cgroup and its sub-cgroups (missing dir == empty)."""
+    pids: list[int] = []
+    for d, _, _ in os.walk(cg):
+        try:
+            with open(os.path.join(d, "cgroup.procs")) as f:
+                pids += [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
 class ProcessBackend:
     """ProcessPort over real processes; `containment` is auto | cgroup | marker. Each
     generation's output goes through a pipe to the box's log keeper (runners/keepers/logkeeper.py),
@@ -244,18 +256,6 @@ class ProcessBackend:
                 continue
         return hits
 
-    @staticmethod
-    def _cgroup_pids(cg: str) -> list[int]:
-        """Pids listed in the cgroup and its sub-cgroups (missing dir == empty)."""
-        pids: list[int] = []
-        for d, _, _ in os.walk(cg):
-            try:
-                with open(os.path.join(d, "cgroup.procs")) as f:
-                    pids += [int(x) for x in f.read().split()]
-            except (OSError, ValueError):
-                continue
-        return pids
-
     def descendants(self, refs: list[ProcRef]) -> dict[str, list[tuple[int, float]]]:
         return walk(refs)
 
@@ -263,7 +263,7 @@ class ProcessBackend:
         self.reap(ref.pid)
         live = set(self._marker_scan(ref.generation_uuid, ref.user)) | set(live_known(ref))
         if ref.cgroup:
-            for pid in self._cgroup_pids(ref.cgroup):
+            for pid in cgroup_pids(ref.cgroup):
                 st = pid_status(pid)
                 if st is not None and st[1] != psutil.STATUS_ZOMBIE:
                     live.add(pid)
@@ -276,7 +276,7 @@ class ProcessBackend:
     def terminate_all(self, ref: ProcRef) -> None:
         pids: dict[int, float] = {**live_known(ref), **self._marker_scan(ref.generation_uuid, ref.user)}
         if ref.cgroup:
-            for pid in self._cgroup_pids(ref.cgroup):
+            for pid in cgroup_pids(ref.cgroup):
                 st = pid_status(pid)
                 if st is not None and st[1] != psutil.STATUS_ZOMBIE:
                     pids.setdefault(pid, st[0])

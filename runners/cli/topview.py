@@ -4,13 +4,13 @@ line and the last events; drawn for a terminal (rich) or as a plain table."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from runners.backend.process import cgroup_pids
 from runners.cli.output import age, event_line
 
 if TYPE_CHECKING:
@@ -74,18 +74,6 @@ class Sampler:
             return got
         except psutil.Error:  # gone, a zombie, not ours to read
             return None
-
-
-def cgroup_pids(cg: str) -> list[int]:
-    """Pids in the cgroup and its sub-cgroups (a missing directory is empty)."""
-    pids: list[int] = []
-    for d, _, _ in os.walk(cg):
-        try:
-            with open(os.path.join(d, "cgroup.procs")) as f:
-                pids += [int(x) for x in f.read().split()]
-        except (OSError, ValueError):
-            continue
-    return pids
 
 
 def agent_of(store: Store, state_dir: Path, db: str | None) -> dict[str, Any]:
