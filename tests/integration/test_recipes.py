@@ -36,6 +36,36 @@ DROPPED_AT_STOP = ("answer b''", "ConnectionResetError")
 # request the closed-loop client has in flight, so at most one per deploy, same kinds
 # (seen: 0-1 of 170-280 requests through 6 deploys).
 NO_GRACEFUL_STOP = {"waitress"}
+# hypercorn 0.18 logs the connection task it cancels at the end of its stop (the one it
+# drops, above) as an asyncio traceback through its own tcp_server, ending in CancelledError
+# (seen once in CI's PostgreSQL run, beside its one dropped request): its own, so allowed
+# for hypercorn alone, never more of them than drops, and any other traceback still fails.
+OWN_STOP_TRACEBACK = {"hypercorn": ("hypercorn/asyncio/tcp_server.py", "CancelledError")}
+
+
+def tracebacks(logs: str) -> list[str]:
+    """Each traceback in `vigil logs` output, as its lines (without the generation prefix)
+    from `Traceback` to the exception line that ends it."""
+    found: list[str] = []
+    block: list[str] | None = None
+    for line in logs.splitlines():
+        text = line.split(" | ", 1)[-1]
+        if text.startswith("Traceback"):
+            block = [text]
+        elif block is not None:
+            block.append(text)
+            if not text.startswith(" "):
+                found.append("\n".join(block))
+                block = None
+    return found + (["\n".join(block)] if block else [])
+
+
+def foreign_tracebacks(logs: str, server: str, drops: int) -> list[str]:
+    """The tracebacks a server's known stop noise does not explain."""
+    where, ending = OWN_STOP_TRACEBACK.get(server, ("", ""))
+    own = [t for t in tracebacks(logs) if where and where in t and t.endswith(ending)]
+    other = [t for t in tracebacks(logs) if t not in own]
+    return other + own[drops:]
 
 
 def builds(tmp: Path, server: str) -> list[Path]:
@@ -78,6 +108,7 @@ def test_recipe_deploys_fail_no_request(vigil: Vigil, short_tmp: Path, server: s
     assert len(client.failures) <= bound, client.failures[:5]
     assert client.ok > 2 * DEPLOYS and len(client.pids) >= 2
     logs = vigil.run("logs", "web", "-n", "100000", check=False).stdout
-    assert "Traceback" not in logs and "BrokenPipeError" not in logs, logs[-2000:]
+    assert "BrokenPipeError" not in logs, logs[-2000:]
+    assert not foreign_tracebacks(logs, server, len(client.failures)), logs[-2000:]
     vigil.quiesce(30)
     vigil.check()
