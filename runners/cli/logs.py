@@ -1,25 +1,33 @@
-"""`vigil logs HOST`: an app's output, each line prefixed by the generation that wrote it.
+"""`vigil logs HOST...`: the apps' output, each line prefixed by the generation that wrote
+it (and its host, when several are shown), in the order the lines were written.
 
 Each generation writes its own file, `<state>/logs/<host>/g<N>.log` (rotated to .1, .2, ...
-by the box's log keeper, runners/keepers/logkeeper.py): two generations run at once during an overlap
-deploy, and with a file each neither can tear the other's lines nor race its rotation."""
+by the box's log keeper, runners/keepers/logkeeper.py): two generations run at once during an
+overlap deploy, and with a file each neither can tear the other's lines nor race its
+rotation. The keeper records when it took each piece (runners/cli/loglines.py reads it), so
+the lines of several generations and hosts are merged by the time they were written."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import click
 
-from models.errors import NotFound
+from models.durations import AGE_UNITS
+from models.errors import BadInput, NotFound
 from runners.base.controls import escape_controls
 from runners.cli.common import Env
+from runners.cli.loglines import Following, Line, merged
 
-_BASE = re.compile(r"g(\d+)\.log")
 _ANY = re.compile(r"g(\d+)\.log(?:\.(\d+))?")
-BLOCK = 1 << 16
+DEFAULT_LINES = 50
 
 
 REMOVED = ".removed"  # <state>/logs/.removed/<host>-<time>: the output of removed hosts
@@ -52,94 +60,121 @@ def generations(directory: Path) -> list[int]:
     return sorted({int(m[1]) for n in names if (m := _ANY.fullmatch(n))})
 
 
-def files_of(directory: Path, n: int) -> list[Path]:
-    """Generation n's files, oldest first (g<n>.log.2, g<n>.log.1, g<n>.log)."""
-    rotated = []
-    for name in os.listdir(directory):
-        m = _ANY.fullmatch(name)
-        if m and int(m[1]) == n and m[2] is not None:
-            rotated.append((int(m[2]), directory / name))
-    out = [p for _, p in sorted(rotated, reverse=True)]
-    base = directory / f"g{n}.log"
-    return [*out, base] if base.exists() else out
+class Since(click.ParamType):
+    """How far back: a number and a unit (s, m, h, d, w: `10m`, `2h`), a bare number being
+    seconds; refused in one line before anything is read."""
+
+    name = "age"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        t = str(value).strip().lower()
+        unit = t[-1:] if t[-1:] in AGE_UNITS else "s"
+        try:
+            seconds = float(t[:-1] if t[-1:] in AGE_UNITS else t) * AGE_UNITS[unit]
+        except ValueError:
+            seconds = -1.0
+        if not 0 < seconds < float("inf"):
+            raise BadInput(f"--since {value!r} is not a time back from now",
+                           "give e.g. --since 10m (units s, m, h, d, w)")
+        return seconds
 
 
-def tail(path: Path, want: int) -> list[bytes]:
-    """The last `want` lines of a file, read backwards by blocks (a file may be large)."""
-    if want <= 0:
-        return []
-    try:
-        f = open(path, "rb")
-    except OSError:
-        return []
-    with f:
-        end = f.seek(0, os.SEEK_END)
-        data = b""
-        pos = end
-        while pos > 0 and data.count(b"\n") <= want:
-            step = min(BLOCK, pos)
-            pos -= step
-            f.seek(pos)
-            data = f.read(step) + data
-    lines = data.splitlines()
-    return lines[-want:]
+class Shown:
+    """How each line is printed: `[time] [host] gN | text`, or one JSON object a line."""
+
+    def __init__(self, several: bool, stamps: bool, as_json: bool) -> None:
+        self.several, self.stamps, self.as_json = several, stamps, as_json
+        self.tty = sys.stdout.isatty()
+
+    def __call__(self, line: Line) -> None:
+        text = line.text.decode(errors="replace")
+        at = datetime.fromtimestamp(line.at, UTC)
+        if self.as_json:
+            click.echo(json.dumps({"at": _iso(at, "microseconds"), "host": line.host,
+                                   "generation": line.gen, "line": text}))
+            return
+        shown = escape_controls(text) if self.tty else text  # an app's ESC sequences
+        # would act on the operator's terminal; a pipe or a file gets them as written
+        prefix = f"{_iso(at, 'milliseconds')} " if self.stamps else ""
+        prefix += f"{line.host} " if self.several else ""
+        click.echo(f"{prefix}g{line.gen} | {shown}", color=not self.tty)  # no stripping
 
 
-def last_lines(directory: Path, gens: list[int], want: int) -> list[tuple[int, bytes]]:
-    out: list[tuple[int, bytes]] = []
-    for n in reversed(gens):  # newest first until enough
-        for path in reversed(files_of(directory, n)):
-            if len(out) >= want:
-                break
-            out = [(n, line) for line in tail(path, want - len(out))] + out
-    return out[-want:] if want else []
-
-
-def emit(n: int, line: bytes, tty: bool = False) -> None:
-    """One line of output; on a terminal its control bytes escaped (an app's ESC sequences
-    would act on the operator's terminal), elsewhere (a pipe, a file) as the app wrote them."""
-    text = line.decode(errors="replace")
-    click.echo(f"g{n} | {escape_controls(text) if tty else text}", color=not tty)  # no stripping
+def _iso(at: datetime, timespec: str) -> str:
+    return at.isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 @click.command("logs")
-@click.argument("name")
+@click.argument("names", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Every host's output, merged by time.")
 @click.option("--generation", "-g", "only", type=click.IntRange(min=1), default=None,
               help="Only generation N's output (see `vigil status` or `vigil events`).")
-@click.option("--lines", "-n", type=click.IntRange(min=0), default=50, show_default=True,
-              help="How many of the last lines to print.")
+@click.option("--lines", "-n", type=click.IntRange(min=0), default=None,
+              help=f"How many of the last lines to print [default: {DEFAULT_LINES}; with "
+                   "--since, every line since then].")
+@click.option("--since", type=Since(), default=None,
+              help="Only the lines written in the last AGE (10m, 2h, 1d).")
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new lines, a new generation's too (Ctrl-C to end).")
+@click.option("--timestamps/--no-timestamps", "-t", "stamps", default=None,
+              help="Print when each line was written [default: on with --follow over "
+                   "several hosts].")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object a line: at, host, generation, line.")
 @click.pass_obj
-def logs(env: Env, name: str, only: int | None, lines: int, follow: bool) -> None:
-    """An app's output (stdout and stderr), each line prefixed with the generation that
-    wrote it (`g17 | ...`). Each generation's file is capped and rotated by the agent's
-    --log-max-bytes and --log-files."""
-    directory = env.state_dir / "logs" / name
+def logs(env: Env, names: tuple[str, ...], every: bool, only: int | None, lines: int | None,
+         since: float | None, follow: bool, stamps: bool | None, as_json: bool) -> None:
+    """The apps' output (stdout and stderr) in the order it was written, each line prefixed
+    with the generation that wrote it (`g17 | ...`) and, with several hosts, the host's
+    name. Each generation's file is capped and rotated by the agent's --log-max-bytes and
+    --log-files."""
+    hosts = _hosts(env, names, every, only)
+    several = every or len(hosts) > 1
+    shown = Shown(several, stamps if stamps is not None else follow and several, as_json)
+    sources = [(h, env.state_dir / "logs" / h) for h in hosts]
+    picked = [(h, d, _generations(env, h, d, only, follow)) for h, d in sources]
+    want = lines if lines is not None else (None if since is not None else DEFAULT_LINES)
+    for line in merged(picked, want, time.time() - since if since is not None else None):
+        shown(line)
+    if follow:
+        _follow(sources, only, shown, env.state_dir / "logs" if every else None)
+
+
+def _hosts(env: Env, names: tuple[str, ...], every: bool, only: int | None) -> list[str]:
+    if every and names:
+        raise BadInput("--all and host names were both given", "give one or the other")
+    if not every and not names:
+        raise BadInput("no host given", "give a host (`vigil logs web`), several, or --all")
+    if only is not None and (every or len(names) != 1):
+        raise BadInput("--generation names one host's generation",
+                       "give exactly one host with --generation")
+    if every:
+        return sorted(d.name for d in (env.state_dir / "logs").glob("*/")
+                      if not d.name.startswith("."))
+    return list(dict.fromkeys(names))
+
+
+def _generations(env: Env, name: str, directory: Path, only: int | None,
+                 follow: bool) -> list[int]:
     gens = generations(directory)
     if not gens:
         env.quick().call("status", name=name)  # an unknown host: `no host named ...`
         if not follow:
             click.echo(f"vigil: no output of {name} yet ({directory})", err=True)
-            return
     if only is not None:
         if only not in gens and not follow:
             raise NotFound(f"no output of generation {only} of {name} is kept",
                            f"see which are with `vigil logs {name}` (the newest "
                            "generations' files are kept)")
-        gens = [only]
-    tty = sys.stdout.isatty()
-    for n, line in last_lines(directory, gens, lines):
-        emit(n, line, tty)
-    if follow:
-        _follow(directory, only, tty)
+        return [only]
+    return gens
 
 
-def _follow(directory: Path, only: int | None, tty: bool, interval: float = 0.2) -> None:
+def _follow(sources: list[tuple[str, Path]], only: int | None, shown: Shown,
+            root: Path | None, interval: float = 0.2) -> None:
     """Print what is appended to each generation's file, across rotations and new
-    generations, until SIGTERM or Ctrl-C."""
+    generations (and, with --all, new hosts), merged by time, until SIGTERM or Ctrl-C."""
     import signal
-    import time
 
     stop = [False]
 
@@ -147,32 +182,22 @@ def _follow(directory: Path, only: int | None, tty: bool, interval: float = 0.2)
         stop[0] = True
 
     previous = signal.signal(signal.SIGTERM, on_term)
-    opened: dict[int, tuple[object, int]] = {}  # generation -> (file, inode)
-    partial: dict[int, bytes] = {}
+    followed: dict[tuple[str, int], Following] = {}
     try:
-        for n in generations(directory):  # start at the end of what was printed
-            if only is None or n == only:
-                _open(opened, directory, n, at_end=True)
+        first = True
         while True:
             last = stop[0]  # after SIGTERM, one more pass: what was written before it prints
-            for n in generations(directory):
-                if (only is None or n == only) and n not in opened:
-                    _open(opened, directory, n, at_end=False)  # a new generation: all of it
-            for n in list(opened):
-                f, inode = opened[n]
-                data = partial.pop(n, b"") + f.read()  # type: ignore[attr-defined]
-                *done, rest = data.split(b"\n")
-                for line in done:
-                    emit(n, line, tty)
-                if rest:
-                    partial[n] = rest
-                try:
-                    now = os.stat(directory / f"g{n}.log").st_ino
-                except FileNotFoundError:
-                    continue
-                if now != inode:  # rotated: the old file is drained, go on in the new one
-                    f.close()  # type: ignore[attr-defined]
-                    _open(opened, directory, n, at_end=False)
+            if root is not None:  # --all: a host whose output dir appears joins
+                sources = _all_sources(root, sources)
+            for host, directory in sources:
+                for n in generations(directory):
+                    if (only is None or n == only) and (host, n) not in followed:
+                        # at the start: from the end of what was printed; later: all of it
+                        followed[host, n] = Following(host, directory, n, at_end=first)
+            first = False
+            batch = [line for f in followed.values() for line in f.lines()]
+            for line in sorted(batch, key=lambda line: line.at):
+                shown(line)
             if last:
                 break
             time.sleep(interval)
@@ -180,15 +205,12 @@ def _follow(directory: Path, only: int | None, tty: bool, interval: float = 0.2)
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        for f, _ in opened.values():
-            f.close()  # type: ignore[attr-defined]
+        for f in followed.values():
+            f.close()
 
 
-def _open(opened: dict[int, tuple[object, int]], directory: Path, n: int, at_end: bool) -> None:
-    try:
-        f = open(directory / f"g{n}.log", "rb")
-    except FileNotFoundError:
-        return
-    if at_end:
-        f.seek(0, os.SEEK_END)
-    opened[n] = (f, os.fstat(f.fileno()).st_ino)
+def _all_sources(root: Path, sources: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
+    known = {h for h, _ in sources}
+    new = [(d.name, d) for d in sorted(root.glob("*/"))
+           if not d.name.startswith(".") and d.name not in known]
+    return sources + new

@@ -28,6 +28,17 @@ drains is slowed to the keeper's pace. An app whose pipe is non-blocking gets EA
 instead, as from any full pipe. Only a file that cannot be written (disk full, the dir
 gone) drops output: those bytes are read and discarded, so the app is never blocked on
 disk trouble. Linux only (splice, tee), like the rest of vigil.
+
+When each line was written. The bytes never pass through the keeper, so a line cannot carry
+its time inside the file; beside each file the keeper keeps its times, `g<N>.times` (rotated
+with it: g<N>.times.1 beside g<N>.log.1 ...), one text line per splice: the file's size
+after it and the wall time it was taken, `<end offset> <unix seconds>`. A line's time is the
+first record whose offset reaches the line's end (runners/cli/loglines.py reads them). A
+keeper killed between a splice and its record loses no byte, only that record: those lines
+take the next record's time (or, last in the file, the file's mtime). The times file is
+written with plain write(2) after the bytes are in the log, so no record names an offset the
+log does not have; a times file left naming more than its log holds (a keeper killed between
+the two renames of a rotation) is started afresh.
 """
 
 from __future__ import annotations
@@ -37,12 +48,31 @@ import fcntl
 import os
 import sys
 import termios
+import time
 
 CHUNK = 1 << 16  # at most this much per call: every pipe gets its turn
 _libc = ctypes.CDLL(None, use_errno=True)
 _tee = _libc.tee
 _tee.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]
 _tee.restype = ctypes.c_ssize_t
+
+
+def times_path(log_path: str) -> str:
+    """The times file beside a log file: g5.log -> g5.times, g5.log.2 -> g5.times.2."""
+    head, _, rotation = log_path.rpartition(".log")
+    return f"{head}.times{rotation}"
+
+
+def last_offset(times_fd: int) -> int:
+    """The end offset of a times file's last whole record (0 when it has none)."""
+    end = os.lseek(times_fd, 0, os.SEEK_END)
+    tail = os.pread(times_fd, min(end, 64), max(0, end - 64)).split(b"\n")
+    for record in reversed(tail[:-1]):  # a torn last record (no newline) is skipped
+        try:
+            return int(record.split()[0])
+        except (ValueError, IndexError):
+            continue
+    return 0
 
 
 def waiting(pipe: int) -> int:
@@ -74,30 +104,49 @@ class Rotating:
 
     def __init__(self, path: str, max_bytes: int, files: int) -> None:
         self.path, self.max_bytes, self.files = path, max_bytes, max(1, files)
-        self.fd = -1
+        self.fd = self.times = -1
         self.size = 0
         self._open()
 
     def _open(self) -> None:  # not O_APPEND: splice(2) refuses it; this is the only writer
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self.size = os.lseek(self.fd, 0, os.SEEK_END)
+        try:
+            self.times = os.open(times_path(self.path),
+                                 os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            if last_offset(self.times) > self.size:  # another file's times: start afresh
+                os.ftruncate(self.times, 0)
+        except OSError:  # the times are lost, never the output
+            self.times = -1
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        for fd in (self.fd, self.times):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.times = -1
+
+    def _stamp(self) -> None:
+        """The record of a take: the file's size now and the time (after the bytes)."""
+        if self.times >= 0:
+            try:
+                os.write(self.times, b"%d %.6f\n" % (self.size, time.time()))
+            except OSError:
+                pass
 
     def _rotate(self) -> None:
         self.close()
         if self.files == 1:
             os.unlink(self.path)
+            _unlink_quietly(times_path(self.path))
         else:
             for i in range(self.files - 1, 0, -1):  # .1 -> .2, ..., base -> .1
                 src = self.path if i == 1 else f"{self.path}.{i - 1}"
-                try:
-                    os.replace(src, f"{self.path}.{i}")
-                except FileNotFoundError:
-                    pass
+                for a, b in ((times_path(src), times_path(f"{self.path}.{i}")),
+                             (src, f"{self.path}.{i}")):  # the times first: see the top
+                    try:
+                        os.replace(a, b)
+                    except FileNotFoundError:
+                        pass
         self._open()
 
     def _count(self, pipe: int) -> int:
@@ -134,6 +183,8 @@ class Rotating:
         except OSError:  # no splice here (EINVAL), disk full, I/O error, no file
             return self._copy(pipe, count)
         self.size += n
+        if n:
+            self._stamp()
         return n
 
     def _copy(self, pipe: int, count: int) -> int:
@@ -148,4 +199,13 @@ class Rotating:
         except OSError:
             pass
         self.size += len(data)
+        if data and not view:  # only bytes the file has get a time
+            self._stamp()
         return len(data)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

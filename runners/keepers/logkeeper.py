@@ -1,8 +1,8 @@
 """The box's log keeper: one small process of vigil's own that writes every generation's
 output to `<state>/logs/<host>/g<N>.log`, capped and rotated (at most FILES files of at most
-MAX_BYTES each: g<N>.log, g<N>.log.1, ...; the oldest is dropped), so a chatty app cannot
-fill the disk. Older generations' files beyond the newest KEEP of a host are deleted when a
-new one starts.
+MAX_BYTES each: g<N>.log, g<N>.log.1, ...; the oldest is dropped), each with its lines' times
+beside it (g<N>.times: runners/keepers/logfile.py), so a chatty app cannot fill the disk.
+Older generations' files beyond the newest KEEP of a host are deleted when a new one starts.
 
 Each app writes its stdout and stderr into a pipe; the agent hands the pipe's read end to
 the keeper over `<state>/logs.sock` (SOCK_SEQPACKET, SCM_RIGHTS) and keeps a copy of it.
@@ -53,7 +53,7 @@ KEEPER_LOCK = "logs.lock"
 KEEP = 5  # generations' files kept per host
 LIST_PAGE = 100  # keys per list reply (a path of up to ~400 bytes each fits a datagram)
 MIN_BYTES = 4096  # the smallest file a put may ask for (`--log-max-bytes` starts at 4K)
-_FILE = re.compile(r"g(\d+)\.log(?:\.\d+)?")
+_FILE = re.compile(r"g(\d+)\.(?:log|times)(?:\.\d+)?")  # outputs and their times
 
 
 def keeper_pid(state_dir: Path) -> int | None:

@@ -7,6 +7,7 @@ blocking the app."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,7 +97,56 @@ def test_a_file_that_cannot_be_written_drops_output(tmp_path: Path,
     out = Rotating(str(d / "g1.log"), 10, 2)
     os.write(w, b"123456789\n")
     take_all(out, r)
-    (d / "g1.log").unlink()
+    for f in d.iterdir():  # the file and its times
+        f.unlink()
     d.rmdir()  # the host's dir is gone: the rotation fails
     os.write(w, b"lost\n" * 100)
     assert take_all(out, r) == 500 and waiting(r) == 0  # drained: the app is not blocked
+
+
+def records(path: Path) -> list[tuple[int, float]]:
+    out = []
+    for line in path.read_text().splitlines():
+        end, at = line.split()
+        out.append((int(end), float(at)))
+    return out
+
+
+def test_each_take_records_the_size_and_the_time_beside_the_file(
+        tmp_path: Path, pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    log = tmp_path / "g1.log"
+    out = Rotating(str(log), 1 << 20, 2)
+    before = time.time()
+    for text in (b"one\n", b"two\nthr", b"ee\n"):
+        os.write(w, text)
+        take_all(out, r)
+    kept = records(tmp_path / "g1.times")
+    assert [end for end, _ in kept] == [4, 11, 14] and log.stat().st_size == 14
+    ats = [at for _, at in kept]
+    assert before <= ats[0] <= ats[1] <= ats[2] <= time.time()
+
+
+def test_the_times_rotate_with_their_file(tmp_path: Path, pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    log = tmp_path / "g1.log"
+    out = Rotating(str(log), 10, 3)
+    for text in (b"aaaa\n", b"bbbb\n", b"cccc\n"):  # the third crosses the cap of 10
+        os.write(w, text)
+        take_all(out, r)
+    assert (tmp_path / "g1.log.1").read_bytes() == b"aaaa\nbbbb\n"
+    assert [end for end, _ in records(tmp_path / "g1.times.1")] == [5, 10]
+    assert [end for end, _ in records(tmp_path / "g1.times")] == [5] and log.read_bytes() == b"cccc\n"
+
+
+def test_a_times_file_naming_more_than_its_log_starts_afresh(tmp_path: Path,
+                                                             pipe: tuple[int, int]) -> None:
+    """A keeper killed between the two renames of a rotation leaves the old times under the
+    new file's name: they are not the new file's."""
+    r, w = pipe
+    (tmp_path / "g1.log").write_bytes(b"x\n")
+    (tmp_path / "g1.times").write_bytes(b"500 1.0\n900 2.0\n")
+    out = Rotating(str(tmp_path / "g1.log"), 1 << 20, 2)
+    os.write(w, b"y\n")
+    take_all(out, r)
+    assert [end for end, _ in records(tmp_path / "g1.times")] == [4]
