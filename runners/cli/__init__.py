@@ -25,6 +25,7 @@ from runners.cli import (
     schedule,
     shutdown,
     top,
+    ui,
 )
 from runners.cli.common import Env, opened
 from runners.cli.rollout import rollout
@@ -47,7 +48,7 @@ for command in (db.db, hosts.host, hosts.apply_cmd, lifecycle.wake, lifecycle.st
                 lifecycle.deploy, lifecycle.retry, restart.restart, inspect.gc, inspect.status_cmd,
                 inspect.obligations, inspect.events, logs.logs, schedule.schedule, inspect.check,
                 inspect.crashpoints, agent.agent, rollout, shutdown.shutdown, top.top,
-                completion.completion):
+                ui.ui, completion.completion):
     cli.add_command(command)
 hostedit.attach(hosts.host)
 completion.attach(cli)  # host names and generations from the store, on the light path

@@ -1,0 +1,124 @@
+// vigil's status page: asks /api/state every 2 s and redraws in place. Every value is set
+// as text (textContent), never as markup: a host name or a reason cannot become HTML.
+"use strict";
+const params = new URLSearchParams(location.search);
+const token = params.get("token");
+if (token !== null) history.replaceState(null, "", location.pathname);  // out of the address bar
+const EVERY = 2000;
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+function svg(tag, attrs, text) {
+  const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+function age(iso, now) {
+  if (!iso) return "";
+  let s = Math.max(0, Math.round((Date.parse(now) - Date.parse(iso)) / 1000));
+  if (s < 60) return s + "s";
+  const m = Math.floor(s / 60); s %= 60;
+  if (m < 60) return m + "m" + String(s).padStart(2, "0") + "s";
+  const h = Math.floor(m / 60);
+  if (h < 48) return h + "h" + String(m % 60).padStart(2, "0") + "m";
+  return Math.floor(h / 24) + "d" + String(h % 24).padStart(2, "0") + "h";
+}
+function clock(iso) { return iso ? iso.replace("T", " ").slice(0, 19) : ""; }
+function fill(id, rows) {
+  const body = document.querySelector("#" + id + " tbody");
+  body.replaceChildren(...rows);
+}
+function row(cells) {
+  const tr = el("tr");
+  for (const c of cells) tr.append(c instanceof Node ? c : el("td", c));
+  return tr;
+}
+
+function hostRow(cells) {  // what `vigil top` shows of the host, cell for cell
+  const tr = row(cells);
+  tr.children[1].className = "state-" + cells[1];
+  return tr;
+}
+
+function strip(events, since, now) {
+  const s = document.getElementById("timeline-strip");
+  const t0 = Date.parse(since), t1 = Date.parse(now), w = 900, left = 10, right = 890;
+  const x = iso => left + (right - left) * (Date.parse(iso) - t0) / Math.max(1, t1 - t0);
+  const parts = [svg("line", {x1: left, y1: 24, x2: right, y2: 24, stroke: "#bbb"}),
+                 svg("text", {x: left, y: 44}, "1 h ago"), svg("text", {x: right - 24, y: 44}, "now")];
+  for (const e of events) {
+    const bad = /halted|revert|held_down|failed/.test(e.kind);
+    const c = svg("circle", {cx: x(e.at).toFixed(1), cy: 24, r: bad ? 6 : 4,
+                             fill: bad ? "#b00020" : (e.kind.startsWith("rollout") ? "#5b4fc7" : "#0a7d32")});
+    c.append(svg("title", {}, clock(e.at) + " " + e.what + (e.host ? " " + e.host : "")));
+    parts.push(c);
+  }
+  s.setAttribute("width", w);
+  s.replaceChildren(...parts);
+}
+
+function restartChart(r) {
+  const box = document.getElementById("restarts");
+  const hosts = Object.keys(r.hosts).sort();
+  if (!hosts.length) { box.replaceChildren(el("p", "no restarts in the last hour", "none")); return; }
+  const charts = hosts.map(h => {
+    const counts = r.hosts[h], top = Math.max(1, ...counts), bw = 8;
+    const g = svg("svg", {width: 60 + counts.length * bw + 40, height: 34, role: "img",
+                          "aria-label": "restarts of " + h, "data-host": h});
+    g.append(svg("text", {x: 0, y: 20}, h));
+    counts.forEach((n, i) => {
+      const hgt = n ? 4 + 24 * n / top : 1;
+      const b = svg("rect", {x: 60 + i * bw, y: 30 - hgt, width: bw - 2, height: hgt, fill: n ? "#b00020" : "#ddd"});
+      if (n) b.append(svg("title", {}, n + " restart" + (n > 1 ? "s" : "")));
+      g.append(b);
+    });
+    g.append(svg("text", {x: 64 + counts.length * bw, y: 20}, String(counts.reduce((a, b) => a + b, 0))));
+    return g;
+  });
+  box.replaceChildren(...charts.map(c => { const d = el("div"); d.append(c); return d; }));
+}
+
+function draw(st) {
+  const a = st.agent || {};
+  document.getElementById("box").textContent = a.box ? "— " + a.box : "";
+  document.getElementById("agent").textContent = a.running
+    ? "agent running, pid " + a.pid + (a.up_since ? ", up " + age(a.up_since, st.now) : "") + (a.last_round ? ", last round " + age(a.last_round, st.now) + " ago" : "")
+    : "agent not running" + (a.stopped_at ? " (stopped " + clock(a.stopped_at) + ")" : "");
+  const halted = document.getElementById("halted");
+  halted.style.display = st.halted ? "block" : "none";
+  halted.textContent = st.halted || "";
+  document.getElementById("host-count").textContent = st.total;
+  document.querySelector("#hosts thead").replaceChildren(row(st.columns.map(c => el("th", c))));
+  fill("hosts", st.hosts.map(hostRow));
+  document.getElementById("owed-count").textContent = st.obligations.length;
+  fill("obligations", st.obligations.map(o => row([o.kind, o.host || "", o.generation ? "g" + o.generation : "",
+                                                   age(o.since, st.now), o.attempts, el("td", o.waiting_for || "", "wide")])));
+  strip(st.timeline, st.restarts.since, st.now);
+  fill("timeline", st.timeline.slice().reverse().map(e => {
+    const what = el("td", e.what, /halted|revert|held_down|failed/.test(e.kind) ? "bad" : "");
+    const detail = Object.entries(e.detail).map(([k, v]) => k + " " + v).join(", ");
+    return row([clock(e.at), what, e.host || "", e.generation ? "g" + e.generation : "", el("td", detail, "wide")]);
+  }));
+  restartChart(st.restarts);
+  fill("events", st.events.slice().reverse().map(e => row([clock(e.at), e.kind, e.host || "", e.generation ? "g" + e.generation : ""])));
+  document.getElementById("stale").textContent = "";
+  document.body.dataset.drawn = st.now;
+}
+
+async function tick() {
+  try {
+    const r = await fetch("api/state", {headers: token ? {Authorization: "Bearer " + token} : {}, cache: "no-store"});
+    if (r.status === 401) { document.getElementById("stale").textContent = "the token was refused: open the page with ?token=…"; }
+    else if (!r.ok) { document.getElementById("stale").textContent = "the page's server answered " + r.status; }
+    else draw(await r.json());
+  } catch (err) {
+    document.getElementById("stale").textContent = "the page's server cannot be reached (" + err + "); retrying";
+  }
+  setTimeout(tick, EVERY);
+}
+tick();
