@@ -327,7 +327,7 @@ def emit(session: Session, kind: str, host: str | None, generation_id: int | Non
     """An event row, written in the transaction of the transition it reports, with a
     delivery row for each notifier its kind concerns (models/notices.py)."""
     at = utcnow()
-    result = session.execute(_NEW_EVENT, {"at": at, "host": host, "generation_id": generation_id,
+    result: Any = session.execute(_NEW_EVENT, {"at": at, "host": host, "generation_id": generation_id,
                                           "kind": kind,
                                           "detail": json.dumps(detail, default=str,
                                                                sort_keys=True)})
