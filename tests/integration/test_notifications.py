@@ -106,6 +106,9 @@ def test_exec_delivery_retried_then_logged(vigil: Vigil, ctx: Context, short_tmp
     owe(ctx, "woke")  # concerns no notifier
     event = owe(ctx, "down", attempt=7)
     assert [(o["kind"], o["host"]) for o in vigil.obligations()] == [("notification", "notify pager")]
+    # `vigil check` counts it as open (no agent runs here: that much it says).
+    said = json.loads(vigil.run("check", "--json", check=False).stdout)
+    assert [v["name"] for v in said] == ["agent_alive"], said
     Path(f"{got}.fail").touch()
 
     first = due_one(ctx)
