@@ -11,6 +11,7 @@ import json
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from runners.wiring import make_context, open_store
 from tests.conftest import FIXTURES, Vigil, pid_dead, wait_for
 from tests.integration.test_cli_bad_input import dump, refused
 from workflows.base.context import Context, Result
+from workflows.engine import history
 from workflows.engine.obligations import Due, due, run_one
 
 KNOWN = "failed, down, oom, crashloop, unhealthy, listener_lost, rollout_halted"
@@ -189,6 +191,17 @@ def test_webhook_posts_the_event(vigil: Vigil, ctx: Context, hook: ThreadingHTTP
     assert headers["X-Vigil-Event-Id"] == str(event) and headers["Content-Type"] == "application/json"
     assert [(t["outcome"], t["status"]) for t in tries(vigil)] == [("failed", 503), ("delivered", 204)]
     assert vigil.obligations() == []
+
+
+def test_history_prunes_what_was_delivered(vigil: Vigil, ctx: Context, short_tmp: Path) -> None:
+    command, _ = receiver(short_tmp)
+    vigil.run("notify", "add", "pager", "--on", "down", "--exec", command)
+    owe(ctx, "down")
+    assert run_one(ctx, due_one(ctx))[0] is Result.progress
+    owe(ctx, "down")  # owed, never tried
+    done = history.prune(ctx.store, history.Keep(older_than=timedelta(0)))
+    assert (done["delivery_tries"], done["deliveries"]) == (1, 1), done
+    assert [o["kind"] for o in vigil.obligations()] == ["notification"]  # the owed one stays
 
 
 def test_remove_drops_what_is_owed(vigil: Vigil, ctx: Context) -> None:
