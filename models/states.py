@@ -101,6 +101,15 @@ class RolloutState(str, enum.Enum):
     ended = "ended"  # outcome written
 
 
+class TryOutcome(str, enum.Enum):
+    """How one try at delivering a notification ended (NULL while it is in flight)."""
+
+    delivered = "delivered"  # the command exited 0, or the webhook answered 2xx
+    failed = "failed"  # any other exit status or HTTP status, or it could not be sent
+    timeout = "timeout"  # it ran past the notifier's timeout: killed, or the POST given up
+    interrupted = "interrupted"  # the agent ended mid-try: it may have reached the receiver
+
+
 class RolloutOutcome(str, enum.Enum):
     done = "done"  # every wave settled within --max-failures
     halted = "halted"  # stopped by failures, nothing reverted
@@ -221,6 +230,10 @@ OPEN_STOP = (StopState.queued, StopState.signalled)
 LIVE_GEN = (GenState.spawning, GenState.running, GenState.current, GenState.retiring)
 OPEN_ROLLOUT = tuple(s for s in RolloutState if s is not RolloutState.ended)
 IN_FLIGHT = (TargetState.deploying, TargetState.reverting)  # a target whose attempt is written
+
+
+# Quick exits in a row (each within restart_reset of its start) that make a host crashloop.
+CRASHLOOP_STREAK = 2
 
 
 def allowed(old: enum.Enum, new: enum.Enum) -> bool:

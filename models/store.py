@@ -20,6 +20,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
+from models import notices
 from models.errors import BadInput, StoreNotReady
 from models.tables import Event
 
@@ -323,10 +324,17 @@ def _not_a_database(url: str, exc: Exception) -> StoreNotReady:
 
 def emit(session: Session, kind: str, host: str | None, generation_id: int | None = None, /,
          **detail: Any) -> None:
-    """An event row, written in the transaction of the transition it reports."""
-    session.execute(_NEW_EVENT, {"at": utcnow(), "host": host, "generation_id": generation_id,
-                                 "kind": kind,
-                                 "detail": json.dumps(detail, default=str, sort_keys=True)})
+    """An event row, written in the transaction of the transition it reports, with a
+    delivery row for each notifier its kind concerns (models/notices.py)."""
+    at = utcnow()
+    result: Any = session.execute(_NEW_EVENT, {"at": at, "host": host, "generation_id": generation_id,
+                                          "kind": kind,
+                                          "detail": json.dumps(detail, default=str,
+                                                               sort_keys=True)})
+    word = notices.word_of(kind, detail)
+    if word is not None:
+        notices.owe(session, result.inserted_primary_key[0], at, kind, host, generation_id,
+                    word, detail)
     session.info.setdefault("events", []).append((kind, host, generation_id, detail))
 
 

@@ -43,6 +43,7 @@ from models.states import (
     RolloutState,
     StopState,
     TargetState,
+    TryOutcome,
     WakeState,
 )
 
@@ -431,6 +432,69 @@ class Event(Base):
     generation_id: Mapped[int | None] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(32))
     detail: Mapped[str] = mapped_column(Text, default="{}")  # JSON object
+
+
+class Notifier(Base):
+    """Where events of some kinds are sent (`vigil notify add`; migration 0025): a command
+    that reads the event as JSON on its stdin, or a webhook POSTed the same JSON."""
+
+    __tablename__ = "notifiers"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    exec: Mapped[str | None] = mapped_column(Text)  # a shell command line
+    webhook: Mapped[str | None] = mapped_column(Text)  # an http:// or https:// URL
+    timeout: Mapped[float] = mapped_column(Float, default=10.0)  # seconds per try
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    __table_args__ = (
+        CheckConstraint("(exec IS NULL) <> (webhook IS NULL)", name="one_target"),
+        CheckConstraint("timeout > 0 AND timeout <= 20", name="timeout"),
+    )
+
+
+class NotifyOn(Base):
+    """One --on word of a notifier: the events it is sent (models/notices.py WORDS)."""
+
+    __tablename__ = "notify_on"
+    notifier: Mapped[str] = mapped_column(ForeignKey("notifiers.name", ondelete="CASCADE"),
+                                          primary_key=True)
+    word: Mapped[str] = mapped_column(String(16), primary_key=True, index=True)
+
+
+class Delivery(RetryColumns, Base):
+    """An event still owed to a notifier (or sent): written in the event's own transaction,
+    open until a try delivered it. It carries the event as sent, so pruning the event
+    history loses nothing owed."""
+
+    __tablename__ = "deliveries"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    notifier: Mapped[str] = mapped_column(ForeignKey("notifiers.name", ondelete="CASCADE"))
+    event_id: Mapped[int] = mapped_column(Integer)  # no foreign key: events are pruned
+    word: Mapped[str] = mapped_column(String(16))
+    host: Mapped[str | None] = mapped_column(String(63))
+    generation_id: Mapped[int | None] = mapped_column(Integer)
+    payload: Mapped[str] = mapped_column(Text)  # the event as JSON, exactly as sent
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime)
+    __table_args__ = (Index("ix_deliveries_delivered_at_next_attempt_at", "delivered_at",
+                            "next_attempt_at"),
+                      Index("ix_deliveries_notifier_id", "notifier", "id"),
+                      {"sqlite_autoincrement": True})
+
+
+class DeliveryTry(Base):
+    """One try at a delivery, written before the command runs or the POST is sent; its
+    outcome after (NULL: in flight, or cut short by the agent's death)."""
+
+    __tablename__ = "delivery_tries"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[int] = mapped_column(ForeignKey("deliveries.id", ondelete="CASCADE"),
+                                             index=True)
+    agent_id: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[datetime] = mapped_column(DateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+    outcome: Mapped[TryOutcome | None] = mapped_column(state_enum(TryOutcome, "try_outcome"))
+    status: Mapped[int | None] = mapped_column(Integer)  # exit status, or HTTP status
+    error: Mapped[str | None] = mapped_column(Text)
+    __table_args__ = ({"sqlite_autoincrement": True},)
 
 
 # APScheduler 3.11's SQLAlchemyJobStore table (scheduled restarts), column for column as

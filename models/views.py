@@ -12,6 +12,9 @@ _WAKE_RUNNING = tuple(s for s in OPEN_WAKE if s is not WakeState.unproven)
 # A rollout belongs to no host: its row shows as `rollout #<id>` in the host column (no
 # host name can hold a space or '#'), and the reconciler paces it under that name.
 ROLLOUT_LABEL_SQL = "'rollout #' || CAST(id AS VARCHAR(20))"
+# Likewise a delivery shows (and is paced) as `notify <notifier>`: one try per notifier in
+# flight, so a receiver that hangs holds one slot, not the round.
+NOTIFY_LABEL_SQL = "'notify ' || notifier"
 
 # Columns: kind, host, generation, since, attempts, next_attempt_at, last_error.
 PENDING_OBLIGATIONS = f"""
@@ -41,4 +44,8 @@ UNION ALL
 SELECT 'rollout', {ROLLOUT_LABEL_SQL}, CAST(NULL AS INTEGER), since, attempts, next_attempt_at,
        last_error
   FROM rollouts WHERE state IN ({_in(OPEN_ROLLOUT)})
+UNION ALL
+SELECT 'notification', {NOTIFY_LABEL_SQL}, generation_id, since, attempts, next_attempt_at,
+       last_error
+  FROM deliveries WHERE delivered_at IS NULL
 """

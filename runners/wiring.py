@@ -13,6 +13,7 @@ from runners.backend.files import LocalFiles
 from runners.backend.health import HttpHealth
 from runners.backend.limits import CgroupMemoryLimit
 from runners.backend.listen import Listeners
+from runners.backend.notices import Notices
 from runners.backend.process import LOG_FILES, LOG_MAX_BYTES, ProcessBackend
 from runners.backend.readiness import Readiness
 from runners.backend.sockets import SocketAccess
@@ -65,6 +66,7 @@ def make_context(state_dir: Path, store: Store, agent_id: str, *,
     proc.on_release.append(proc.credentials.forget)  # and its credentials' directory
     kw.setdefault("ready", ready)
     kw.setdefault("listeners", Listeners(state_dir))
+    kw.setdefault("notices", Notices())
     return Context(store=store, agent_id=agent_id, state_dir=state_dir.absolute(), proc=proc,
                    health=HttpHealth(), files=LocalFiles(), limits=CgroupMemoryLimit(proc.base, agent_id),
                    settle_seconds=settle, **kw)  # type: ignore[arg-type]

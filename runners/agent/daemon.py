@@ -19,6 +19,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import update
 
 from models.errors import BrokenInvariant
+from models.notices import word_of
 from models.schema import require_head
 from models.store import utcnow
 from models.tables import Agent as AgentRow
@@ -59,6 +60,14 @@ def log_failures(events: list[tuple[str, str | None, int | None, dict[str, objec
                              for k, v in detail.items())
             log.warning("%s host=%s%s %s", kind, host,
                         f" generation=g{gen}" if gen is not None else "", pairs)
+
+
+def _after_events(events: list[tuple[str, str | None, int | None, dict[str, object]]],
+                  kick: Callable[[], None]) -> None:
+    """After a commit: its failures logged; a round at once if it owed a notification."""
+    log_failures(events)
+    if any(word_of(kind, detail) is not None for kind, _, _, detail in events):
+        kick()
 
 
 @dataclass
@@ -169,6 +178,7 @@ class AgentDaemon(StartStop, Sweeps):
                                                       "misfire_grace_time": None})
         self._scheduler = scheduler
         reconciler = self._reconciler(scheduler, observe_round)
+        self.ctx.store.on_events = lambda events: _after_events(events, reconciler.kick)
         helpers = HelperWatch([cast(Helper, h) for h in (self.ctx.listeners, self.logs, guard)
                                if h is not None and hasattr(h, "revive")])
         helpers.start()  # each checked, restored and watched before the first round

@@ -16,7 +16,6 @@ from sqlalchemy import func, or_, select
 from models.states import (
     IN_FLIGHT,
     LIVE_GEN,
-    OPEN_ROLLOUT,
     OPEN_STOP,
     OPEN_WAKE,
     GenState,
@@ -35,7 +34,6 @@ from models.tables import (
     Listener,
     Member,
     Release,
-    Restore,
     Rollout,
     RolloutTarget,
     Stop,
@@ -45,6 +43,7 @@ from runners.backend.files import LocalFiles
 from runners.backend.process import ProcessBackend
 from runners.base.pids import CTIME_TOLERANCE, MARKER, pid_status
 from runners.quick.ops import agent_acting
+from workflows.engine.obligations import KINDS
 from workflows.generations.ending import ref_of
 from workflows.leases.lease import still_needed
 
@@ -155,10 +154,9 @@ def _read(s: Session) -> tuple[Any, ...]:
     hosts = s.execute(select(Host)).scalars().all()
     gens = s.execute(select(Generation).where(Generation.state.in_(LIVE_GEN))).scalars().all()
     leases = {lease.host: lease for lease in s.execute(select(Lease)).scalars()}
-    open_rows = sum(s.execute(select(func.count()).select_from(m).where(*w)).scalar_one() for m, w in (
-        (Wake, [Wake.state.in_(OPEN_WAKE)]), (Stop, [Stop.state.in_(OPEN_STOP)]), (Release, []),
-        (Restore, []), (Attempt, [Attempt.outcome.is_(None)]), (Member, []),
-        (Rollout, [Rollout.state.in_(OPEN_ROLLOUT)])))
+    # Every kind the reconciler drives (one list of them: workflows/engine/obligations.py).
+    open_rows = sum(s.execute(select(func.count()).select_from(k.model).where(
+        *([k.open] if k.open is not None else []))).scalar_one() for k in KINDS.values())
     needed = {h.name: still_needed(s, h.name) for h in hosts}
     owed = {r.host for r in s.execute(select(Release)).scalars()}
     members = {m.generation_id for m in s.execute(select(Member)).scalars()}

@@ -143,10 +143,11 @@ def test_prune_goes_in_small_batches(history: Vigil) -> None:
 
     v.store.write = counting  # type: ignore[method-assign]
     done = prune(v.store, Keep(older_than=timedelta(days=30), last=5), batch=7)
-    assert done == {"events": 90, "wakes": 25, "stops": 0, "attempts": 26, "generations": 23}
+    assert done == {"events": 90, "wakes": 25, "stops": 0, "attempts": 26, "generations": 23,
+                    "delivery_tries": 0, "deliveries": 0}
     # Per table, batches until one deletes fewer than 7: 90 events in 13, 25 wakes in 4, no
-    # stop in 1, 26 attempts in 4, 23 generations in 4.
-    assert len(statements) == writes == 13 + 4 + 1 + 4 + 4, (len(statements), writes)
+    # stop in 1, 26 attempts in 4, 23 generations in 4, no delivery try and no delivery in 1 each.
+    assert len(statements) == writes == 13 + 4 + 1 + 4 + 4 + 1 + 1, (len(statements), writes)
     assert snapshot(v) == EXPECTED
 
 

@@ -338,6 +338,21 @@ def seed_0021(conn: Connection) -> None:
                                "limit_core": 0})
 
 
+def seed_0025(conn: Connection) -> None:
+    """A notifier, an event owed to it with one try cut short (0025: notifiers, notify_on,
+    deliveries, delivery_tries): undelivered, so pending_obligations shows it."""
+    raw_insert(conn, "notifiers", {"name": "pager", "exec": "cat >> /tmp/pager",
+                                   "webhook": None, "timeout": 5.0, "created_at": T0})
+    raw_insert(conn, "notify_on", {"notifier": "pager", "word": "failed"})
+    raw_insert(conn, "deliveries", {"id": 250, "notifier": "pager", "event_id": 1,
+                                    "word": "failed", "host": "web", "generation_id": 1,
+                                    "payload": '{"id": 1}', "created_at": T0,
+                                    "delivered_at": None, **retry_cols(2)})
+    raw_insert(conn, "delivery_tries", {"id": 250, "delivery_id": 250, "agent_id": "agent-1",
+                                        "started_at": T0, "ended_at": None, "outcome": None,
+                                        "status": None, "error": None})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -358,11 +373,12 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0019": seed_0019,
     "0020": seed_0020,
     "0021": seed_0021,
+    "0025": seed_0025,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
 LATER_TABLES = {"apscheduler_jobs", "listeners", "known_processes", "rollouts", "rollout_targets",
-                "held_builds"}
+                "held_builds", "notifiers", "notify_on", "deliveries", "delivery_tries"}
 SEEDED_KINDS_0001 = {("wake", "web", 1), ("stop", "web", 1), ("release", "web", None),
                      ("restore", "web", None), ("attempt", "web", 1), ("member", "web", 2)}
 
@@ -503,6 +519,9 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         # 0021: a host written before it keeps the agent's core limit (NULL); 0 is kept as 0.
         assert conn.execute(text("SELECT limit_core FROM hosts WHERE name = 'web'")).scalar() is None
         assert conn.execute(text("SELECT limit_core FROM hosts WHERE name = 'no-core'")).scalar() == 0
+        # 0025: an undelivered notification is an open obligation, paced as its notifier.
+        assert ("notification", "notify pager", 1) in open_kinds
+        assert conn.execute(text("SELECT outcome FROM delivery_tries WHERE id = 250")).scalar() is None
 
 
 @pytest.mark.sqlite_only("a PostgreSQL sequence never goes back (the seeds' explicit ids bypass it)")
@@ -645,6 +664,11 @@ def _parents(conn: Connection) -> None:
                                   "revision": 1, "canary": False, "step": "queued",
                                   "created_at": T0, **retry_cols()})
     raw_insert(conn, "rollouts", {**_row("rollouts", -1), "id": 1})
+    raw_insert(conn, "notifiers", {"name": "pager", "exec": "true", "timeout": 1.0,
+                                   "created_at": T0})
+    raw_insert(conn, "deliveries", {"id": 1, "notifier": "pager", "event_id": 1,
+                                    "word": "down", "payload": "{}", "created_at": T0,
+                                    **retry_cols()})
 
 
 def _row(table: str, i: int) -> dict[str, Any]:
@@ -672,6 +696,8 @@ def _row(table: str, i: int) -> dict[str, Any]:
                      "after_stop": 0, "state": "running", "created_at": T0, **retry_cols()},
         "rollout_targets": {"rollout_id": 1, "host": "web", "position": i, "wave": 1,
                             "state": "pending", "tries": 0, "spent": 0},
+        "delivery_tries": {"id": 100 + i, "delivery_id": 1, "agent_id": "a",
+                           "started_at": T0},
     }
     return rows[table]
 
@@ -683,7 +709,7 @@ def test_enum_columns_are_known() -> None:
                     ("attempts", "mode"), ("attempts", "effective_mode"), ("attempts", "step"),
                     ("attempts", "outcome"), ("members", "role"), ("listeners", "state"),
                     ("rollouts", "mode"), ("rollouts", "state"), ("rollouts", "outcome"),
-                    ("rollout_targets", "state")}
+                    ("rollout_targets", "state"), ("delivery_tries", "outcome")}
     for _, _, typ in enum_columns():
         assert typ.enum_class is not None
         assert list(typ.enums) == [m.value for m in typ.enum_class]

@@ -28,7 +28,9 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -39,9 +41,30 @@ import psutil
 import pytest
 from sqlalchemy import func, select, update
 
-from models.states import LIVE_GEN, Cause, GenState, HostKind, Outcome, RolloutState, WakeState
-from models.store import utcnow
-from models.tables import Attempt, Build, Event, Generation, HeldBuild, Host, Lease, Rollout, Wake
+from models.states import (
+    LIVE_GEN,
+    Cause,
+    GenState,
+    HostKind,
+    Outcome,
+    RolloutState,
+    TryOutcome,
+    WakeState,
+)
+from models.store import emit, utcnow
+from models.tables import (
+    Attempt,
+    Build,
+    Delivery,
+    DeliveryTry,
+    Event,
+    Generation,
+    HeldBuild,
+    Host,
+    Lease,
+    Rollout,
+    Wake,
+)
 from runners.backend.cglimits import MB, parent_dir, v1_mounts
 from runners.backend.files import stage_build
 from runners.base.doorbell import ring
@@ -476,6 +499,53 @@ class Scenario:
     chain: tuple[str, ...] = ()
 
 
+# Notifications (workflows/notices/deliver.py): two events owed to a notifier whose command
+# appends each event's id to a file; the agent dies at a step of a delivery. Each event
+# reaches the receiver at least once, never zero: a try cut short is sent again.
+NOTIFY_EVENTS = (("down", TARGET), ("rollout_halted", None))
+
+
+def receiver(v: Vigil) -> tuple[Path, Path]:
+    """The receiver script (written once per box) and the file it appends event ids to."""
+    script, got = v.state_dir.parent / "receiver.py", v.state_dir.parent / "received"
+    if not script.exists():
+        script.write_text("import json, sys\n"
+                          "event = json.load(sys.stdin)\n"
+                          f"with open({str(got)!r}, 'a') as f:\n"
+                          "    f.write(f\"{event['id']}\\n\")\n")
+    return script, got
+
+
+def owe_notifications(v: Vigil) -> None:
+    script, _ = receiver(v)
+    v.run("notify", "add", "pager", "--on", "down,rollout_halted", "--exec",
+          f"{sys.executable} {script}")
+    for kind, host in NOTIFY_EVENTS:
+        v.store.write(lambda s, kind=kind, host=host: emit(s, kind, host, None, reason="test"))
+    ring(v.state_dir)  # as a command that wrote an intent does
+
+
+def each_event_received(v: Vigil) -> None:
+    _, got = receiver(v)
+    counts = Counter(int(line) for line in got.read_text().split())
+    owed = rows(v, Delivery)
+    assert len(owed) == len(NOTIFY_EVENTS), owed
+    for d in owed:
+        assert counts[d.event_id] >= 1, f"event {d.event_id} never reached the receiver: {counts}"
+        assert d.delivered_at is not None, f"delivery #{d.id} not marked delivered"
+    tries = rows(v, DeliveryTry)
+    assert all(t.outcome is not None for t in tries), [(t.id, t.outcome) for t in tries]
+    cut = [t for t in tries if t.outcome is TryOutcome.interrupted]
+    if b"crash point=notify.sent" in v.agent_log():  # it ran, and was sent again
+        assert cut and max(counts.values()) >= 2, (counts, cut)
+    if b"crash point=notify.begun" in v.agent_log():
+        assert cut, "the try cut short before its command ran is not closed as interrupted"
+
+
+NOTIFY = Flow("notify", owe_notifications, end="awake", pre_awake=True, target_fate="kept",
+              verify=each_event_received)
+
+
 SCENARIOS: dict[str, Scenario] = {
     # wake of a good host
     "wake.leased": Scenario(WAKE),
@@ -555,6 +625,10 @@ SCENARIOS: dict[str, Scenario] = {
     "rollout.halted": Scenario(ROLLOUT_HALT),
     "rollout.revert_started": Scenario(ROLLOUT_REVERT),
     "rollout.revert_settled": Scenario(ROLLOUT_REVERT),
+    # a delivery to a notifier's command
+    "notify.begun": Scenario(NOTIFY),
+    "notify.sent": Scenario(NOTIFY),
+    "notify.recorded": Scenario(NOTIFY),
 }
 
 # The same points reached through another workflow (shared step names).

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ORDER = {
     "models": [],
     "workflows": ["base", "builds", "leases", "generations", "lifecycle", "deploys", "rollouts",
-                  "config", "engine"],
+                  "config", "notices", "engine"],
     "runners": ["base", "keepers", "backend", "quick", "agent", "wiring", "cli", "help_text",
                 "entry"],
 }

@@ -16,6 +16,7 @@ from workflows.base.ports import (
     HealthPort,
     LimitPort,
     ListenerPort,
+    NoticePort,
     ProcessPort,
     ReadinessPort,
     SocketPort,
@@ -70,6 +71,7 @@ class Context:
     sockets: SocketPort | None = None  # None: sockets stay owner-only
     listeners: ListenerPort | None = None  # the box's listening sockets (the agent's)
     ready: ReadinessPort | None = None  # sd_notify and probe-command readiness (the agent's)
+    notices: NoticePort | None = None  # sending notifications (the agent's)
     clock: SystemClock = field(default_factory=SystemClock)
     lease_ttl: float = 30.0
     proof_wait: float = 2.0  # how long a proof may poll for the kernel to finish a kill

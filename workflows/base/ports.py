@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from models.states import TryOutcome
+
 
 @dataclass(frozen=True)
 class SpawnSpec:
@@ -198,3 +200,23 @@ class ReadinessPort(Protocol):
     def run_probe(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
                   alive: Callable[[], bool]) -> str | None:
         """Run `command` until it exits 0 (None), or why it did not within `timeout`."""
+
+
+@dataclass(frozen=True)
+class Sent:
+    """How one try at a notification ended: `status` is the command's exit status or the
+    webhook's HTTP status (None when there was none), `error` what went wrong."""
+
+    outcome: TryOutcome
+    status: int | None = None
+    error: str | None = None
+
+
+class NoticePort(Protocol):
+    """Sending a notification (runners/backend/notices.py); each call is bounded by `timeout`."""
+
+    def run(self, command: str, body: bytes, env: dict[str, str], timeout: float) -> Sent:
+        """Run the shell command with `body` on its stdin; past the timeout it is killed."""
+
+    def post(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> Sent:
+        """POST `body` to the URL; a 2xx answer delivers it."""

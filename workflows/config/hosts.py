@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from models.durations import check_seconds
 from models.errors import BadInput, NotFound, Refused
 from models.states import (
+    CRASHLOOP_STREAK,
     LIVE_GEN,
     OPEN_STOP,
     OPEN_WAKE,
@@ -148,8 +149,6 @@ def remove_host(s: Session, name: str) -> list[Listener]:
     emit(s, "host_removed", name)
     return rows
 
-
-CRASHLOOP_STREAK = 2  # quick exits in a row (each within restart_reset of its start)
 
 
 def host_state(s: Session, name: str) -> str:

@@ -1,7 +1,8 @@
 """Retention: history that nothing needs any more is deleted, a small batch at a time.
 
 History is what the store keeps after the work is done: events, ended attempts, proven
-generations, closed wakes and stops (about 1.2 KB a deploy). A row goes once it ended
+generations, closed wakes and stops (about 1.2 KB a deploy), delivered notifications and
+the tries of any. A row goes once it ended
 longer ago than `Keep.older_than`, unless something still needs it:
 
 - each host's newest `Keep.last` attempts, generations, wakes and stops stay whatever their
@@ -30,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from models.states import OPEN_STOP, OPEN_WAKE, GenState
 from models.store import Store, utcnow
-from models.tables import Attempt, Event, Generation, Member, Stop, Wake
+from models.tables import Attempt, Delivery, DeliveryTry, Event, Generation, Member, Stop, Wake
 from models.transition import affected
 
 KEEP_DAYS = 30  # default of `--keep-history`
@@ -54,6 +55,8 @@ S = Stop.__table__.c
 A = Attempt.__table__.c
 G = Generation.__table__.c
 M = Member.__table__.c
+D = Delivery.__table__.c
+T = DeliveryTry.__table__.c
 
 
 def _older_than_newest(table: Any, last: int) -> ColumnElement[bool]:
@@ -103,6 +106,10 @@ def prunable(keep: Keep, now: datetime, *, ahead: bool = False
                                ~exists().where(or_(A.successor_id == G.id,
                                                    A.retiring_id == G.id),
                                                *stays(attempt_goes))]),
+        # A notification's tries, ended before the cutoff (a receiver down for weeks has
+        # many); a delivered notification then, its last tries with it (ON DELETE CASCADE).
+        "delivery_tries": (DeliveryTry.__table__, [T.outcome.is_not(None), T.ended_at < cutoff]),
+        "deliveries": (Delivery.__table__, [D.delivered_at.is_not(None), D.delivered_at < cutoff]),
     }
 
 

@@ -14,7 +14,18 @@ from sqlalchemy.orm import Session
 
 from models.states import OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE
 from models.store import utcnow
-from models.tables import Attempt, Host, Lease, Member, Release, Restore, Rollout, Stop, Wake
+from models.tables import (
+    Attempt,
+    Delivery,
+    Host,
+    Lease,
+    Member,
+    Release,
+    Restore,
+    Rollout,
+    Stop,
+    Wake,
+)
 from models.trouble import diagnose, refine
 from workflows.base.context import Context, Held, Poke, Result, Until
 from workflows.base.pacing import backoff
@@ -24,6 +35,7 @@ from workflows.leases.lease import drive_release, give_back
 from workflows.lifecycle.members import drive_member, drive_restore
 from workflows.lifecycle.stop import drive_stop
 from workflows.lifecycle.wake import drive_wake
+from workflows.notices.deliver import drive_delivery
 from workflows.rollouts.driver import drive_rollout
 
 
@@ -61,6 +73,9 @@ KINDS: dict[str, Kind] = {
         # Advanced by whichever agent claims it; its attempts by each host's lease holder.
         Kind("rollout", Rollout, Rollout.id, Rollout.state.in_(OPEN_ROLLOUT), drive_rollout,
              label=literal("rollout #", String) + cast(Rollout.id, String)),
+        # Sent by any agent, one try per notifier in flight (paced under `notify NAME`).
+        Kind("notification", Delivery, Delivery.id, Delivery.delivered_at.is_(None),
+             drive_delivery, label=literal("notify ", String) + Delivery.notifier),
     )
 }
 
