@@ -175,7 +175,8 @@ class Listener(Base):
                                       primary_key=True)
     position: Mapped[int] = mapped_column(Integer, primary_key=True)  # fd = 3 + position
     name: Mapped[str] = mapped_column(String(64))  # LISTEN_FDNAMES
-    address: Mapped[str] = mapped_column(Text, unique=True)  # tcp:HOST:PORT | unix:/PATH
+    # tcp:HOST:PORT | unix:/PATH; unique per box among hosts that can meet on one (check_free)
+    address: Mapped[str] = mapped_column(Text)
     state: Mapped[ListenerState] = mapped_column(state_enum(ListenerState, "listener_state"))
     agent_id: Mapped[str | None] = mapped_column(String(64))  # the box that opened it
     inode: Mapped[int | None] = mapped_column(BigInteger)

@@ -178,17 +178,17 @@ def host_set(env: Env, name: str, build_path: str | None, envs: tuple[str, ...],
     from functools import partial
 
     from runners.backend.files import stage_build
-    from runners.cli.listeners import probe_all
+    from runners.cli.listeners import probe_stored
     from workflows.config.apply import Wanted, apply_host, diff
     from workflows.config.hosts import check_socket_room
 
     store = env.store()
-    table, old_listens, build = store.read(lambda s: _stored(s, name))
+    table, _, build = store.read(lambda s: _stored(s, name))
     _lay_over(table, given, unsets, envs, unset_envs, listens)
     fields, new_listens = _checked(_options(), name, table)
     if fields["kind"] is HostKind.instance:
         check_socket_room(env.state_dir, name)
-    probe_all(new_listens, old_listens, label=f"host set {name}: ")
+    probe_stored(env, name, new_listens, label=f"host set {name}: ")
     path, digest, source = build
     if build_path is not None:
         source = str(Path(build_path).absolute())

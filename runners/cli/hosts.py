@@ -82,8 +82,8 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
 
     check_name(name)
     env.store().read(lambda s: refuse_taken(s, name))  # before its port is found in use
-    listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready)
     placed = encode(boxes)
+    listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready, placed)
     group, mode = socket_options(socket_group, socket_mode)
     run = checked_run(policy)  # --user, --group, --env-file: out of policy before its check
     pairs = _checked_run(env, name, HostKind(kind), args, envs, cwd, policy)
@@ -189,10 +189,10 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
             check_socket_room(env.state_dir, spec.name)
     store = env.store()
     from runners.cli.applyplan import apply_running, check_running
-    from runners.cli.listeners import probe_all, stored_listens
+    from runners.cli.listeners import probe_stored
 
     for spec in specs:  # each new address free now (a port in use, ...): nothing written
-        probe_all(spec.listens, stored_listens(store, spec.name), label=f"{file}: {spec.name}: ")
+        probe_stored(env, spec.name, spec.listens, label=f"{file}: {spec.name}: ")
     changes = store.read(lambda s: plan(s, _wanted(env, specs, stage=False)))  # refusals: nothing changed
     check_running(env, specs)  # a wake or stop it cannot make: refused before anything is written
     keep = {c.host for c in changes if c.action != "remove"}

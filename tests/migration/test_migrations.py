@@ -338,6 +338,21 @@ def seed_0021(conn: Connection) -> None:
                                "limit_core": 0})
 
 
+def seed_0023(conn: Connection) -> None:
+    """Two hosts placed on different boxes, each listening on the same address (0023: a
+    listener address is unique per box among hosts that can meet, not store-wide)."""
+    for name, box in (("port-a", "box1"), ("port-b", "box2")):
+        raw_insert(conn, "hosts", {"name": name, "kind": "instance", "build_id": 1,
+                                   "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                                   "health_timeout": 5.0, "memory_tier_mb": None,
+                                   "desired": "down", "raised": False, "fence_seq": 0,
+                                   "box": box, "created_at": T0, "ready": "notify"})
+        raw_insert(conn, "listeners", {"host": name, "position": 0, "name": "http",
+                                       "address": "tcp:127.0.0.1:9090", "state": "new",
+                                       "agent_id": None, "inode": None, "boot_id": None,
+                                       "opened_at": None, "reason": None})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -358,6 +373,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0019": seed_0019,
     "0020": seed_0020,
     "0021": seed_0021,
+    "0023": seed_0023,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
@@ -503,6 +519,11 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         # 0021: a host written before it keeps the agent's core limit (NULL); 0 is kept as 0.
         assert conn.execute(text("SELECT limit_core FROM hosts WHERE name = 'web'")).scalar() is None
         assert conn.execute(text("SELECT limit_core FROM hosts WHERE name = 'no-core'")).scalar() == 0
+        # 0023: the listener of 0011 kept through the rebuild of `listeners`, beside two
+        # hosts on different boxes sharing one address.
+        assert conn.execute(text("SELECT inode FROM listeners WHERE host = 'api'")).scalar() == 4_300_000_000
+        assert conn.execute(text("SELECT count(*) FROM listeners WHERE address = "
+                                 "'tcp:127.0.0.1:9090'")).scalar() == 2
 
 
 @pytest.mark.sqlite_only("a PostgreSQL sequence never goes back (the seeds' explicit ids bypass it)")

@@ -125,7 +125,7 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
                start_after=json.dumps(after),
                **(probe or {}), **(run or {})))
     s.flush()
-    write_set(s, name, listens)
+    write_set(s, name, listens, box)
     emit(s, "host_added", name, build=digest[:12], kind=kind.value,
          **({"listen": [a.address for a in listens]} if listens else {}))
 

@@ -55,3 +55,17 @@ def may_take_over(stored: str | None, agent_id: str) -> bool:
 def contestable(stored: str | None, holder: str) -> bool:
     """Could another box take this host over from `holder`? Then `holder` self-fences."""
     return bool(boxes(stored) - {holder})
+
+
+def can_meet(a: str | None, b: str | None) -> bool:
+    """Could hosts placed `a` and `b` run on one box at once? Unplaced runs on any box."""
+    return not a or not b or bool(boxes(a) & boxes(b))
+
+
+def where_they_meet(a: str | None, b: str | None) -> str:
+    """Words for a refusal: why two placements can meet (can_meet(a, b) holds)."""
+    if not a and not b:
+        return "neither is placed, so both may run on any box"
+    if not a or not b:
+        return f"one is placed nowhere, so it may run on {b or a} too"
+    return "both are placed on " + ", ".join(sorted(boxes(a) & boxes(b)))
