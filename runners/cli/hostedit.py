@@ -24,7 +24,7 @@ from runners.cli.common import SECONDS, Env, echo_json
 UNSETTABLE = ("args", "env", "cwd", "socket-group", "socket-mode", "listen", "ready",
               "health-interval", "unhealthy-after", "unhealthy-restart", "max-run",
               "restart-floor", "restart-cap", "restart-reset", "converge-grace", "one-shot",
-              "drain-timeout", "health-timeout", "after")
+              "drain-timeout", "health-timeout", "after", "on-store-loss")
 
 
 def _options() -> Any:
@@ -153,6 +153,8 @@ SET_OPTIONS = [
     click.option("--after", "after", multiple=True, metavar="HOST",
                   help="A host its wake waits for, awake and ready (repeatable; replaces them "
                        "all)."),
+    click.option("--on-store-loss", type=click.Choice(["fence", "keep"]), default=None,
+                  help="While its box cannot reach the store: fence (stop it) or keep."),
     click.option("--unset", "unsets", multiple=True, type=click.Choice(UNSETTABLE),
                   help="Give this option back its default (repeatable)."),
     click.option("--dry-run", is_flag=True, help="Print the change; write nothing."),
