@@ -159,12 +159,18 @@ class Host(Base):
     # The hosts a wake of it waits for, awake and ready (workflows/config/order.py; migration
     # 0020): a JSON list of names, `after = [...]` in the hosts file.
     start_after: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
+    # What its box does with it while the store cannot be reached (runners/agent/fencing.py;
+    # migration 0023): "fence" stops it before another box may take it over, "keep" leaves
+    # it running. Only a host placed on several boxes is ever fenced.
+    on_store_loss: Mapped[str] = mapped_column(String(8), default="fence", server_default="fence")
 
     # Every duration finite, above 0, at most a day (migration 0006; on SQLite the same
-    # rule is held by triggers, as adding a CHECK there means rebuilding the table).
+    # rule is held by triggers, as adding a CHECK there means rebuilding the table; 0023's
+    # on_store_loss likewise).
     __table_args__ = (CheckConstraint(" AND ".join(
         sql_check(c, nullable=c == "max_run") for c in DURATIONS), name="durations"),
-        CheckConstraint(sql_check("health_interval", nullable=True), name="health_interval"))
+        CheckConstraint(sql_check("health_interval", nullable=True), name="health_interval"),
+        CheckConstraint("on_store_loss IN ('fence', 'keep')", name="on_store_loss"))
 
 
 class Listener(Base):
@@ -176,7 +182,8 @@ class Listener(Base):
                                       primary_key=True)
     position: Mapped[int] = mapped_column(Integer, primary_key=True)  # fd = 3 + position
     name: Mapped[str] = mapped_column(String(64))  # LISTEN_FDNAMES
-    address: Mapped[str] = mapped_column(Text, unique=True)  # tcp:HOST:PORT | unix:/PATH
+    # tcp:HOST:PORT | unix:/PATH; unique per box among hosts that can meet on one (check_free)
+    address: Mapped[str] = mapped_column(Text)
     state: Mapped[ListenerState] = mapped_column(state_enum(ListenerState, "listener_state"))
     agent_id: Mapped[str | None] = mapped_column(String(64))  # the box that opened it
     inode: Mapped[int | None] = mapped_column(BigInteger)

@@ -160,6 +160,7 @@ class AgentDaemon(StartStop, Sweeps):
             guard = FenceGuard(self.ctx, Timing(self.ctx.lease_ttl))
             self.ctx.proc = FencedProcess(self.ctx.proc, guard)  # type: ignore[assignment]
             guard.start()
+            self.fence_guard = guard
         counts = recover(self.ctx)
         log.info("recovered agent=%s adopted=%d retired=%d", self.ctx.agent_id,
                  counts["adopted"], counts["retired"])

@@ -16,6 +16,15 @@ Timing (TTL = `--lease-ttl`, default 30 s):
   containment) and the clock skew between boxes (NTP: well under a second); four renewals
   in a row may fail before the owner fences itself.
 
+A host `--on-store-loss keep` is not fenced: the keeper leaves it running past the deadline
+and the spawn guard lets it start. When a renewal goes through again, its lease, if still
+this agent's, is re-taken with a new fence (workflows/leases/lease.py: retake_lapsed) and
+the app runs on untouched; if another box holds it now (that box reached the store while
+this one could not), this box kills its copy at once (fence_lost), the other box's being
+the host's generation. Another box takes a `keep` host over only once its own renewals
+have gone through for a whole TTL (steady_for), so after an outage of the store itself the
+owner renews first.
+
 Active only on PostgreSQL (several boxes); on SQLite no other box exists and nothing here
 runs, so a single box behaves exactly as before.
 """
@@ -73,7 +82,11 @@ class FenceGuard:
         self.timing = timing
         self.deadline = 0.0  # monotonic; nothing may spawn before the first renewal
         self.held: set[str] = set()
-        self.guarded: list[dict[str, Any]] = []
+        self.guarded: list[dict[str, Any]] = []  # fenced: the keeper kills them at the deadline
+        self.kept: list[dict[str, Any]] = []  # `keep` hosts' generations: never killed by it
+        # Monotonic time of the first renewal of the current unbroken run of them (None:
+        # the last one failed); takeover of `keep` hosts waits on it (steady_for()).
+        self.steady_since: float | None = None
         self.stop = threading.Event()
         self._lock = threading.Lock()
         self._started: list[int] = []  # keepers this process started (its children)
@@ -145,17 +158,23 @@ class FenceGuard:
         try:
             held = self._renew()
         except Exception as exc:  # the deadline stays where it was: the keeper will fence
+            self.steady_since = None
             if not self.on_store_error(exc) or self.deadline - time.monotonic() < self.timing.ttl / 3:
                 log.warning("lease renewal failed (self-fence in %.1fs): %s",
                             self.deadline - time.monotonic(), exc)
             return
-        gone = {g["host"] for g in self.guarded} - held
-        guarded, taken = self.ctx.store.read(lambda s: (self._contestable(s), self._taken(s, gone)))
-        lost = [g for g in self.guarded if g["host"] in taken]
+        watched = self.guarded + self.kept
+        gone = {g["host"] for g in watched} - held
+        (guarded, kept), taken = self.ctx.store.read(
+            lambda s: (self._contestable(s), self._taken(s, gone)))
+        lost = [g for g in watched if g["host"] in taken]
         with self._lock:
             self.deadline = t0 + self.timing.ttl - self.timing.margin
             self.held = held
             self.guarded = guarded
+            self.kept = kept
+            if self.steady_since is None:
+                self.steady_since = t0
             self._write()
         took = time.monotonic() - t0
         if took > self.timing.renew_every:  # what eats into the margin, said before it is gone
@@ -170,13 +189,20 @@ class FenceGuard:
 
         return renew_held(self.ctx)
 
-    def _contestable(self, s: Any) -> list[dict[str, Any]]:
-        rows = s.execute(select(Generation, Host.box).join(Lease, Lease.host == Generation.host)
+    def _contestable(self, s: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """This box's live generations another box could take over: those it fences (the
+        keeper kills them at the deadline), and those of `keep` hosts (left running; killed
+        only once their lease is found in another box's hands)."""
+        rows = s.execute(select(Generation, Host.box, Host.on_store_loss)
+                         .join(Lease, Lease.host == Generation.host)
                          .join(Host, Host.name == Generation.host)
                          .where(Lease.holder == self.ctx.agent_id,
                                 Generation.state.in_(LIVE_GEN))).all()
-        return [_entry(g.uuid, g.host, g.pid, g.create_time, g.cgroup) for g, box in rows
-                if placement.contestable(box, self.ctx.agent_id)]
+        me = self.ctx.agent_id
+        entries = [(_entry(g.uuid, g.host, g.pid, g.create_time, g.cgroup), box, loss)
+                   for g, box, loss in rows]
+        return ([e for e, box, loss in entries if placement.fenced(box, me, loss)],
+                [e for e, box, loss in entries if placement.kept(box, me, loss)])
 
     def _taken(self, s: Any, hosts: set[str]) -> set[str]:
         """Of these hosts, those whose lease another agent holds now (not merely released)."""
@@ -208,10 +234,10 @@ class FenceGuard:
     def before_spawn(self, spec: SpawnSpec) -> None:
         """Refuse a spawn too close to (or past) the deadline; otherwise list the new
         generation for the keeper *before* it exists (it is killed by its marker)."""
-        box = self.ctx.store.read(lambda s: s.execute(
-            select(Host.box).where(Host.name == spec.host)).scalar())
-        if not placement.contestable(box, self.ctx.agent_id):
-            return
+        box, loss = self.ctx.store.read(lambda s: s.execute(
+            select(Host.box, Host.on_store_loss).where(Host.name == spec.host)).one())
+        if not placement.fenced(box, self.ctx.agent_id, loss):
+            return  # a `keep` host is not killed at the deadline: nothing to outrun
         with self._lock:
             left = self.deadline - time.monotonic()
             if left < self.timing.spawn_slack:
@@ -224,6 +250,13 @@ class FenceGuard:
                                                   spec.cgroup)]
             self._write()
         self.ensure_keeper()  # before the process exists: the keeper kills it by its marker
+
+    def steady_for(self) -> float:
+        """Seconds this agent's renewals have gone through without a failure (0: the last
+        one failed). A box takes over a `keep` host only once this passes a lease's length:
+        after a store outage the owner, which kept the app running, renews first."""
+        since = self.steady_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def close(self) -> None:
         self.stop.set()

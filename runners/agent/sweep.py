@@ -44,6 +44,7 @@ class Sweeps(StoreTrust):
     _rounds_seen: int
     _workers_to_sweep: bool
     _last_beat: float
+    fence_guard: Any = None  # the FenceGuard on PostgreSQL (runners/agent/fencing.py)
 
     def sweep(self, reconciler: Reconciler) -> None:
         """The short sweep: worker drift and max-run, lease renewal, takeover, heartbeat.
@@ -72,7 +73,11 @@ class Sweeps(StoreTrust):
         every = 0.0 if self.ctx.store.dialect == "postgresql" else self.ctx.lease_ttl / 3
         if time.monotonic() - self._last_beat < every:
             return
-        if take_over(self.ctx):  # hosts placed here whose owner's lease expired
+        # Hosts placed here whose owner's lease expired; `keep` hosts once this box has
+        # reached the store for a lease's length (their owner renews first after an outage).
+        guard = self.fence_guard
+        if take_over(self.ctx, keep_too=guard is not None
+                     and guard.steady_for() >= self.ctx.lease_ttl):
             reconciler.kick()
         self._beat()
 

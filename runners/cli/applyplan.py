@@ -19,7 +19,7 @@ from runners.cli.common import Env
 def dry_run(env: Env, file: str, specs: list[Any], wanted: list[Any]) -> None:
     """Print every change and every refusal; exit 4 when any host is refused."""
     from runners.cli.hostfile import order_refusals
-    from runners.cli.listeners import probe_all, stored_listens
+    from runners.cli.listeners import probe_stored
     from workflows.config.apply import diff, removal
     from workflows.config.hosts import check_socket_room
     from workflows.config.running import run_change
@@ -39,7 +39,7 @@ def dry_run(env: Env, file: str, specs: list[Any], wanted: list[Any]) -> None:
     for spec, w in zip(specs, wanted, strict=True):
         if spec.fields["kind"] is HostKind.instance:
             attempt(spec.name, partial(check_socket_room, env.state_dir, spec.name))
-        attempt(spec.name, partial(probe_all, spec.listens, stored_listens(store, spec.name),
+        attempt(spec.name, partial(probe_stored, env, spec.name, spec.listens,
                                    label=f"{file}: {spec.name}: "))
         steps: list[Callable[[Any], Any]] = [partial(diff, w=w)]
         if spec.running is not None:

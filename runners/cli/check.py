@@ -123,6 +123,12 @@ class Seen:
     loose: list[tuple[int, str, TargetState, RolloutState]]
 
     @functools.cached_property
+    def box(self) -> str | None:
+        """This state dir's box (None: no agent has started here yet)."""
+        path = self.state_dir / "agent-id"
+        return path.read_text().strip() if path.exists() else None
+
+    @functools.cached_property
     def currents(self) -> dict[str, list[Generation]]:
         out: dict[str, list[Generation]] = {}
         for g in self.gens:
@@ -215,7 +221,8 @@ def current_generations(seen: Seen) -> Iterator[Violation]:
                                 f"failed {g.health_failures} probes in a row (unhealthy "
                                 "since " + g.unhealthy_since.isoformat() + "Z)")
             link = str(seen.state_dir / "run" / f"{h.name}.sock")
-            if g.socket and seen.files.read_link(link) != g.socket:
+            here = seen.box is None or g.agent_id == seen.box  # the link is on its own box
+            if g.socket and here and seen.files.read_link(link) != g.socket:
                 yield Violation("canonical_link", f"host {h.name}: run/{h.name}.sock does not "
                                 f"point at g{g.id}'s socket {g.socket}")
 

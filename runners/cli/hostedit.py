@@ -24,7 +24,7 @@ from runners.cli.common import SECONDS, Env, echo_json
 UNSETTABLE = ("args", "env", "cwd", "socket-group", "socket-mode", "listen", "ready",
               "health-interval", "unhealthy-after", "unhealthy-restart", "max-run",
               "restart-floor", "restart-cap", "restart-reset", "converge-grace", "one-shot",
-              "drain-timeout", "health-timeout", "after")
+              "drain-timeout", "health-timeout", "after", "on-store-loss")
 
 
 def _options() -> Any:
@@ -153,6 +153,8 @@ SET_OPTIONS = [
     click.option("--after", "after", multiple=True, metavar="HOST",
                   help="A host its wake waits for, awake and ready (repeatable; replaces them "
                        "all)."),
+    click.option("--on-store-loss", type=click.Choice(["fence", "keep"]), default=None,
+                  help="While its box cannot reach the store: fence (stop it) or keep."),
     click.option("--unset", "unsets", multiple=True, type=click.Choice(UNSETTABLE),
                   help="Give this option back its default (repeatable)."),
     click.option("--dry-run", is_flag=True, help="Print the change; write nothing."),
@@ -178,17 +180,17 @@ def host_set(env: Env, name: str, build_path: str | None, envs: tuple[str, ...],
     from functools import partial
 
     from runners.backend.files import stage_build
-    from runners.cli.listeners import probe_all
+    from runners.cli.listeners import probe_stored
     from workflows.config.apply import Wanted, apply_host, diff
     from workflows.config.hosts import check_socket_room
 
     store = env.store()
-    table, old_listens, build = store.read(lambda s: _stored(s, name))
+    table, _, build = store.read(lambda s: _stored(s, name))
     _lay_over(table, given, unsets, envs, unset_envs, listens)
     fields, new_listens = _checked(_options(), name, table)
     if fields["kind"] is HostKind.instance:
         check_socket_room(env.state_dir, name)
-    probe_all(new_listens, old_listens, label=f"host set {name}: ")
+    probe_stored(env, name, new_listens, label=f"host set {name}: ")
     path, digest, source = build
     if build_path is not None:
         source = str(Path(build_path).absolute())

@@ -146,6 +146,14 @@ def _count(v: Any, _: Path) -> int:
     return v
 
 
+def _store_loss(v: Any, _: Path) -> str:
+    if v not in ("fence", "keep"):
+        raise Invalid(f"must be \"fence\" or \"keep\", not {json.dumps(v)}",
+                      'write on_store_loss = "fence" (stopped, never on two boxes) or "keep" '
+                      '(left running)')
+    return str(v)
+
+
 @dataclass(frozen=True)
 class Key:
     field: str  # the hosts column
@@ -188,6 +196,8 @@ KEYS: dict[str, Key] = {
     "limit_core": Key("limit_core", file_limit(lambda t: parse_core(t, "")), None),
     # The hosts its wake waits for, awake and ready (workflows/lifecycle/order.py).
     "after": Key("start_after", file_after, []),
+    # A host placed on several boxes, while its box cannot reach the store (runners/agent/fencing.py).
+    "on_store_loss": Key("on_store_loss", _store_loss, "fence"),
 }
 WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")

@@ -52,6 +52,8 @@ def host() -> None:
 @click.option("--health-timeout", type=SECONDS, default=10.0, show_default=True)
 @click.option("--box", "boxes", multiple=True,
               help="A box (agent id) that may run the host (repeatable); none: any box.")
+@click.option("--on-store-loss", type=click.Choice(["fence", "keep"]), default="fence", show_default=True,
+              help="Placed on several boxes, with the store out of reach: fence stops it, keep leaves it.")
 @click.option("--socket-group", default=None,
               help="Group that may connect to its socket (overrides the agent's).")
 @click.option("--socket-mode", default=None, help="Mode of its socket, octal (default 0660).")
@@ -69,7 +71,7 @@ def host() -> None:
 @click.pass_obj
 def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, ...],
              envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
-             boxes: tuple[str, ...], socket_group: str | None, socket_mode: str | None,
+             boxes: tuple[str, ...], on_store_loss: str, socket_group: str | None, socket_mode: str | None,
              listens: tuple[str, ...], ready: str | None, after: tuple[str, ...],
              health_interval: float | None, unhealthy_after: int | None,
              unhealthy_restart: bool, **policy: Any) -> None:
@@ -82,21 +84,20 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
 
     check_name(name)
     env.store().read(lambda s: refuse_taken(s, name))  # before its port is found in use
-    listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready)
     placed = encode(boxes)
+    listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready, placed)
     group, mode = socket_options(socket_group, socket_mode)
     run = checked_run(policy)  # --user, --group, --env-file: out of policy before its check
     pairs = _checked_run(env, name, HostKind(kind), args, envs, cwd, policy)
     probe = check_probe(HostKind(kind), health_interval, unhealthy_after, unhealthy_restart)
-    store = env.store()
     path, digest = stage_build(build_path, env.state_dir)
-    store.write(lambda s: add_host(
+    env.store().write(lambda s: add_host(
         s, name, kind=HostKind(kind), build_path=path, digest=digest,
         source=str(Path(build_path).absolute()), args=list(args), env=pairs,
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
         health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
         policy=policy, listeners=listeners, ready=ready, probe=probe, run=run,
-        after=list(after)))
+        after=list(after), on_store_loss=on_store_loss))
     forget_host_files(env.state_dir, name)  # a removed namesake's, if its rm was cut short
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
 
@@ -189,10 +190,10 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
             check_socket_room(env.state_dir, spec.name)
     store = env.store()
     from runners.cli.applyplan import apply_running, check_running
-    from runners.cli.listeners import probe_all, stored_listens
+    from runners.cli.listeners import probe_stored
 
     for spec in specs:  # each new address free now (a port in use, ...): nothing written
-        probe_all(spec.listens, stored_listens(store, spec.name), label=f"{file}: {spec.name}: ")
+        probe_stored(env, spec.name, spec.listens, label=f"{file}: {spec.name}: ")
     changes = store.read(lambda s: plan(s, _wanted(env, specs, stage=False)))  # refusals: nothing changed
     check_running(env, specs)  # a wake or stop it cannot make: refused before anything is written
     keep = {c.host for c in changes if c.action != "remove"}

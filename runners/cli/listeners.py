@@ -32,8 +32,10 @@ def probe_all(listens: list[Listen], already: list[Listen], label: str = "") -> 
 
 
 def checked_listeners(env: Any, name: str, kind: HostKind, texts: tuple[str, ...],
-                      ready: str | None) -> tuple[list[Listen], str | None]:
-    """`host add`'s --listen and --ready, refused with one line before anything is staged."""
+                      ready: str | None, placed: str | None) -> tuple[list[Listen], str | None]:
+    """`host add`'s --listen and --ready, refused with one line before anything is staged.
+    The addresses are probed here only when the host may run on this box: a host placed on
+    other boxes binds there (this box may hold the same address for a host of its own)."""
     from workflows.generations.listeners import (
         check_free,
         check_set,
@@ -46,9 +48,23 @@ def checked_listeners(env: Any, name: str, kind: HostKind, texts: tuple[str, ...
     chosen = parse_ready(ready) if ready is not None else default_ready(listens)
     check_set(listens, kind, chosen)
     if listens:
-        env.store().read(lambda s: check_free(s, name, listens))
-        probe_all(listens, [])
+        env.store().read(lambda s: check_free(s, name, listens, placed))
+        if runs_here(env.state_dir, placed):
+            probe_all(listens, [])
     return listens, chosen
+
+
+def runs_here(state_dir: Path, placed: str | None) -> bool:
+    """May a host placed `placed` run on the box of this state dir? (A state dir no agent
+    has started yet has no box name: taken to be one the host may run on.)"""
+    from workflows.base.paths import AGENT_ID
+    from workflows.leases.placement import may_hold
+
+    try:
+        me = (state_dir / AGENT_ID).read_text().strip()
+    except FileNotFoundError:
+        return True
+    return may_hold(placed, me)
 
 
 def close_removed(state_dir: Path, rows: list[Listener]) -> None:
@@ -67,10 +83,19 @@ def close_removed(state_dir: Path, rows: list[Listener]) -> None:
                    f"({exc}); the agent closes them when it starts", err=True)
 
 
-def stored_listens(store: Any, name: str) -> list[Listen]:
+def probe_stored(env: Any, name: str, listens: list[Listen], label: str) -> None:
+    """probe_all() for a stored host's new listeners (`host set`, `vigil apply`), where it
+    may run on this box (a new host of a hosts file is placed nowhere: it may)."""
+    from models.tables import Host
     from workflows.generations.listeners import as_listens, stored
 
-    return store.read(lambda s: as_listens(stored(s, name)))
+    def read(s: Any) -> tuple[list[Listen], str | None]:
+        h = s.get(Host, name)
+        return as_listens(stored(s, name)), h.box if h is not None else None
+
+    already, placed = env.store().read(read)
+    if runs_here(env.state_dir, placed):
+        probe_all(listens, already, label=label)
 
 
 def attach(host: click.Group) -> None:

@@ -338,6 +338,23 @@ def seed_0021(conn: Connection) -> None:
                                "limit_core": 0})
 
 
+def seed_0023(conn: Connection) -> None:
+    """Two hosts placed on different boxes, each listening on the same address (0023: a
+    listener address is unique per box among hosts that can meet, not store-wide), one of
+    them kept running while the store cannot be reached (0023: hosts.on_store_loss)."""
+    for name, box in (("port-a", "box1"), ("port-b", "box2")):
+        raw_insert(conn, "hosts", {"name": name, "kind": "instance", "build_id": 1,
+                                   "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                                   "health_timeout": 5.0, "memory_tier_mb": None,
+                                   "desired": "down", "raised": False, "fence_seq": 0,
+                                   "box": box, "created_at": T0, "ready": "notify",
+                                   "on_store_loss": "keep" if box == "box2" else "fence"})
+        raw_insert(conn, "listeners", {"host": name, "position": 0, "name": "http",
+                                       "address": "tcp:127.0.0.1:9090", "state": "new",
+                                       "agent_id": None, "inode": None, "boot_id": None,
+                                       "opened_at": None, "reason": None})
+
+
 def seed_0025(conn: Connection) -> None:
     """A notifier, an event owed to it with one try cut short (0025: notifiers, notify_on,
     deliveries, delivery_tries): undelivered, so pending_obligations shows it."""
@@ -373,6 +390,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0019": seed_0019,
     "0020": seed_0020,
     "0021": seed_0021,
+    "0023": seed_0023,
     "0025": seed_0025,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
@@ -519,9 +537,19 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         # 0021: a host written before it keeps the agent's core limit (NULL); 0 is kept as 0.
         assert conn.execute(text("SELECT limit_core FROM hosts WHERE name = 'web'")).scalar() is None
         assert conn.execute(text("SELECT limit_core FROM hosts WHERE name = 'no-core'")).scalar() == 0
+        # 0023: the listener of 0011 kept through the rebuild of `listeners`, beside two
+        # hosts on different boxes sharing one address.
+        assert conn.execute(text("SELECT inode FROM listeners WHERE host = 'api'")).scalar() == 4_300_000_000
+        assert conn.execute(text("SELECT count(*) FROM listeners WHERE address = "
+                                 "'tcp:127.0.0.1:9090'")).scalar() == 2
+        # 0023: a host written before it is fenced, as before; a value not known is refused.
+        assert conn.execute(text("SELECT on_store_loss FROM hosts WHERE name = 'web'")).scalar() == "fence"
+        assert conn.execute(text("SELECT on_store_loss FROM hosts WHERE name = 'port-b'")).scalar() == "keep"
         # 0025: an undelivered notification is an open obligation, paced as its notifier.
         assert ("notification", "notify pager", 1) in open_kinds
         assert conn.execute(text("SELECT outcome FROM delivery_tries WHERE id = 250")).scalar() is None
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(text("UPDATE hosts SET on_store_loss = 'maybe' WHERE name = 'web'"))
 
 
 @pytest.mark.sqlite_only("a PostgreSQL sequence never goes back (the seeds' explicit ids bypass it)")

@@ -93,7 +93,7 @@ def _to_column(column: str, value: Any) -> Any:
 def diff(s: Session, w: Wanted) -> Change:
     """What applying `w` would do now (reads only)."""
     h = s.get(Host, w.name)
-    check_free(s, w.name, w.listens)
+    check_free(s, w.name, w.listens, h.box if h is not None else None)  # no placement in a file
     if h is None:
         return Change("add", w.name, [f"{w.fields['kind'].value}, build {w.digest[:12]}"]
                       + [f"listen {a.address}" for a in w.listens], "asleep until `vigil wake`")
@@ -157,12 +157,12 @@ def apply_host(s: Session, w: Wanted) -> Change:
         s.add(Host(name=w.name, build_id=build.id, created_at=utcnow(),
                    **{c: _to_column(c, v) for c, v in w.fields.items()}))
         s.flush()
-        write_set(s, w.name, w.listens)
+        write_set(s, w.name, w.listens, None)
         emit(s, "host_added", w.name, build=w.digest[:12], kind=w.fields["kind"].value,
              source="apply")
         return change
     if as_listens(stored(s, w.name)) != w.listens:
-        write_set(s, w.name, w.listens)
+        write_set(s, w.name, w.listens, h.box)
         emit(s, "host_updated", w.name, fields=["listen"], source="apply")
     values = {c: _to_column(c, v) for c, v in w.fields.items() if _stored(h, c) != v}
     if change.action == "update" and h.build_id != build.id:

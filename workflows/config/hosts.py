@@ -30,6 +30,7 @@ from models.tables import Attempt, Build, Event, Generation, Host, Lease, Listen
 from workflows.base.paths import CONTROL
 from workflows.generations.listeners import Listen, check_set, note, reopened, stored, write_set
 from workflows.leases.lease import still_needed
+from workflows.leases.placement import FENCE, check_store_loss
 from workflows.lifecycle.order import check_graph, dependents, stored_graph
 from workflows.lifecycle.workers import check_policy
 
@@ -105,8 +106,10 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
              policy: dict[str, Any] | None = None, socket_group: str | None = None,
              socket_mode: int | None = None, listeners: list[Listen] | None = None,
              ready: str | None = None, probe: dict[str, Any] | None = None,
-             run: dict[str, Any] | None = None, after: list[str] | None = None) -> None:
+             run: dict[str, Any] | None = None, after: list[str] | None = None,
+             on_store_loss: str = FENCE) -> None:
     check_name(name)
+    check_store_loss(on_store_loss)
     listens = listeners or []
     check_set(listens, kind, ready)
     check_args(args)
@@ -123,10 +126,10 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
                cwd=cwd, drain_timeout=drain_timeout, health_timeout=health_timeout,
                memory_tier_mb=memory_tier_mb, box=box, socket_group=socket_group,
                socket_mode=socket_mode, ready=ready, created_at=utcnow(), **worker,
-               start_after=json.dumps(after),
+               start_after=json.dumps(after), on_store_loss=on_store_loss,
                **(probe or {}), **(run or {})))
     s.flush()
-    write_set(s, name, listens)
+    write_set(s, name, listens, box)
     emit(s, "host_added", name, build=digest[:12], kind=kind.value,
          **({"listen": [a.address for a in listens]} if listens else {}))
 

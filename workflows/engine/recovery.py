@@ -95,7 +95,9 @@ def recover(ctx: Context) -> dict[str, int]:
     release_leftovers(ctx)
     # After the adoptions: a socket the holder lost is copied from a live generation.
     recover_listeners(ctx)
-    taken = take_over(ctx)  # hosts placed here whose owner's lease expired
+    # Hosts placed here whose owner's lease expired; not yet the `keep` ones (the sweep
+    # takes them once this agent has reached the store for a lease's length).
+    taken = take_over(ctx, keep_too=False)
     counts = {"adopted": adopted, "retired": retired, "refused": len(refused), "taken": taken}
     ctx.store.write(lambda s: emit(s, "recovered", None, agent=ctx.agent_id, **counts))
     return counts

@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from models.errors import BadInput, BrokenInvariant, NotFound
@@ -35,6 +35,7 @@ from workflows.base.crash import crashpoint, define
 from workflows.base.ports import SpawnError
 from workflows.base.waivers import OPERATOR
 from workflows.generations.ending import ref_of
+from workflows.leases import placement
 
 OPENING = define("listen.opening", "a host's listeners are written opening; nothing bound yet")
 BOUND = define("listen.bound", "a listener is bound and listening in the agent; the fd holder "
@@ -149,13 +150,38 @@ def overlaps(a: str, b: str) -> bool:
     return ia == ib or (ia.version == ib.version and (ia.is_unspecified or ib.is_unspecified))
 
 
-def check_free(s: Session, host: str, listens: list[Listen]) -> None:
-    """No other host listens on any of these addresses; raises BadInput."""
-    for other in s.execute(select(Listener).where(Listener.host != host)).scalars():
+# Every transaction that checks a host's addresses against the others' takes this lock
+# first on PostgreSQL (pg_advisory_xact_lock, held to its commit), so two hosts added or
+# changed at once cannot both pass the check: the second reads the first's committed rows.
+# On SQLite write transactions begin IMMEDIATE and are serialized by the database itself.
+ADDRESSES_LOCK = 0x7669_6c73  # "vils"
+
+
+def lock_addresses(s: Session) -> None:
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": ADDRESSES_LOCK})
+
+
+def check_free(s: Session, host: str, listens: list[Listen], box: str | None) -> None:
+    """No other host whose placement can meet `box` on one box listens on any of these
+    addresses (a host placed on box1 and one on box2 may share tcp:127.0.0.1:8080: each
+    box binds its own); raises BadInput. Not a unique index: "can meet" is an overlap of
+    two box sets where no placement means every box, and an address overlaps another by
+    its wildcard, neither of which an index holds; the lock above makes it race-free."""
+    if not listens:
+        return
+    lock_addresses(s)
+    for other, placed in s.execute(select(Listener, Host.box).join(Host, Host.name == Listener.host)
+                                   .where(Listener.host != host)).all():
+        if not placement.can_meet(box, placed):
+            continue
         for a in listens:
             if overlaps(a.address, other.address):
                 raise BadInput(f"{a.address} is already host {other.host}'s listener "
-                               f"({other.address})", "give each host its own address")
+                               f"({other.address}) and the two hosts can run on one box "
+                               f"({placement.where_they_meet(box, placed)})",
+                               "give each host its own address, or place the two hosts on "
+                               "different boxes (`vigil host add --box`)")
 
 
 def stored(s: Session, host: str) -> list[Listener]:
@@ -167,10 +193,11 @@ def as_listens(rows: list[Listener]) -> list[Listen]:
     return [Listen(r.name, r.address) for r in rows]
 
 
-def write_set(s: Session, host: str, listens: list[Listen]) -> None:
+def write_set(s: Session, host: str, listens: list[Listen], box: str | None) -> None:
     """The host's listeners become `listens` (new rows, in order), in the caller's
-    transaction. The caller has refused a change while the host runs."""
-    check_free(s, host, listens)
+    transaction; `box` is the host's placement. The caller has refused a change while the
+    host runs."""
+    check_free(s, host, listens, box)
     s.execute(Listener.__table__.delete().where(Listener.host == host))
     for i, a in enumerate(listens):
         s.add(Listener(host=host, position=i, name=a.name, address=a.address,

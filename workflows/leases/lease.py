@@ -230,11 +230,29 @@ def drive_release(ctx: Context, release_id: int) -> Result:
     return result
 
 
+def retake_lapsed(s: Session, ctx: Context, now: Any) -> list[str]:
+    """The `keep` hosts whose lease expired in this agent's hands (the store could not be
+    reached; their apps were left running) and that no box took meanwhile: re-taken here
+    with a new fence, so whatever this agent had in flight under the old one before the
+    store went away is refused (it is retried under the new one), and the app runs on.
+    (A `fence` host's lapsed lease is renewed as it is: its app was killed at its deadline.)"""
+    lapsed = s.execute(select(Lease.host).join(Host, Host.name == Lease.host).where(
+        Lease.holder == ctx.agent_id, Lease.expires_at <= now,
+        Host.on_store_loss == placement.KEEP)).scalars().all()
+    for host in lapsed:
+        old = lease_of(s, host)
+        fence = acquire(s, ctx, host)
+        emit(s, "lease_retaken", host, old_fence=old.fence if old else None, fence=fence,
+             why="the store could not be reached past the lease's expiry; the app was kept")
+    return list(lapsed)
+
+
 def renew_in(s: Session, ctx: Context) -> int:
     """Push the expiry of every lease this agent holds that is past half its length, in
     the caller's transaction; returns how many. The sweep runs every second: pushing every
     lease each time rewrote every lease row every second (10,000 a second with 10,000 hosts)."""
     now = utcnow()
+    retake_lapsed(s, ctx, now)
     expires = now + timedelta(seconds=ctx.lease_ttl)
     half = now + timedelta(seconds=ctx.lease_ttl / 2)
     result = s.execute(update(Lease).where(Lease.holder == ctx.agent_id, Lease.expires_at < half)
@@ -250,7 +268,9 @@ def renew_held(ctx: Context) -> set[str]:
     """Like renew(), and say which hosts this agent still holds (the others are lost)."""
 
     def step(s: Session) -> set[str]:
-        expires = utcnow() + timedelta(seconds=ctx.lease_ttl)
+        now = utcnow()
+        retake_lapsed(s, ctx, now)
+        expires = now + timedelta(seconds=ctx.lease_ttl)
         return set(s.execute(update(Lease).where(Lease.holder == ctx.agent_id)
                              .values(expires_at=expires).returning(Lease.host)).scalars())
 

@@ -2,7 +2,10 @@
 
 The old owner self-fenced before its lease expired (runners/agent/fencing.py: its generations
 are killed on its own clock, a margin before the expiry it wrote), so by the time the
-expiry has passed nothing of it can still serve. The new owner therefore takes the lease
+expiry has passed nothing of it can still serve. A `keep` host (`--on-store-loss keep`) is
+the exception its operator chose: its old owner left it running and stops it only once it
+reaches the store again and finds the lease in another box's hands; it is taken over only
+by a box that has itself reached the store for a lease's length (see take_over). The new owner therefore takes the lease
 with a new fence and, in the same transaction, settles everything the old incarnation left
 open: its live generations are ended (proven by the self-fence contract), its members,
 restores and owed releases dropped, its wakes/stops/attempts in flight closed; a host
@@ -45,12 +48,14 @@ _WAKE_END = {WakeState.leased: WakeState.cancelled, WakeState.spawning: WakeStat
 _NOT_EXECUTED = (AttemptStep.admitted, AttemptStep.raised, AttemptStep.published)
 
 
-def orphans(ctx: Context) -> list[str]:
-    """Hosts placed on this box whose lease expired with another agent."""
+def orphans(ctx: Context, keep_too: bool = True) -> list[str]:
+    """Hosts placed on this box whose lease expired with another agent (`keep` hosts only
+    when `keep_too`)."""
     rows = ctx.store.read(lambda s: s.execute(
-        select(Lease.host, Host.box).join(Host, Host.name == Lease.host).where(
+        select(Lease.host, Host.box, Host.on_store_loss).join(Host, Host.name == Lease.host).where(
             Lease.holder != ctx.agent_id, Lease.expires_at <= utcnow())).all())
-    return sorted(h for h, box in rows if placement.may_take_over(box, ctx.agent_id))
+    return sorted(h for h, box, loss in rows if placement.may_take_over(box, ctx.agent_id)
+                  and (keep_too or loss != placement.KEEP))
 
 
 def _live_generations(s: Session, host: str) -> list[Generation]:
@@ -58,10 +63,13 @@ def _live_generations(s: Session, host: str) -> list[Generation]:
         Generation.host == host, Generation.state.in_(LIVE_GEN))).scalars())
 
 
-def take_over(ctx: Context) -> int:
-    """Take over every orphaned host; returns how many were taken."""
+def take_over(ctx: Context, keep_too: bool = True) -> int:
+    """Take over every orphaned host; returns how many were taken. `keep_too` False: not
+    the `keep` hosts (their owner did not fence them, so they may still run there): the
+    caller holds them back until this box has reached the store for a lease's length, so
+    after an outage of the store their owner renews before anyone takes them."""
     taken = 0
-    for host in orphans(ctx):
+    for host in orphans(ctx, keep_too):
         gens = ctx.store.read(partial(_live_generations, host=host))
         for g in gens:  # a leader found here: the old box is this very machine
             if ctx.proc.leader_alive(ref_of(g)):
@@ -86,7 +94,13 @@ def _take(s: Session, ctx: Context, host: str) -> None:
     fence = acquire(s, ctx, host)  # CAS: only while it is still expired and placed here
     taken = Fence(host, ctx.agent_id, fence)  # what follows is this box's, at its new fence
     now = utcnow()
-    why = f"fenced: lease of agent {old_holder} (fence {old_fence}) expired; ended by its self-fence"
+    h = s.get(Host, host)
+    if h is None:
+        raise BrokenInvariant("h is missing")
+    why = (f"fenced: lease of agent {old_holder} (fence {old_fence}) expired; ended by its self-fence"
+           if h.on_store_loss != placement.KEEP else
+           f"taken over: lease of agent {old_holder} (fence {old_fence}) expired; on_store_loss "
+           "keep, so it may run there until that box reaches the store again and stops it")
     ended = []
     for g in s.execute(select(Generation).where(Generation.host == host,
                                                 Generation.state.in_(LIVE_GEN))).scalars().all():
@@ -111,9 +125,6 @@ def _take(s: Session, ctx: Context, host: str) -> None:
                    "reason": f"lease lost: {why}", "ended_at": now},
                   f"attempts of {host} abandoned", fence=taken, col="step",
                   frm=[st for st in AttemptStep if st is not AttemptStep.ended])
-    h = s.get(Host, host)
-    if h is None:
-        raise BrokenInvariant("h is missing")
     queued = s.execute(select(Wake.id).where(Wake.host == host,
                                              Wake.state == WakeState.queued)).first()
     if h.desired is Desired.up and queued is None and not s.execute(select(Stop.id).where(
