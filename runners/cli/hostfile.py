@@ -50,6 +50,7 @@ from workflows.generations.listeners import (
     parse_listen,
     parse_ready,
 )
+from workflows.generations.slots import check_instances
 from workflows.lifecycle.probe import MAX_AFTER, check_probe
 
 
@@ -146,6 +147,10 @@ def _count(v: Any, _: Path) -> int:
     return v
 
 
+def _whole(v: Any, _: Path) -> Any:
+    return v  # checked beside the listeners (check_instances), which it needs
+
+
 @dataclass(frozen=True)
 class Key:
     field: str  # the hosts column
@@ -188,6 +193,8 @@ KEYS: dict[str, Key] = {
     "limit_core": Key("limit_core", file_limit(lambda t: parse_core(t, "")), None),
     # The hosts its wake waits for, awake and ready (workflows/lifecycle/order.py).
     "after": Key("start_after", file_after, []),
+    # Processes sharing its listeners (workflows/generations/slots.py); checked with them.
+    "instances": Key("instances", _whole, 1),
 }
 WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")
@@ -385,4 +392,8 @@ def _listens(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any])
     except BadInput as exc:
         raise f.bad(name, LISTEN if LISTEN in table else "ready", exc.cause,
                     exc.fix or "") from None
+    try:
+        check_instances(fields["instances"], listens, fields["kind"], label="instances")
+    except BadInput as exc:
+        raise f.bad(name, "instances", exc.cause, exc.fix or "") from None
     return listens

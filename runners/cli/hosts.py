@@ -63,6 +63,8 @@ def host() -> None:
 @click.option("--after", "after", multiple=True, metavar="HOST",
               help="A host its wake waits for, awake and ready; stopping HOST waits for "
                    "this one (repeatable).")
+@click.option("--instances", type=int, default=1, show_default=True, metavar="N",
+              help="Processes of its build sharing its --listen sockets (own pid, restarts).")
 @health_options
 @policy_options
 @run_options
@@ -71,7 +73,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
              envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
              boxes: tuple[str, ...], socket_group: str | None, socket_mode: str | None,
              listens: tuple[str, ...], ready: str | None, after: tuple[str, ...],
-             health_interval: float | None, unhealthy_after: int | None,
+             instances: int, health_interval: float | None, unhealthy_after: int | None,
              unhealthy_restart: bool, **policy: Any) -> None:
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
     from runners.backend.files import forget_host_files, stage_build
@@ -82,21 +84,20 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
 
     check_name(name)
     env.store().read(lambda s: refuse_taken(s, name))  # before its port is found in use
-    listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready)
+    listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready, instances)
     placed = encode(boxes)
     group, mode = socket_options(socket_group, socket_mode)
     run = checked_run(policy)  # --user, --group, --env-file: out of policy before its check
     pairs = _checked_run(env, name, HostKind(kind), args, envs, cwd, policy)
     probe = check_probe(HostKind(kind), health_interval, unhealthy_after, unhealthy_restart)
-    store = env.store()
     path, digest = stage_build(build_path, env.state_dir)
-    store.write(lambda s: add_host(
+    env.store().write(lambda s: add_host(
         s, name, kind=HostKind(kind), build_path=path, digest=digest,
         source=str(Path(build_path).absolute()), args=list(args), env=pairs,
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
         health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
         policy=policy, listeners=listeners, ready=ready, probe=probe, run=run,
-        after=list(after)))
+        after=list(after), instances=instances))
     forget_host_files(env.state_dir, name)  # a removed namesake's, if its rm was cut short
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
 

@@ -32,8 +32,9 @@ def probe_all(listens: list[Listen], already: list[Listen], label: str = "") -> 
 
 
 def checked_listeners(env: Any, name: str, kind: HostKind, texts: tuple[str, ...],
-                      ready: str | None) -> tuple[list[Listen], str | None]:
-    """`host add`'s --listen and --ready, refused with one line before anything is staged."""
+                      ready: str | None, instances: int = 1) -> tuple[list[Listen], str | None]:
+    """`host add`'s --listen, --ready and --instances (which needs listeners), refused with
+    one line before anything is staged."""
     from workflows.generations.listeners import (
         check_free,
         check_set,
@@ -45,6 +46,9 @@ def checked_listeners(env: Any, name: str, kind: HostKind, texts: tuple[str, ...
     listens = [parse_listen(t, name) for t in texts]
     chosen = parse_ready(ready) if ready is not None else default_ready(listens)
     check_set(listens, kind, chosen)
+    from workflows.generations.slots import check_instances
+
+    check_instances(instances, listens, kind)
     if listens:
         env.store().read(lambda s: check_free(s, name, listens))
         probe_all(listens, [])
