@@ -3,13 +3,16 @@ own slot (workflows/generations/slots.py). Refused without listeners, in one lin
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import HELLO, Vigil
+from tests.conftest import HELLO, Vigil, pid_dead, wait_for
 from tests.integration.test_cli_bad_input import dump, refused
-from tests.listening import free_port
+from tests.listening import Client, free_port
 
 
 def test_instances_without_listeners_are_refused_in_one_line(vigil: Vigil, tmp_path: Path) -> None:
@@ -33,3 +36,140 @@ def test_a_worker_runs_one_instance(vigil: Vigil, kind: str) -> None:
                    check=False)
     refused(cp, "a worker host runs one process")
     assert dump(vigil) == before
+
+
+def slots_up(v: Vigil, host: str, n: int, timeout: float = 60) -> list[dict]:
+    """Wait until all `n` slots of `host` have a current generation; its slots."""
+    def up() -> bool:
+        st = v.status(host)
+        return sum(1 for x in st.get("slots", []) if x["generation"]) == n
+    wait_for(up, timeout, interval=0.05, what=f"{n} instances of {host} up")
+    return v.status(host)["slots"]
+
+
+def add_instances(v: Vigil, port: int, n: int, *extra: str) -> None:
+    v.run("host", "add", "web", "--build", str(HELLO), "--listen", f"http=tcp:127.0.0.1:{port}",
+          "--instances", str(n), "--drain-timeout", "5", *extra)
+
+
+def test_instances_wake_restart_in_their_slot_and_stop_together(vigil: Vigil) -> None:
+    """A wake brings every slot up (each its own pid, all on the one socket); a kill -9 of
+    one instance restarts that slot alone, the others keep their pids; a stop ends them all."""
+    port = free_port()
+    add_instances(vigil, port, 3)
+    vigil.wait_ready(vigil.start_agent())
+    vigil.run("wake", "web", "--wait")
+    slots = slots_up(vigil, "web", 3)
+    assert [x["slot"] for x in slots] == [0, 1, 2]
+    pids = [x["pid"] for x in slots]
+    assert len(set(pids)) == 3
+    table = vigil.run("status").stdout
+    assert "3/3" in table and "web/2" in table, table
+    with Client(port) as client:
+        os.kill(pids[1], signal.SIGKILL)
+        wait_for(lambda: slots_up(vigil, "web", 3)[1]["pid"] not in (None, pids[1]), 60,
+                 what="slot 1 restarted")
+        time.sleep(0.3)  # answers from the restarted one too
+    after = slots_up(vigil, "web", 3)
+    assert after[0]["pid"] == pids[0] and after[2]["pid"] == pids[2]
+    assert not client.failures, client.failures[:5]
+    vigil.quiesce(30)
+    vigil.check()
+    vigil.run("stop", "web", "--wait", timeout=60)
+    assert all(pid_dead(p) for p in [*pids, after[1]["pid"]])
+    assert vigil.status("web")["state"] in ("asleep", "down")
+    vigil.quiesce(30)
+    vigil.check()
+
+
+def holds(pid: int, inode: int) -> bool:
+    """The process has the socket open: one of its fds names socket:[inode]. (An fd that
+    closes while they are read, an answered connection, is skipped, not a miss.)"""
+    want = f"socket:[{inode}]"
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == want:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+class Serving:
+    """Samples, every 50 ms from /proc, how many instances of the host hold the shared
+    socket and are current (their pid is a live process whose fds include the socket's
+    inode); the fewest seen."""
+
+    def __init__(self, v: Vigil, host: str, inode: int) -> None:
+        import threading
+
+        self.v, self.host, self.inode = v, host, inode
+        self.fewest: int | None = None
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def count(self) -> int:
+        pids = [x["pid"] for x in self.v.status(self.host)["slots"] if x["pid"]]
+        return sum(1 for p in pids if holds(p, self.inode))
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            n = self.count()
+            self.samples += 1
+            self.fewest = n if self.fewest is None else min(self.fewest, n)
+
+    def __enter__(self) -> Serving:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+@pytest.mark.parametrize("mode", ["overlap", "hold"])
+def test_deploys_of_instances_fail_no_request(vigil: Vigil, short_tmp: Path, mode: str) -> None:
+    """Each deploy replaces every instance (overlap: one slot at a time, never fewer than
+    N current; hold: all stopped, then all started, the socket held throughout)."""
+    from tests.listening import serving_inode
+
+    n, deploys = 3, 3
+    builds = serve_builds_hello(short_tmp)
+    port = free_port()
+    vigil.run("host", "add", "web", "--build", str(builds[0]), "--listen",
+              f"http=tcp:127.0.0.1:{port}", "--instances", str(n), "--drain-timeout", "5")
+    vigil.wait_ready(vigil.start_agent())
+    vigil.run("wake", "web", "--wait")
+    before = {x["generation"] for x in slots_up(vigil, "web", n)}
+    inode = serving_inode(vigil, "web")
+    with Client(port) as client, Serving(vigil, "web", inode) as serving:
+        for i in range(deploys):
+            cp = vigil.run("deploy", "web", str(builds[(i + 1) % 2]), "--mode", mode, "--wait",
+                           timeout=120)
+            assert f"done (mode {mode}" in cp.stdout, cp.stdout
+            now = slots_up(vigil, "web", n)
+            assert not {x["generation"] for x in now} & before, now
+            before = {x["generation"] for x in now}
+        time.sleep(0.3)
+    assert not client.failures, client.failures[:5]
+    assert client.ok > deploys
+    if mode == "overlap":
+        assert serving.samples > 10 and serving.fewest == n, (serving.fewest, serving.samples)
+    vigil.quiesce(30)
+    vigil.check()
+
+
+def serve_builds_hello(tmp: Path) -> list[Path]:
+    """Two builds of hello (different bytes, so different digests)."""
+    out = []
+    for i in range(2):
+        p = tmp / f"hello{i}.py"
+        p.write_text(HELLO.read_text() + f"\n# build {i}\n")
+        p.chmod(0o755)
+        out.append(p)
+    return out
