@@ -154,7 +154,7 @@ class Host(Base):
     limit_nofile: Mapped[int | None] = mapped_column(Integer)  # RLIMIT_NOFILE, soft and hard
     limit_core: Mapped[int | None] = mapped_column(BigInteger)  # RLIMIT_CORE, bytes (0: none)
     # How many processes of its build share its held listeners, each a generation in its
-    # own slot 0..instances-1 (workflows/lifecycle/instances.py; migration 0024).
+    # own slot 0..instances-1 (workflows/generations/slots.py; migration 0024).
     instances: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # {NAME: PATH}: copied at each start to $CREDENTIALS_DIRECTORY (runners/backend/credentials.py).
     credentials: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
@@ -295,6 +295,8 @@ class Stop(RetryColumns, Base):
     reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+    # The one instance it ends (`vigil scale` down; migration 0024); NULL: the whole host.
+    slot: Mapped[int | None] = mapped_column(Integer)
 
 
 class Release(RetryColumns, Base):

@@ -22,6 +22,7 @@ from runners.cli import (
     lifecycle,
     logs,
     restart,
+    scale,
     schedule,
     shutdown,
     top,
@@ -47,7 +48,7 @@ for command in (db.db, hosts.host, hosts.apply_cmd, lifecycle.wake, lifecycle.st
                 lifecycle.deploy, lifecycle.retry, restart.restart, inspect.gc, inspect.status_cmd,
                 inspect.obligations, inspect.events, logs.logs, schedule.schedule, inspect.check,
                 inspect.crashpoints, agent.agent, rollout, shutdown.shutdown, top.top,
-                completion.completion):
+                completion.completion, scale.scale):
     cli.add_command(command)
 hostedit.attach(hosts.host)
 completion.attach(cli)  # host names and generations from the store, on the light path

@@ -114,7 +114,8 @@ class Serving:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def count(self) -> int:
-        pids = [x["pid"] for x in self.v.status(self.host)["slots"] if x["pid"]]
+        st = self.v.status(self.host)  # one instance (scaled down to it): as before slots
+        pids = [x["pid"] for x in st.get("slots", [st]) if x["pid"]]
         return sum(1 for p in pids if holds(p, self.inode))
 
     def _run(self) -> None:
@@ -173,3 +174,34 @@ def serve_builds_hello(tmp: Path) -> list[Path]:
         p.chmod(0o755)
         out.append(p)
     return out
+
+
+def test_scale_up_and_down_under_load_fail_no_request(vigil: Vigil) -> None:
+    """`vigil scale web 4` wakes slots 2 and 3 beside the two that serve; `vigil scale web
+    1` stops slots 3, 2 and 1 (each drained and proven); no request fails and never fewer
+    than the smaller count serve."""
+    from tests.listening import serving_inode
+
+    port = free_port()
+    add_instances(vigil, port, 2)
+    vigil.wait_ready(vigil.start_agent())
+    vigil.run("wake", "web", "--wait")
+    first = slots_up(vigil, "web", 2)
+    inode = serving_inode(vigil, "web")
+    with Client(port) as client, Serving(vigil, "web", inode) as serving:
+        cp = vigil.run("scale", "web", "4", "--wait")
+        assert "2 -> 4 instances" in cp.stdout and "4 instance(s) serving" in cp.stdout, cp.stdout
+        grown = slots_up(vigil, "web", 4)
+        assert [x["pid"] for x in grown[:2]] == [x["pid"] for x in first]
+        assert all(holds(x["pid"], inode) for x in grown)
+        cp = vigil.run("scale", "web", "1", "--wait")
+        assert "4 -> 1 instances (3 stop(s) queued" in cp.stdout, cp.stdout
+        time.sleep(0.3)
+    st = vigil.status("web")
+    assert "slots" not in st and st["pid"] == first[0]["pid"], st  # one: shown as before
+    assert all(pid_dead(x["pid"]) for x in grown[1:])
+    assert not client.failures, client.failures[:5]
+    assert serving.fewest is not None and serving.fewest >= 1
+    refused(vigil.run("scale", "web", "0", check=False), "scale must be a count from 1 to 64")
+    vigil.quiesce(30)
+    vigil.check()

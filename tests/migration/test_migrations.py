@@ -340,7 +340,8 @@ def seed_0021(conn: Connection) -> None:
 
 def seed_0024(conn: Connection) -> None:
     """A host of two instances on a held listener, both current, one in each slot (0024:
-    hosts.instances, generations.slot, wakes.slot), and the queued restart of a third slot."""
+    hosts.instances, generations.slot, wakes.slot, stops.slot), the queued restart of a
+    third slot and a scale's stop of slot 1."""
     raw_insert(conn, "hosts", {"name": "pair", "kind": "instance", "build_id": 1,
                                "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
                                "health_timeout": 5.0, "memory_tier_mb": None, "desired": "up",
@@ -358,6 +359,11 @@ def seed_0024(conn: Connection) -> None:
                                "created_at": T0, "ended_at": None, "build_id": None,
                                "waiting_on": None, "attempts": 0, "next_attempt_at": T0,
                                "last_error": None, "since": T0, "slot": 2})
+    raw_insert(conn, "stops", {"id": 240, "host": "pair", "state": "queued", "fence": None,
+                               "generation_id": None, "signalled_at": None,
+                               "reason": "scaled down to 1", "created_at": T0, "ended_at": None,
+                               "attempts": 0, "next_attempt_at": T0, "last_error": None,
+                               "since": T0, "slot": 1})
 
 
 # Rows valid at each revision, written right after upgrading to it. A new revision adds

@@ -30,7 +30,8 @@ N = 3
 @dataclass(frozen=True)
 class Case:
     drive: Callable[[Vigil, Path], None]
-    end: str  # "new": every slot on the deployed build; "same": on the first; "asleep"
+    end: str  # "new": every slot on the deployed build; "same": on the first; "asleep";
+    # "more", "fewer": scaled to N + 2 or to 1, the slots that stay keeping their pids
 
 
 def deploy(mode: str) -> Callable[[Vigil, Path], None]:
@@ -41,6 +42,12 @@ def deploy(mode: str) -> Callable[[Vigil, Path], None]:
 
 def stop(v: Vigil, _: Path) -> None:
     v.run("stop", "web")
+
+
+def scale(n: int) -> Callable[[Vigil, Path], None]:
+    def drive(v: Vigil, _: Path) -> None:
+        v.run("scale", "web", str(n))
+    return drive
 
 
 def kill_slot_1(v: Vigil, _: Path) -> None:
@@ -62,6 +69,11 @@ CASES = {
     # a stop retires every slot at once; an exit restarts its slot alone
     "stop.intent": Case(stop, "asleep"),
     "member.exited": Case(kill_slot_1, "same"),
+    # scale: up is a wake of each new slot, down a stop of each slot removed
+    "wake.current#1": Case(scale(N + 2), "more"),
+    "wake.spawned#2": Case(scale(N + 2), "more"),
+    "stop.termed#2": Case(scale(1), "fewer"),
+    "stop.proven#1": Case(scale(1), "fewer"),
 }
 
 
@@ -91,7 +103,9 @@ def test_crash_mid_instances(vigil: Vigil, short_tmp: Path, point: str) -> None:
                  what="web asleep")
     vigil.quiesce(60)
     vigil.check()
-    now = [] if case.end == "asleep" else slots_up(vigil, "web", N)
+    want = {"asleep": 0, "more": N + 2, "fewer": 1}.get(case.end, N)
+    now = [] if case.end == "asleep" else (
+        slots_up(vigil, "web", want) if want > 1 else [vigil.status("web")])
     gens = vigil.store.read(lambda s: s.execute(select(Generation).where(
         Generation.host == "web")).scalars().all())
     for g in gens:
@@ -104,7 +118,11 @@ def test_crash_mid_instances(vigil: Vigil, short_tmp: Path, point: str) -> None:
     assert inode and all(holds(x["pid"], inode) for x in now), now
     live = vigil.store.read(lambda s: s.get(Host, "web").build_id)
     currents = [g for g in gens if g.state is GenState.current]
-    assert sorted(g.slot for g in currents) == list(range(N))
+    assert sorted(g.slot for g in currents) == list(range(want))
+    if case.end in ("more", "fewer"):  # the slots kept serve with the pids they had
+        kept = min(want, N)
+        assert [x["pid"] for x in now[:kept]] == [x["pid"] for x in first[:kept]], now
+        return
     assert all(g.build_id == live for g in currents), [(g.id, g.build_id, live) for g in currents]
     newest = vigil.store.read(lambda s: s.execute(select(Attempt).order_by(
         Attempt.id.desc()).limit(1)).scalar())

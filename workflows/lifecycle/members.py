@@ -54,7 +54,7 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
     host = s.get(Host, gen.host)
     if restart and host is not None and host.kind is HostKind.worker:
         worker_exited(s, ctx, gen, host)  # backoff, onto its captured build; one-shot: none
-    elif restart and host is not None and host.desired is Desired.up:
+    elif restart and host is not None and host.desired is Desired.up and gen.slot < host.instances:
         queued = s.execute(select(Wake.id).where(Wake.host == gen.host, Wake.slot == gen.slot,
                                                  Wake.state.in_(OPEN_WAKE))).first()
         if queued is None:  # an OOM kill says so, and restarts by the same policy

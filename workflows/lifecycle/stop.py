@@ -59,7 +59,8 @@ def request_stop(s: Session, host: str, force: bool = False) -> StopRequest:
         refuse_stop(s, host)
     move_many(s, Host, [Host.name == host], {"desired": Desired.down}, f"host {host} down",
               fence=OPERATOR, col="desired", frm=tuple(Desired))
-    open_stop = s.execute(select(Stop).where(Stop.host == host, Stop.state.in_(OPEN_STOP))
+    open_stop = s.execute(select(Stop).where(Stop.host == host, Stop.state.in_(OPEN_STOP),
+                                             Stop.slot.is_(None))  # not a scale's
                           .order_by(Stop.id).limit(1)).scalar_one_or_none()
     if open_stop is not None:
         return StopRequest(open_stop.id, open_stop.state.value)
@@ -104,7 +105,7 @@ def _signal(ctx: Context, st: Stop) -> bool:
     """queued -> signalled with the current generation retiring; False when nothing runs."""
 
     def step(s: Session) -> bool:
-        first = stopping_dependents(s, st.host)
+        first = stopping_dependents(s, st.host) if st.slot is None else None
         if first:
             raise Held(f"waiting for {', '.join(first)} to stop first (they start after {st.host})")
         busy = s.execute(select(Wake.id, Wake.state).where(
@@ -113,8 +114,9 @@ def _signal(ctx: Context, st: Stop) -> bool:
         if busy is not None:
             raise Held(f"waiting for wake #{busy.id} ({busy.state.value}) to settle")
         now = utcnow()
-        _cancel_later_wakes(s, st.host, now)
-        _cancel_queued(s, st.host, now)
+        if st.slot is None:  # a scale's stop of one slot leaves the operator's intents be
+            _cancel_later_wakes(s, st.host, now)
+            _cancel_queued(s, st.host, now)
         # The barrier: attempts in flight see this stop at their next gate and end;
         # members must all leave (proven) before the current generation is stopped.
         attempt = s.execute(select(Attempt.id, Attempt.step).where(
@@ -125,7 +127,8 @@ def _signal(ctx: Context, st: Stop) -> bool:
         if member is not None:
             raise Held(f"waiting for member g{member.generation_id} to be proven gone")
         currents = list(s.execute(select(Generation).where(
-            Generation.host == st.host, Generation.state == GenState.current)
+            Generation.host == st.host, Generation.state == GenState.current,
+            *([] if st.slot is None else [Generation.slot == st.slot]))
             .order_by(Generation.slot)).scalars())
         gen = currents[0] if currents else None  # instances: the others retire beside it
         if gen is None:
@@ -189,8 +192,8 @@ def _finish(ctx: Context, st: Stop) -> Result:
     if gen.socket:
         ctx.files.remove_link(ctx.link_for(st.host), only_if_target=gen.socket)
         crashpoint(UNLINKED)
-    siblings = ctx.store.read(lambda s: s.execute(select(Member.generation_id).where(
-        Member.host == st.host)).scalars().all())
+    siblings = [] if st.slot is not None else ctx.store.read(lambda s: s.execute(
+        select(Member.generation_id).where(Member.host == st.host)).scalars().all())
     if gen.state is not GenState.proven:
         host = ctx.store.read(lambda s: s.get(Host, st.host))
         if host is None:
