@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from models.tables import Host
 from tests.conftest import HELLO, Vigil, pid_dead, wait_for
 from tests.integration.test_cli_bad_input import dump, refused
 from tests.listening import Client, free_port
@@ -205,3 +206,64 @@ def test_scale_up_and_down_under_load_fail_no_request(vigil: Vigil) -> None:
     refused(vigil.run("scale", "web", "0", check=False), "scale must be a count from 1 to 64")
     vigil.quiesce(30)
     vigil.check()
+
+
+def test_four_instances_through_deploys_an_agent_kill_and_scaling(vigil: Vigil,
+                                                                  short_tmp: Path) -> None:
+    """The issue's measure: 4 instances on one TCP port under a closed-loop client, through
+    10 overlap deploys (never fewer than 4 serving, sampled from /proc every 50 ms), an
+    overlap deploy whose agent is SIGKILLed mid-way (after its first slot is switched: the
+    next agent finishes it, as a resumed attempt), 5 hold deploys (the socket held; the
+    connections wait in its backlog), then scale 4 -> 6 -> 4: no request fails."""
+    from tests.listening import serving_inode
+
+    n = 4
+    builds = serve_builds_hello(short_tmp)
+    port = free_port()
+    vigil.run("host", "add", "web", "--build", str(builds[0]), "--listen",
+              f"http=tcp:127.0.0.1:{port}", "--instances", str(n), "--drain-timeout", "5")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "web", "--wait")
+    slots_up(vigil, "web", n)
+    inode = serving_inode(vigil, "web")
+    with Client(port) as client:
+        with Serving(vigil, "web", inode) as overlap:
+            for i in range(10):
+                cp = vigil.run("deploy", "web", str(builds[(i + 1) % 2]), "--wait", timeout=120)
+                assert "done (mode overlap" in cp.stdout, cp.stdout
+            before = vigil.ready_count()
+            vigil.run("deploy", "web", str(builds[1]))
+            wait_for(lambda: _switched_slots(vigil, 11), 60,
+                     what="the first slot of attempt #11 switched")
+            agent.kill()
+            agent.wait(10)
+            vigil.wait_ready_after(vigil.start_agent(), before)
+            vigil.quiesce(120)
+        assert overlap.samples > 20 and overlap.fewest == n, (overlap.fewest, overlap.samples)
+        live = vigil.store.read(lambda s: s.get(Host, "web").build_id)
+        assert {x["build_id"] for x in slots_up(vigil, "web", n)} == {live}
+        for i in range(5):
+            cp = vigil.run("deploy", "web", str(builds[i % 2]), "--mode", "hold", "--wait",
+                           timeout=120)
+            assert "done (mode hold" in cp.stdout, cp.stdout
+        assert serving_inode(vigil, "web") == inode
+        vigil.run("scale", "web", "6", "--wait")
+        vigil.run("scale", "web", "4", "--wait")
+        time.sleep(0.3)
+    print(f"\n{client.ok} requests answered, {len(client.failures)} failed; overlap: fewest "
+          f"serving {overlap.fewest} of {n} in {overlap.samples} samples")
+    assert not client.failures, client.failures[:5]
+    assert len(slots_up(vigil, "web", n)) == n
+    vigil.quiesce(30)
+    vigil.check()
+
+
+def _switched_slots(v: Vigil, attempt: int) -> bool:
+    from sqlalchemy import select
+
+    from models.tables import Event
+
+    return v.store.read(lambda s: s.execute(select(Event.id).where(
+        Event.kind == "switched_slot", Event.detail.contains(f'"attempt": {attempt}'))).first()
+        is not None)
