@@ -393,7 +393,8 @@ def _listens(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any])
         raise f.bad(name, LISTEN if LISTEN in table else "ready", exc.cause,
                     exc.fix or "") from None
     try:
-        check_instances(fields["instances"], listens, fields["kind"], label="instances")
+        check_instances(fields["instances"], listens, fields["kind"], label="instances",
+                        tier=fields["memory_tier_mb"])
     except BadInput as exc:
         raise f.bad(name, "instances", exc.cause, exc.fix or "") from None
     return listens

@@ -110,7 +110,7 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
     check_name(name)
     listens = listeners or []
     check_set(listens, kind, ready)
-    check_instances(instances, listens, kind)
+    check_instances(instances, listens, kind, tier=memory_tier_mb)
     check_args(args)
     check_env(env)
     check_seconds(drain_timeout, "--drain-timeout")

@@ -13,7 +13,8 @@ from models.states import HostKind
 MAX_INSTANCES = 64  # more processes of one app than that is a fork bomb, not a deploy
 
 
-def check_instances(n: Any, listens: list[Any], kind: HostKind, label: str = "--instances") -> int:
+def check_instances(n: Any, listens: list[Any], kind: HostKind, label: str = "--instances",
+                    tier: int | None = None) -> int:
     """A count of instances the host can run: more than one shares held listeners (each
     process of its own would bind the address again and fail), and only an instance host
     has them."""
@@ -28,4 +29,8 @@ def check_instances(n: Any, listens: list[Any], kind: HostKind, label: str = "--
                        "listening sockets, and it has none",
                        "add --listen (e.g. --listen http=tcp:127.0.0.1:8080), or leave "
                        f"{label} at 1")
+    if n > 1 and tier:
+        # One parent limit per host, sized for one generation and its overlap successor.
+        raise BadInput(f"{label} {n}: a host with a memory tier runs one instance (its parent "
+                       "limit is sized for one)", "drop memory_tier_mb, or leave it at 1")
     return n

@@ -41,7 +41,7 @@ def request_scale(s: Session, name: str, n: int) -> Scaled:
     h = s.get(Host, name)
     if h is None:
         raise NotFound(f"no host named {name!r}", "see `vigil host list`")
-    check_instances(n, stored(s, name), h.kind, label="scale")
+    check_instances(n, stored(s, name), h.kind, label="scale", tier=h.memory_tier_mb)
     busy = s.execute(select(Attempt.id).where(Attempt.host == name,
                                               Attempt.outcome.is_(None))).scalar()
     stopping = s.execute(select(Stop.id).where(Stop.host == name,
