@@ -111,13 +111,18 @@ class Serving:
         self.v, self.host, self.inode = v, host, inode
         self.fewest: int | None = None
         self.samples = 0
+        self.short: list[tuple[float, list[tuple[int, int, bool]]]] = []  # below the most seen
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def count(self) -> int:
         st = self.v.status(self.host)  # one instance (scaled down to it): as before slots
-        pids = [x["pid"] for x in st.get("slots", [st]) if x["pid"]]
-        return sum(1 for p in pids if holds(p, self.inode))
+        seen = [(x.get("slot", 0), x["pid"], holds(x["pid"], self.inode))
+                for x in st.get("slots", [st]) if x["pid"]]
+        n = sum(1 for *_, ok in seen if ok)
+        if self.fewest is not None and n < self.fewest:
+            self.short.append((time.time(), seen))
+        return n
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
@@ -232,6 +237,7 @@ def test_four_instances_through_deploys_an_agent_kill_and_scaling(vigil: Vigil,
             for i in range(10):
                 cp = vigil.run("deploy", "web", str(builds[(i + 1) % 2]), "--wait", timeout=120)
                 assert "done (mode overlap" in cp.stdout, cp.stdout
+            deploys = (overlap.fewest, overlap.samples, list(overlap.short))
             before = vigil.ready_count()
             vigil.run("deploy", "web", str(builds[1]))
             wait_for(lambda: _switched_slots(vigil, 11), 60,
@@ -240,7 +246,10 @@ def test_four_instances_through_deploys_an_agent_kill_and_scaling(vigil: Vigil,
             agent.wait(10)
             vigil.wait_ready_after(vigil.start_agent(), before)
             vigil.quiesce(120)
-        assert overlap.samples > 20 and overlap.fewest == n, (overlap.fewest, overlap.samples)
+        # Which window fell short, if one did: the 10 deploys, or the kill and its recovery.
+        assert deploys[0] == n, ("through the 10 overlap deploys", deploys)
+        assert overlap.samples > 20 and overlap.fewest == n, ("across the agent's kill",
+            overlap.fewest, overlap.samples, overlap.short, vigil.run("events", "web").stdout[-4000:])
         live = vigil.store.read(lambda s: s.get(Host, "web").build_id)
         assert {x["build_id"] for x in slots_up(vigil, "web", n)} == {live}
         for i in range(5):
