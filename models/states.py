@@ -169,7 +169,9 @@ TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
         AttemptStep.settled: frozenset({AttemptStep.switched, AttemptStep.stopping_old, AttemptStep.ended}),
         # hold: the old generation is proven gone, then the new build is published and spawned
         AttemptStep.stopping_old: frozenset({AttemptStep.published, AttemptStep.ended}),
-        AttemptStep.switched: frozenset({AttemptStep.drained, AttemptStep.ended}),
+        # overlap of a host of instances: drained, the next slot's successor is admitted
+        AttemptStep.switched: frozenset({AttemptStep.drained, AttemptStep.admitted,
+                                         AttemptStep.ended}),
         AttemptStep.drained: frozenset({AttemptStep.ended}),
         AttemptStep.ended: frozenset(),
     },

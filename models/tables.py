@@ -154,6 +154,9 @@ class Host(Base):
     pids_max: Mapped[int | None] = mapped_column(Integer)
     limit_nofile: Mapped[int | None] = mapped_column(Integer)  # RLIMIT_NOFILE, soft and hard
     limit_core: Mapped[int | None] = mapped_column(BigInteger)  # RLIMIT_CORE, bytes (0: none)
+    # How many processes of its build share its held listeners, each a generation in its
+    # own slot 0..instances-1 (workflows/generations/slots.py; migration 0024).
+    instances: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # {NAME: PATH}: copied at each start to $CREDENTIALS_DIRECTORY (runners/backend/credentials.py).
     credentials: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
     # The hosts a wake of it waits for, awake and ready (workflows/config/order.py; migration
@@ -214,11 +217,14 @@ class Generation(Base):
     unhealthy_since: Mapped[datetime | None] = mapped_column(DateTime)
     # The user it was spawned as (the host's run_user then; written before the spawn).
     run_user: Mapped[str | None] = mapped_column(String(32))
+    # Which instance of its host it is (0 for a host of one instance; migration 0024).
+    slot: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     __table_args__ = (
-        # The store itself holds "at most one current generation per host".
+        # The store itself holds "at most one current generation per host and slot".
         Index(
             "ux_generations_one_current",
             "host",
+            "slot",
             unique=True,
             sqlite_where=text("state = 'current'"),
             postgresql_where=text("state = 'current'"),
@@ -278,6 +284,8 @@ class Wake(RetryColumns, Base):
     # A queued wake held back by its host's start order: the hosts it waits on ("a, b"),
     # written in the step that decided it; NULL once it goes on (migration 0020).
     waiting_on: Mapped[str | None] = mapped_column(Text)
+    # The instance it starts (0 for a host of one instance; migration 0024).
+    slot: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Stop(RetryColumns, Base):
@@ -295,6 +303,8 @@ class Stop(RetryColumns, Base):
     reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+    # The one instance it ends (`vigil scale` down; migration 0024); NULL: the whole host.
+    slot: Mapped[int | None] = mapped_column(Integer)
 
 
 class Release(RetryColumns, Base):

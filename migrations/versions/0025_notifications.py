@@ -6,13 +6,13 @@ Only new tables: nothing written before is rebuilt. The view is dropped and crea
 with its new branch (as 0009 and 0014 did); downgrade puts 0019's back.
 
 Revision ID: 0025
-Revises: 0023
+Revises: 0024
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0025"
-down_revision = "0023"
+down_revision = "0024"
 branch_labels = None
 depends_on = None
 

@@ -23,6 +23,7 @@ from runners.cli import (
     logs,
     notify,
     restart,
+    scale,
     schedule,
     shutdown,
     top,
@@ -49,7 +50,7 @@ for command in (db.db, hosts.host, hosts.apply_cmd, lifecycle.wake, lifecycle.st
                 lifecycle.deploy, lifecycle.retry, restart.restart, inspect.gc, inspect.status_cmd,
                 inspect.obligations, inspect.events, logs.logs, schedule.schedule, inspect.check,
                 inspect.crashpoints, agent.agent, rollout, shutdown.shutdown, top.top,
-                ui.ui, completion.completion, notify.notify):
+                ui.ui, completion.completion, notify.notify, scale.scale):
     cli.add_command(command)
 hostedit.attach(hosts.host)
 completion.attach(cli)  # host names and generations from the store, on the light path

@@ -203,8 +203,11 @@ def rollout_targets(seen: Seen) -> Iterator[Violation]:
 
 
 def one_current(seen: Seen) -> Iterator[Violation]:
+    """At most one current generation per host and slot, and no more than its instances."""
+    instances = {h.name: h.instances for h in seen.hosts}
     for host, cur in seen.currents.items():
-        if len(cur) > 1:
+        if len(cur) > 1 and (len({g.slot for g in cur}) < len(cur)
+                             or len(cur) > instances.get(host, 1)):
             yield Violation("one_current", f"host {host} has {len(cur)} current generations: "
                             + ", ".join(f"g{g.id}" for g in cur))
 
@@ -212,7 +215,8 @@ def one_current(seen: Seen) -> Iterator[Violation]:
 def current_generations(seen: Seen) -> Iterator[Violation]:
     """Each host's current generation runs, is healthy and is what its link points at."""
     for h in seen.hosts:
-        for g in seen.currents.get(h.name, [])[:1]:
+        currents = seen.currents.get(h.name, [])
+        for g in currents[:1] if h.instances == 1 else currents:
             if not seen.proc.leader_alive(ref_of(g)):
                 yield Violation("current_alive", f"host {h.name}: current generation g{g.id} "
                                 f"(pid {g.pid}) is not running")
@@ -222,7 +226,7 @@ def current_generations(seen: Seen) -> Iterator[Violation]:
                                 "since " + g.unhealthy_since.isoformat() + "Z)")
             link = str(seen.state_dir / "run" / f"{h.name}.sock")
             here = seen.box is None or g.agent_id == seen.box  # the link is on its own box
-            if g.socket and here and seen.files.read_link(link) != g.socket:
+            if g.socket and here and seen.files.read_link(link) not in {c.socket for c in currents}:
                 yield Violation("canonical_link", f"host {h.name}: run/{h.name}.sock does not "
                                 f"point at g{g.id}'s socket {g.socket}")
 

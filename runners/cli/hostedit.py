@@ -141,6 +141,8 @@ SET_OPTIONS = [
                   help="Listening sockets (repeatable; replaces them all; only while it does "
                        "not run)."),
     click.option("--ready", default=None, metavar="notify|http|exec:CMD"),
+    click.option("--instances", type=int, default=None, metavar="N",
+                  help="Processes sharing its --listen sockets (a running host: `vigil scale`)."),
     click.option("--health-interval", type=SECONDS, default=None),
     click.option("--unhealthy-after", type=int, default=None),
     click.option("--unhealthy-restart/--no-unhealthy-restart", default=None),

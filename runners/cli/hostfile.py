@@ -50,6 +50,7 @@ from workflows.generations.listeners import (
     parse_listen,
     parse_ready,
 )
+from workflows.generations.slots import check_instances
 from workflows.lifecycle.probe import MAX_AFTER, check_probe
 
 
@@ -152,6 +153,8 @@ def _store_loss(v: Any, _: Path) -> str:
                       'write on_store_loss = "fence" (stopped, never on two boxes) or "keep" '
                       '(left running)')
     return str(v)
+def _whole(v: Any, _: Path) -> Any:
+    return v  # checked beside the listeners (check_instances), which it needs
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,8 @@ KEYS: dict[str, Key] = {
     "after": Key("start_after", file_after, []),
     # A host placed on several boxes, while its box cannot reach the store (runners/agent/fencing.py).
     "on_store_loss": Key("on_store_loss", _store_loss, "fence"),
+    # Processes sharing its listeners (workflows/generations/slots.py); checked with them.
+    "instances": Key("instances", _whole, 1),
 }
 WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")
@@ -395,4 +400,9 @@ def _listens(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any])
     except BadInput as exc:
         raise f.bad(name, LISTEN if LISTEN in table else "ready", exc.cause,
                     exc.fix or "") from None
+    try:
+        check_instances(fields["instances"], listens, fields["kind"], label="instances",
+                        tier=fields["memory_tier_mb"])
+    except BadInput as exc:
+        raise f.bad(name, "instances", exc.cause, exc.fix or "") from None
     return listens

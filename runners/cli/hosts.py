@@ -65,6 +65,8 @@ def host() -> None:
 @click.option("--after", "after", multiple=True, metavar="HOST",
               help="A host its wake waits for, awake and ready; stopping HOST waits for "
                    "this one (repeatable).")
+@click.option("--instances", type=int, default=1, show_default=True, metavar="N",
+              help="Processes of its build sharing its --listen sockets (own pid, restarts).")
 @health_options
 @policy_options
 @run_options
@@ -73,7 +75,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
              envs: tuple[str, ...], cwd: str | None, drain_timeout: float, health_timeout: float,
              boxes: tuple[str, ...], on_store_loss: str, socket_group: str | None, socket_mode: str | None,
              listens: tuple[str, ...], ready: str | None, after: tuple[str, ...],
-             health_interval: float | None, unhealthy_after: int | None,
+             instances: int, health_interval: float | None, unhealthy_after: int | None,
              unhealthy_restart: bool, **policy: Any) -> None:
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
     from runners.backend.files import forget_host_files, stage_build
@@ -85,7 +87,8 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
     check_name(name)
     env.store().read(lambda s: refuse_taken(s, name))  # before its port is found in use
     placed = encode(boxes)
-    listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready, placed)
+    listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready, placed,
+                                         instances)
     group, mode = socket_options(socket_group, socket_mode)
     run = checked_run(policy)  # --user, --group, --env-file: out of policy before its check
     pairs = _checked_run(env, name, HostKind(kind), args, envs, cwd, policy)
@@ -97,7 +100,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
         health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
         policy=policy, listeners=listeners, ready=ready, probe=probe, run=run,
-        after=list(after), on_store_loss=on_store_loss))
+        after=list(after), on_store_loss=on_store_loss, instances=instances))
     forget_host_files(env.state_dir, name)  # a removed namesake's, if its rm was cut short
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
 

@@ -32,10 +32,12 @@ def probe_all(listens: list[Listen], already: list[Listen], label: str = "") -> 
 
 
 def checked_listeners(env: Any, name: str, kind: HostKind, texts: tuple[str, ...],
-                      ready: str | None, placed: str | None) -> tuple[list[Listen], str | None]:
-    """`host add`'s --listen and --ready, refused with one line before anything is staged.
-    The addresses are probed here only when the host may run on this box: a host placed on
-    other boxes binds there (this box may hold the same address for a host of its own)."""
+                      ready: str | None, placed: str | None,
+                      instances: int = 1) -> tuple[list[Listen], str | None]:
+    """`host add`'s --listen, --ready and --instances (which needs listeners), refused with
+    one line before anything is staged. The addresses are probed here only when the host may
+    run on this box: a host placed on other boxes binds there (this box may hold the same
+    address for a host of its own)."""
     from workflows.generations.listeners import (
         check_free,
         check_set,
@@ -47,6 +49,9 @@ def checked_listeners(env: Any, name: str, kind: HostKind, texts: tuple[str, ...
     listens = [parse_listen(t, name) for t in texts]
     chosen = parse_ready(ready) if ready is not None else default_ready(listens)
     check_set(listens, kind, chosen)
+    from workflows.generations.slots import check_instances
+
+    check_instances(instances, listens, kind)
     if listens:
         env.store().read(lambda s: check_free(s, name, listens, placed))
         if runs_here(env.state_dir, placed):

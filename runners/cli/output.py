@@ -142,10 +142,25 @@ class Fitted:
 def status_table(rows: list[dict[str, Any]]) -> Any:
     t = table("host", "kind", "state", "gen", "pid", "build", "up for", "socket", "deploy")
     for r in rows:
+        if "slots" in r:
+            _instance_rows(t, r)
+            continue
         t.add_row(r["host"], r["kind"], r["state"],
                   f"g{r['generation']}" if r["generation"] else "", str(r["pid"] or ""),
                   _build(r), age(r["since"]), _where(r), _news(r))
     return t
+
+
+def _instance_rows(t: Any, r: dict[str, Any]) -> None:
+    """A host of instances: its row says how many serve, then one row per slot
+    (`web/0`, `web/1`, ...) with its generation, pid and time up."""
+    up = sum(1 for x in r["slots"] if x["generation"])
+    t.add_row(r["host"], r["kind"], r["state"], f"{up}/{r['instances']}", "", _build(r), "",
+              _where(r), _news(r))
+    for x in r["slots"]:
+        t.add_row(f"{r['host']}/{x['slot']}", "", "up" if x["generation"] else "down",
+                  f"g{x['generation']}" if x["generation"] else "", str(x["pid"] or ""), "",
+                  age(x["since"]), "", "")
 
 
 def _build(r: dict[str, Any]) -> str:

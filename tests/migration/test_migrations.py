@@ -370,6 +370,34 @@ def seed_0025(conn: Connection) -> None:
                                         "status": None, "error": None})
 
 
+def seed_0024(conn: Connection) -> None:
+    """A host of two instances on a held listener, both current, one in each slot (0024:
+    hosts.instances, generations.slot, wakes.slot, stops.slot), the queued restart of a
+    third slot and a scale's stop of slot 1."""
+    raw_insert(conn, "hosts", {"name": "pair", "kind": "instance", "build_id": 1,
+                               "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "up",
+                               "raised": False, "fence_seq": 1, "box": None, "created_at": T0,
+                               "ready": "notify", "instances": 3})
+    for slot in (0, 1):
+        raw_insert(conn, "generations", {"id": 240 + slot, "uuid": f"{slot}" * 36, "host": "pair",
+                                         "build_id": 1, "state": "current", "fence": 1,
+                                         "pid": 2400 + slot, "create_time": 1.0, "cgroup": None,
+                                         "socket": None, "agent_id": "agent-1",
+                                         "created_at": T0, "current_at": T0, "ended_at": None,
+                                         "end_reason": None, "slot": slot})
+    raw_insert(conn, "wakes", {"id": 240, "host": "pair", "state": "queued", "cause": "restart",
+                               "fence": None, "generation_id": None, "reason": None,
+                               "created_at": T0, "ended_at": None, "build_id": None,
+                               "waiting_on": None, "attempts": 0, "next_attempt_at": T0,
+                               "last_error": None, "since": T0, "slot": 2})
+    raw_insert(conn, "stops", {"id": 240, "host": "pair", "state": "queued", "fence": None,
+                               "generation_id": None, "signalled_at": None,
+                               "reason": "scaled down to 1", "created_at": T0, "ended_at": None,
+                               "attempts": 0, "next_attempt_at": T0, "last_error": None,
+                               "since": T0, "slot": 1})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -391,6 +419,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0020": seed_0020,
     "0021": seed_0021,
     "0023": seed_0023,
+    "0024": seed_0024,
     "0025": seed_0025,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and

@@ -113,6 +113,10 @@ def diff(s: Session, w: Wanted) -> Change:
         if what in changed and state not in ("asleep", "down"):
             raise Refused(f"host {w.name} is {state}: its {what} cannot change while it runs",
                           f"stop it first with `vigil stop {w.name} --wait`, then apply again")
+    if "instances" in changed and state not in ("asleep", "down"):
+        raise Refused(f"host {w.name} is {state}: its instances change while it runs by "
+                      f"`vigil scale {w.name} {w.fields['instances']}`",
+                      f"run `vigil scale {w.name} {w.fields['instances']}`, then apply again")
     if build is None or build.path != w.build_path:
         old = build.digest[:12] if build else "?"
         details.append(f"build {old} -> {w.digest[:12]}")

@@ -80,7 +80,8 @@ def leaders(s: Session, hosts: list[str]) -> dict[str, dict[str, Any]]:
     `top` reads the generation's CPU and memory."""
     return {g.host: {"pid": g.pid, "create_time": g.create_time, "cgroup": g.cgroup}
             for g in s.execute(select(Generation).where(
-                Generation.host.in_(hosts), Generation.state == GenState.current)).scalars()}
+                Generation.host.in_(hosts), Generation.state == GenState.current)
+                .order_by(Generation.slot.desc())).scalars()}  # instances: slot 0's
 
 
 def glance(s: Session, hosts: list[str]) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from models.store import emit, utcnow
 from models.tables import Attempt, Build, Event, Generation, Host, Lease, Listener, Stop, Wake
 from workflows.base.paths import CONTROL
 from workflows.generations.listeners import Listen, check_set, note, reopened, stored, write_set
+from workflows.generations.slots import check_instances
 from workflows.leases.lease import still_needed
 from workflows.leases.placement import FENCE, check_store_loss
 from workflows.lifecycle.order import check_graph, dependents, stored_graph
@@ -107,11 +108,12 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
              socket_mode: int | None = None, listeners: list[Listen] | None = None,
              ready: str | None = None, probe: dict[str, Any] | None = None,
              run: dict[str, Any] | None = None, after: list[str] | None = None,
-             on_store_loss: str = FENCE) -> None:
+             on_store_loss: str = FENCE, instances: int = 1) -> None:
     check_name(name)
     check_store_loss(on_store_loss)
     listens = listeners or []
     check_set(listens, kind, ready)
+    check_instances(instances, listens, kind, tier=memory_tier_mb)
     check_args(args)
     check_env(env)
     check_seconds(drain_timeout, "--drain-timeout")
@@ -127,6 +129,7 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
                memory_tier_mb=memory_tier_mb, box=box, socket_group=socket_group,
                socket_mode=socket_mode, ready=ready, created_at=utcnow(), **worker,
                start_after=json.dumps(after), on_store_loss=on_store_loss,
+               instances=instances,
                **(probe or {}), **(run or {})))
     s.flush()
     write_set(s, name, listens, box)
@@ -195,8 +198,10 @@ def status(s: Session, name: str | None = None) -> list[dict[str, Any]]:
         q = q.where(Host.name == name)
     out = []
     for h in s.execute(q).scalars():
-        gen = s.execute(select(Generation).where(Generation.host == h.name,
-                                                 Generation.state == GenState.current)).scalar_one_or_none()
+        currents = list(s.execute(select(Generation).where(
+            Generation.host == h.name, Generation.state == GenState.current)
+            .order_by(Generation.slot)).scalars())
+        gen = currents[0] if currents else None  # a host of instances: its lowest slot's
         build = s.get(Build, gen.build_id if gen else h.build_id)
         lease = s.get(Lease, h.name)
         out.append({
@@ -216,8 +221,21 @@ def status(s: Session, name: str | None = None) -> list[dict[str, Any]]:
             **_listen_status(s, h),
             **_worker_status(s, h, gen),
             **_exit_status(s, h),
+            **_instance_status(h, currents),
         })
     return out
+
+
+def _instance_status(h: Host, currents: list[Generation]) -> dict[str, Any]:
+    """A host of instances: each slot, with its current generation and pid (none: down)."""
+    if h.instances == 1 and all(g.slot == 0 for g in currents):
+        return {}
+    by_slot = {g.slot: g for g in currents}
+    return {"instances": h.instances, "slots": [
+        {"slot": n, "generation": g.id if g else None, "pid": g.pid if g else None,
+         "build_id": g.build_id if g else None,
+         "since": (g.current_at.isoformat() + "Z") if g and g.current_at else None}
+        for n in sorted(set(range(h.instances)) | set(by_slot)) for g in [by_slot.get(n)]]}
 
 
 def _exit_status(s: Session, h: Host) -> dict[str, Any]:

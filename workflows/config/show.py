@@ -36,7 +36,8 @@ def describe(s: Session, name: str) -> dict[str, Any]:
     if h is None:
         raise NotFound(f"no host named {name!r}", "see `vigil host list`")
     gen = s.execute(select(Generation).where(Generation.host == name,
-                                             Generation.state == GenState.current)).scalar()
+                                             Generation.state == GenState.current)
+                    .order_by(Generation.slot).limit(1)).scalar()
     out: dict[str, Any] = {
         "host": name, "kind": h.kind.value, "state": host_state(s, name),
         "desired": h.desired.value,
@@ -48,6 +49,7 @@ def describe(s: Session, name: str) -> dict[str, Any]:
         "socket_mode": f"0{h.socket_mode:o}" if h.socket_mode is not None else None,
         "ready": h.ready or "http",
         "after": json.loads(h.start_after),  # the hosts its wake waits for, awake and ready
+        "instances": h.instances,
     }
     out.update({c: getattr(h, c) for c in SETTINGS})
     if h.kind is HostKind.instance:

@@ -5,6 +5,7 @@ mid-way (the agent died) abandons it before the switch, writing the same request
 
 from __future__ import annotations
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.errors import BrokenInvariant
@@ -86,6 +87,15 @@ def _drive_attempt(ctx: Context, attempt_id: int) -> Result:
     return Result.progress
 
 
+def _ran_in_a_slot(ctx: Context, a: Attempt) -> bool:
+    """A host of instances: a successor past slot 0 means an earlier slot's ran the build."""
+    if a.successor_id is None:
+        return False
+    slot = ctx.store.read(lambda s: s.execute(select(Generation.slot).where(
+        Generation.id == a.successor_id)).scalar())
+    return bool(slot)
+
+
 def _end(ctx: Context, attempt_id: int, exc: BaseException) -> None:
     end = classify(exc)
     a = load(ctx, attempt_id)
@@ -94,7 +104,8 @@ def _end(ctx: Context, attempt_id: int, exc: BaseException) -> None:
     if a.outcome is not None:
         return
     # Execution evidence: false only when it is proven nothing of the build ran.
-    executed = a.step in _EXECUTED_FROM and not isinstance(exc, SpawnError)
+    executed = (a.step in _EXECUTED_FROM and not isinstance(exc, SpawnError)) or _ran_in_a_slot(
+        ctx, a)
     hold_down = a.effective_mode is Mode.hold and a.retiring_id is not None
     outcome = {StepEnd.failed: Outcome.down if hold_down else Outcome.failed,
                StepEnd.cancelled: Outcome.cancelled,

@@ -3,6 +3,8 @@ build is started (for apps that cannot run twice at once)."""
 
 from __future__ import annotations
 
+from datetime import UTC
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -11,7 +13,7 @@ from models.states import AttemptStep, GenState, MemberRole, Mode, Outcome
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Member
 from models.transition import move, move_many
-from workflows.base.context import Context
+from workflows.base.context import Context, Poke
 from workflows.base.crash import crashpoint, define
 from workflows.builds.book import attempt_ended
 from workflows.builds.staged import mark_published, set_build
@@ -28,20 +30,35 @@ SUCCESSOR = define("swap.successor", "hold: the successor's generation and membe
 
 
 def run_hold(ctx: Context, a: Attempt) -> None:
-    """Stop the current generation (proven), then start the new build."""
+    """Stop the current generation (proven), then start the new build. A host of
+    instances: every one is stopped and proven first (the sockets stay held, connections
+    wait in their backlog), then each slot without a current generation is started and
+    made current in turn, the last one in the attempt's end."""
     build = _resume(ctx, a) if a.step is not AttemptStep.queued else _admit(ctx, a)
     if build is None:
         return
+    while not _start_one(ctx, a, build):
+        crashpoint(steps.SWITCHED)  # one slot's successor is current; the next one's not written
+
+
+def _start_one(ctx: Context, a: Attempt, build: Build) -> bool:
+    """The next successor, spawned, checked and made current; True when it was the last
+    (the attempt ended)."""
     if a.step in (AttemptStep.admitted, AttemptStep.stopping_old):
         _finish_old(ctx, a)
     host = ctx.store.read(lambda s: s.get(Host, a.host))
     if host is None:
         raise BrokenInvariant("host is missing")
-    gen = ctx.store.write(lambda s: _new_successor(s, ctx, a, host))
+    gen, last = ctx.store.write(lambda s: _new_successor(s, ctx, a, host))
     a.successor_id = gen.id
     crashpoint(SUCCESSOR)
     spawned = steps.spawn(ctx, a, host, build, gen)
     clean = steps.check(ctx, a, host, gen, spawned)
+    if not last and not clean:
+        ctx.store.write(lambda s: _slot_current(s, ctx, a, gen))
+        if gen.socket:
+            ctx.files.point_link(ctx.link_for(a.host), gen.socket)
+        return False
     proven = clean and end_generation(ctx, gen, drain_until=None) is None
     ctx.store.write(lambda s: _current(s, ctx, a, gen, clean, proven))
     if proven:
@@ -51,6 +68,17 @@ def run_hold(ctx: Context, a: Attempt) -> None:
         release_owed(ctx, a.host)
     if gen.socket:
         ctx.files.point_link(ctx.link_for(a.host), gen.socket)
+    return True
+
+
+def _slot_current(s: Session, ctx: Context, a: Attempt, gen: Generation) -> None:
+    """A host of instances: this slot's successor is current, the attempt goes on to the
+    next slot (back at stopping_old: nothing is left to stop, the build is published)."""
+    steps.gate(s, ctx, a)
+    steps.make_current_in(s, gen)
+    set_build(s, a.host, a.build_id)
+    steps.step_to(s, a, AttemptStep.stopping_old)
+    emit(s, "switched_slot", a.host, gen.id, attempt=a.id, slot=gen.slot)
 
 
 def _admit(ctx: Context, a: Attempt) -> Build | None:
@@ -95,14 +123,18 @@ def _resume(ctx: Context, a: Attempt) -> Build:
     return steps.verify(ctx, a)
 
 
-def _new_successor(s: Session, ctx: Context, a: Attempt, host: Host) -> Generation:
+def _new_successor(s: Session, ctx: Context, a: Attempt, host: Host) -> tuple[Generation, bool]:
+    """The successor of the lowest slot with nothing current; True when it is the last."""
     steps.gate(s, ctx, a)
-    g = intend(s, ctx, host, a.build_id, a.fence)
+    taken = set(s.execute(select(Generation.slot).where(
+        Generation.host == a.host, Generation.state == GenState.current)).scalars())
+    free = [n for n in range(host.instances) if n not in taken] or [0]
+    g = intend(s, ctx, host, a.build_id, a.fence, slot=free[0])
     join_set(s, g.id, a.host, MemberRole.spawning, a.fence or 0, attempt_id=a.id)
     move(s, Attempt, a.id, {"successor_id": g.id},
          f"attempt #{a.id} successor", fence=steps.BY_STEP)
     s.flush()
-    return g
+    return g, len(free) == 1
 
 
 def _current(s: Session, ctx: Context, a: Attempt, gen: Generation, clean: bool,
@@ -141,18 +173,20 @@ def _retire_successor(s: Session, a: Attempt) -> None:
 def _stop_old(ctx: Context, a: Attempt) -> None:
     def step(s: Session) -> None:
         steps.gate(s, ctx, a)
-        old = s.execute(select(Generation).where(Generation.host == a.host,
-                                                 Generation.state == GenState.current)).scalar_one_or_none()
-        if old is None:  # a one-shot worker with no run in progress: nothing to stop
+        olds = list(s.execute(select(Generation).where(
+            Generation.host == a.host, Generation.state == GenState.current)
+            .order_by(Generation.slot)).scalars())  # instances: every one
+        if not olds:  # a one-shot worker with no run in progress: nothing to stop
             steps.step_to(s, a, AttemptStep.stopping_old)
             return
-        mark_retiring(s, old.id, GenState.current, "hold swap")
-        join_set(s, old.id, a.host, MemberRole.retiring, a.fence or 0, attempt_id=a.id)
-        steps.step_to(s, a, AttemptStep.stopping_old, retiring_id=old.id)
-        a.retiring_id = old.id
-        old_socket = old.socket
-        if old_socket:
-            ctx.files.remove_link(ctx.link_for(a.host), only_if_target=old_socket)
+        for old in olds:
+            mark_retiring(s, old.id, GenState.current, "hold swap")
+            join_set(s, old.id, a.host, MemberRole.retiring, a.fence or 0, attempt_id=a.id)
+        steps.step_to(s, a, AttemptStep.stopping_old, retiring_id=olds[0].id)
+        a.retiring_id = olds[0].id
+        for old in olds:
+            if old.socket:
+                ctx.files.remove_link(ctx.link_for(a.host), only_if_target=old.socket)
 
     ctx.store.write(step)
     crashpoint(OLD_STOPPING)
@@ -164,17 +198,37 @@ def _finish_old(ctx: Context, a: Attempt) -> None:
         _stop_old(ctx, a)
     old, drain = steps.end_retiring(ctx, a, mark_unproven=False) if a.retiring_id is not None \
         else (None, 0.0)
+    others = _end_others(ctx, a)
 
     def step(s: Session) -> None:
-        if old is not None and s.get(Generation, old.id).state is GenState.retiring:  # type: ignore[union-attr]
-            mark_proven(s, old.id, "hold swap")
-        if old is not None and s.get(Member, old.id) is not None:
-            leave_set(s, ctx, a.host, old.id)
+        for g in [*others, *([old] if old is not None else [])]:
+            if s.get(Generation, g.id).state is GenState.retiring:  # type: ignore[union-attr]
+                mark_proven(s, g.id, "hold swap")
+            if s.get(Member, g.id) is not None:
+                leave_set(s, ctx, a.host, g.id)
         mark_published(s, a.build_id)
         steps.step_to(s, a, AttemptStep.published, drain_seconds=drain)
 
     ctx.store.write(step)
     a.drain_seconds = drain
-    if old is not None:
-        ctx.proc.release(ref_of(old))
+    for g in [*others, *([old] if old is not None else [])]:
+        ctx.proc.release(ref_of(g))
     crashpoint(OLD_STOPPED)
+
+
+def _end_others(ctx: Context, a: Attempt) -> list[Generation]:
+    """A host of instances: the attempt's other retiring members (every old slot but the
+    one it names), each drained from when it became a member, killed and proven."""
+    rows = ctx.store.read(lambda s: s.execute(select(Generation, Member.since).join(
+        Member, Member.generation_id == Generation.id).where(
+        Member.attempt_id == a.id, Member.role == MemberRole.retiring,
+        Generation.id != a.retiring_id)).all())
+    host = ctx.store.read(lambda s: s.get(Host, a.host)) if rows else None
+    for g, since in rows:
+        if g.state is GenState.proven or host is None:
+            continue
+        until = since.replace(tzinfo=UTC).timestamp() + host.drain_timeout
+        problem = end_generation(ctx, g, drain_until=until)
+        if problem is not None:
+            raise Poke(problem)
+    return [g for g, _ in rows]

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from models.errors import BrokenInvariant
 from models.states import AttemptStep, GenState, MemberRole, Outcome
 from models.store import emit, utcnow
-from models.tables import Attempt, Generation, Host, Member
+from models.tables import Attempt, Build, Generation, Host, Member
 from workflows.base.classify import BuildFailed, Interrupted, Stale
 from workflows.base.context import Context, Held
 from workflows.base.crash import crashpoint, define
@@ -34,15 +34,28 @@ def _interrupted(ctx: Context, a: Attempt) -> str:
 
 
 def run_overlap(ctx: Context, a: Attempt) -> None:
+    """A host of instances is replaced one slot at a time, slot 0 first (the batch is one
+    instance): its successor starts beside it, is checked, switched, and the old one
+    drained and proven before the next slot's successor is admitted (in the drain's own
+    commit), so N are current at every instant."""
     if a.step in (AttemptStep.switched, AttemptStep.drained):
-        return _drain(ctx, a)
-    if a.step is not AttemptStep.queued:
+        admitted = _drain(ctx, a)
+        if admitted is None:
+            return None
+        build = steps.verify(ctx, a)
+    elif a.step is not AttemptStep.queued:
         raise Interrupted(_interrupted(ctx, a))
-    build = steps.verify(ctx, a)
-    admitted = ctx.store.write(lambda s: _admit(s, ctx, a))
-    if admitted is None:
-        return None
-    host, gen = admitted
+    else:
+        build = steps.verify(ctx, a)
+        admitted = ctx.store.write(lambda s: _admit(s, ctx, a))
+    while admitted is not None:
+        _replace(ctx, a, build, *admitted)
+        admitted = _drain(ctx, a)
+    return None
+
+
+def _replace(ctx: Context, a: Attempt, build: Build, host: Host, gen: Generation) -> None:
+    """One slot: from its admitted successor to the switch."""
     a.successor_id = gen.id
     crashpoint(steps.ADMITTED)
     if a.step is AttemptStep.published:
@@ -65,8 +78,6 @@ def run_overlap(ctx: Context, a: Attempt) -> None:
     if merged:
         crashpoint(steps.HEALTHY)
     crashpoint(steps.SWITCHED)
-    _drain(ctx, a)
-    return None
 
 
 def _admit(s: Session, ctx: Context, a: Attempt) -> tuple[Host, Generation] | None:
@@ -83,6 +94,12 @@ def _admit(s: Session, ctx: Context, a: Attempt) -> tuple[Host, Generation] | No
     g = intend(s, ctx, h, a.build_id, fence)
     join_set(s, g.id, a.host, MemberRole.spawning, fence, attempt_id=a.id)
     steps.step_to(s, a, AttemptStep.admitted, fence=fence, successor_id=g.id)
+    _raised_in(s, ctx, a, h)
+    s.flush()
+    return h, g
+
+
+def _raised_in(s: Session, ctx: Context, a: Attempt, h: Host) -> None:
     if not _can_raise(ctx, h):
         # Nothing to raise: the raise and the publication ride in this commit (one
         # fsync instead of three before the exec); their crash points follow it. (The
@@ -90,18 +107,32 @@ def _admit(s: Session, ctx: Context, a: Attempt) -> tuple[Host, Generation] | No
         # nothing of the build ran, executed=false.)
         steps.step_to(s, a, AttemptStep.raised)
         steps.publish_in(s, a)
-    s.flush()
+
+
+def _next_slot(s: Session, ctx: Context, a: Attempt) -> tuple[Host, Generation] | None:
+    """In the drain's commit: the successor of the slot after the one just replaced (a
+    host of instances), admitted as the first was; None when that was the last slot."""
+    h = s.get(Host, a.host)
+    done = s.get(Generation, a.successor_id)
+    if h is None or done is None or done.slot + 1 >= h.instances:
+        return None
+    steps.gate(s, ctx, a)
+    g = intend(s, ctx, h, a.build_id, a.fence, slot=done.slot + 1)
+    join_set(s, g.id, a.host, MemberRole.spawning, a.fence or 0, attempt_id=a.id)
+    steps.step_to(s, a, AttemptStep.admitted, successor_id=g.id, retiring_id=None)
+    a.successor_id, a.retiring_id = g.id, None
+    _raised_in(s, ctx, a, h)
     return h, g
 
 
-def current_locked(s: Session, host: str) -> Generation | None:
+def current_locked(s: Session, host: str, slot: int = 0) -> Generation | None:
     """The host's current generation, its row locked until this step commits. On
     PostgreSQL an exit noticed at the same moment (current -> exited, committed between a
     plain read and the switch's own move) would otherwise make that move a LostRace and
     drop the deploy: locked, the read waits for it and then finds no current generation.
     (SQLite's writers are serialized already: FOR UPDATE is left out there.)"""
     return s.execute(select(Generation).where(
-        Generation.host == host, Generation.state == GenState.current)
+        Generation.host == host, Generation.slot == slot, Generation.state == GenState.current)
         .with_for_update()).scalar_one_or_none()
 
 
@@ -112,7 +143,7 @@ def _switch(s: Session, ctx: Context, a: Attempt, gen: Generation, merged: bool)
     if merged:
         steps.healthy_in(s, ctx, a, gen)
     steps.gate(s, ctx, a)
-    old = current_locked(s, a.host)
+    old = current_locked(s, a.host, gen.slot)
     old_id = old.id if old is not None else None
     if old is not None:
         mark_retiring(s, old.id, GenState.current, f"replaced by g{gen.id}")
@@ -158,42 +189,55 @@ def _raise_parent(ctx: Context, a: Attempt, host: Host) -> None:
     crashpoint(RAISED)
 
 
-def _drain(ctx: Context, a: Attempt) -> None:
-    """At or after the switch: finish. SIGTERM, the app's drain, SIGKILL, proof, leave."""
+def _drain(ctx: Context, a: Attempt) -> tuple[Host, Generation] | None:
+    """At or after the switch: finish. SIGTERM, the app's drain, SIGKILL, proof, leave;
+    a host of instances with a slot still to go: its successor admitted (returned)."""
     if a.retiring_id is None:
         return _nothing_to_drain(ctx, a)
     old, drain = steps.end_retiring(ctx, a, mark_unproven=True)
 
-    def step(s: Session) -> None:
+    def step(s: Session) -> tuple[Host, Generation] | None:
         if s.get(Generation, old.id).state is GenState.retiring:  # type: ignore[union-attr]
             mark_proven(s, old.id, "drained")
         leave_set(s, ctx, a.host, old.id)
+        admitted = _next_slot(s, ctx, a)
+        if admitted is not None:
+            emit(s, "switched_slot", a.host, a.successor_id, attempt=a.id, retired=old.id,
+                 drain_seconds=round(drain, 3))
+            return admitted
         steps.step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True,
                       drain_seconds=drain, reason="switched and drained", ended_at=utcnow())
         emit(s, "swapped", a.host, a.successor_id, attempt=a.id, mode=a.effective_mode.value,
              retired=old.id, drain_seconds=round(drain, 3))
         attempt_ended(s, a, Outcome.done)
+        return None
 
-    ctx.store.write(step)
+    admitted = ctx.store.write(step)
     ctx.proc.release(ref_of(old))
     crashpoint(DRAINED)
     run_restores(ctx, a.host)
+    return admitted
 
 
-def _nothing_to_drain(ctx: Context, a: Attempt) -> None:
+def _nothing_to_drain(ctx: Context, a: Attempt) -> tuple[Host, Generation] | None:
     """The switch found no current generation (it had died and is a member the sweep reaps):
-    done. The successor's own member row left at the switch, so if that made the set empty
-    the restore is owed here."""
+    done, or the next slot admitted. The successor's own member row left at the switch, so
+    if that made the set empty the restore is owed here."""
 
-    def step(s: Session) -> None:
+    def step(s: Session) -> tuple[Host, Generation] | None:
         leave_set(s, ctx, a.host, a.successor_id)  # type: ignore[arg-type]
+        admitted = _next_slot(s, ctx, a)
+        if admitted is not None:
+            return admitted
         steps.step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True,
                       drain_seconds=0.0, reason="switched (the old generation had already exited)",
                       ended_at=utcnow())
         emit(s, "swapped", a.host, a.successor_id, attempt=a.id, mode=a.effective_mode.value,
              retired=None, drain_seconds=0.0)
         attempt_ended(s, a, Outcome.done)
+        return None
 
-    ctx.store.write(step)
+    admitted = ctx.store.write(step)
     crashpoint(DRAINED)
     run_restores(ctx, a.host)
+    return admitted

@@ -29,7 +29,8 @@ def request_restart(s: Session, host: str) -> Attempt | None:
         emit(s, "restart_skipped", host, reason=skip)
         return None
     gen = s.execute(select(Generation).where(Generation.host == host,
-                                             Generation.state == GenState.current)).scalar_one()
+                                             Generation.state == GenState.current)
+                    .order_by(Generation.slot).limit(1)).scalar_one()  # instances: slot 0's
     build = s.get(Build, gen.build_id)
     if build is None:
         raise BrokenInvariant("build is missing")

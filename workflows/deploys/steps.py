@@ -26,7 +26,7 @@ from workflows.base.classify import BuildFailed, Cancelled, Stale
 from workflows.base.context import Context, Held, Poke
 from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import newest_revision, open_stop
-from workflows.base.queue import enqueue_wake
+from workflows.base.queue import wake_host
 from workflows.base.waivers import BY_STATE
 from workflows.builds.book import attempt_ended
 from workflows.builds.staged import mark_published, set_build, staged_problem
@@ -128,7 +128,7 @@ def asleep(s: Session, ctx: Context, a: Attempt, h: Host,
     set_build(s, a.host, a.build_id)
     reason = "host was not running: build set for its next wake"
     if h.desired is Desired.up:
-        enqueue_wake(s, a.host, "deploy")
+        wake_host(s, a.host, "deploy")
         reason = "host was down: build set and a wake queued"
     step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=False, reason=reason,
             ended_at=utcnow())
@@ -277,7 +277,8 @@ def relink(ctx: Context, host: str) -> None:
     """The canonical link follows the store. A switch (or a hold's unlink) moves the link
     inside its transaction; if that commit failed, the link names a generation that is not
     current: point it back at the one that is."""
-    socket = ctx.store.read(lambda s: s.execute(select(Generation.socket).where(
-        Generation.host == host, Generation.state == GenState.current)).scalar_one_or_none())
-    if socket and ctx.files.read_link(ctx.link_for(host)) != socket:
-        ctx.files.point_link(ctx.link_for(host), socket)
+    sockets = ctx.store.read(lambda s: s.execute(select(Generation.socket).where(
+        Generation.host == host, Generation.state == GenState.current)
+        .order_by(Generation.slot)).scalars().all())  # instances: any current one's will do
+    if sockets and sockets[0] and ctx.files.read_link(ctx.link_for(host)) not in sockets:
+        ctx.files.point_link(ctx.link_for(host), sockets[0])

@@ -27,14 +27,15 @@ _NEW = insert(_G).returning(_G.c.id)  # built once: an ORM add cost a unit-of-wo
 _SOCKET = update(_G).where(_G.c.id == bindparam("gid")).values(socket=bindparam("sock"))
 
 
-def intend(s: Session, ctx: Context, host: Host, build_id: int, fence: int | None) -> Generation:
+def intend(s: Session, ctx: Context, host: Host, build_id: int, fence: int | None, *,
+           slot: int = 0) -> Generation:
     """The generation row, `spawning`, in the caller's transaction: its containment chosen
     and (an instance) its socket named before anything of it runs. Returns a copy of the
     row as written."""
     gen_uuid = str(uuidlib.uuid4())
     row = dict(uuid=gen_uuid, host=host.name, build_id=build_id, state=GenState.spawning,
                fence=fence, cgroup=ctx.proc.containment_for(gen_uuid), agent_id=ctx.agent_id,
-               created_at=utcnow(), run_user=host.run_user)
+               created_at=utcnow(), run_user=host.run_user, slot=slot)
     gid = s.execute(_NEW, row).scalar_one()
     socket = None
     if own_socket(host):  # named after the row's id

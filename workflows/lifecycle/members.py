@@ -54,8 +54,8 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
     host = s.get(Host, gen.host)
     if restart and host is not None and host.kind is HostKind.worker:
         worker_exited(s, ctx, gen, host)  # backoff, onto its captured build; one-shot: none
-    elif restart and host is not None and host.desired is Desired.up:
-        queued = s.execute(select(Wake.id).where(Wake.host == gen.host,
+    elif restart and host is not None and host.desired is Desired.up and gen.slot < host.instances:
+        queued = s.execute(select(Wake.id).where(Wake.host == gen.host, Wake.slot == gen.slot,
                                                  Wake.state.in_(OPEN_WAKE))).first()
         if queued is None:  # an OOM kill says so, and restarts by the same policy
             instance_exited(s, host, gen, (oom_line(s, ctx, gen, code) if exited else None) or why)
@@ -68,7 +68,7 @@ def instance_exited(s: Session, host: Host, gen: Generation, why: str) -> None:
     up = (utcnow() - gen.current_at).total_seconds() if gen.current_at else 0.0
     streak = 0 if up >= host.restart_reset else host.restart_streak
     delay = restart_delay(host, streak - 1) if streak else 0.0
-    enqueue_wake(s, host.name, "restart", delay=delay)
+    enqueue_wake(s, host.name, "restart", delay=delay, slot=gen.slot)
     s.execute(Host.__table__.update().where(Host.name == host.name)
               .values(restart_streak=streak + 1))
     emit(s, "restart_scheduled", host.name, delay=round(delay, 3), streak=streak + 1,

@@ -13,7 +13,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.errors import BrokenInvariant, NotFound
-from models.states import OPEN_STOP, AttemptStep, Desired, GenState, Outcome, StopState, WakeState
+from models.states import (
+    OPEN_STOP,
+    AttemptStep,
+    Desired,
+    GenState,
+    MemberRole,
+    Outcome,
+    StopState,
+    WakeState,
+)
 from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Host, Member, Stop, Wake
 from models.transition import Fence, move, move_many
@@ -21,6 +30,7 @@ from workflows.base.context import Context, Held, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.waivers import BY_STATE, OPERATOR
 from workflows.builds.book import nudge
+from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, ref_of
 from workflows.leases.lease import held_fence, owe_release, release_owed
 from workflows.lifecycle.order import refuse_stop, stopping_dependents
@@ -49,7 +59,8 @@ def request_stop(s: Session, host: str, force: bool = False) -> StopRequest:
         refuse_stop(s, host)
     move_many(s, Host, [Host.name == host], {"desired": Desired.down}, f"host {host} down",
               fence=OPERATOR, col="desired", frm=tuple(Desired))
-    open_stop = s.execute(select(Stop).where(Stop.host == host, Stop.state.in_(OPEN_STOP))
+    open_stop = s.execute(select(Stop).where(Stop.host == host, Stop.state.in_(OPEN_STOP),
+                                             Stop.slot.is_(None))  # not a scale's
                           .order_by(Stop.id).limit(1)).scalar_one_or_none()
     if open_stop is not None:
         return StopRequest(open_stop.id, open_stop.state.value)
@@ -94,7 +105,7 @@ def _signal(ctx: Context, st: Stop) -> bool:
     """queued -> signalled with the current generation retiring; False when nothing runs."""
 
     def step(s: Session) -> bool:
-        first = stopping_dependents(s, st.host)
+        first = stopping_dependents(s, st.host) if st.slot is None else None
         if first:
             raise Held(f"waiting for {', '.join(first)} to stop first (they start after {st.host})")
         busy = s.execute(select(Wake.id, Wake.state).where(
@@ -103,8 +114,9 @@ def _signal(ctx: Context, st: Stop) -> bool:
         if busy is not None:
             raise Held(f"waiting for wake #{busy.id} ({busy.state.value}) to settle")
         now = utcnow()
-        _cancel_later_wakes(s, st.host, now)
-        _cancel_queued(s, st.host, now)
+        if st.slot is None:  # a scale's stop of one slot leaves the operator's intents be
+            _cancel_later_wakes(s, st.host, now)
+            _cancel_queued(s, st.host, now)
         # The barrier: attempts in flight see this stop at their next gate and end;
         # members must all leave (proven) before the current generation is stopped.
         attempt = s.execute(select(Attempt.id, Attempt.step).where(
@@ -114,8 +126,11 @@ def _signal(ctx: Context, st: Stop) -> bool:
         member = s.execute(select(Member.generation_id).where(Member.host == st.host)).first()
         if member is not None:
             raise Held(f"waiting for member g{member.generation_id} to be proven gone")
-        gen = s.execute(select(Generation).where(Generation.host == st.host,
-                                                 Generation.state == GenState.current)).scalar_one_or_none()
+        currents = list(s.execute(select(Generation).where(
+            Generation.host == st.host, Generation.state == GenState.current,
+            *([] if st.slot is None else [Generation.slot == st.slot]))
+            .order_by(Generation.slot)).scalars())
+        gen = currents[0] if currents else None  # instances: the others retire beside it
         if gen is None:
             move(s, Stop, st.id, {"state": StopState.done, "ended_at": now,
                                                "reason": "nothing was running"},
@@ -134,12 +149,24 @@ def _signal(ctx: Context, st: Stop) -> bool:
              {"state": StopState.signalled, "generation_id": gen.id, "fence": fence,
               "signalled_at": now}, f"stop #{st.id} queued -> signalled",
              fence=BY_STATE, col="state", frm=StopState.queued)
+        retire_siblings(s, ctx, currents[1:], Fence(st.host, ctx.agent_id, fence))
         return True
 
     signalled = ctx.store.write(step)
     if signalled:
         crashpoint(INTENT)
     return signalled
+
+
+def retire_siblings(s: Session, ctx: Context, gens: list[Generation], fence: Fence) -> None:
+    """The other instances of a host being stopped: current -> retiring members in the
+    stop's own transaction, so they drain beside the stop's generation (the member sweep
+    ends and proves each) and none is restarted."""
+    for g in gens:
+        move(s, Generation, g.id, {"state": GenState.retiring, "end_reason": "stopped"},
+             f"generation g{g.id} current -> retiring", fence=fence, col="state",
+             frm=GenState.current)
+        join_set(s, g.id, g.host, MemberRole.retiring, fence.value)
 
 
 def _cancel_later_wakes(s: Session, host: str, now: datetime) -> None:
@@ -165,6 +192,8 @@ def _finish(ctx: Context, st: Stop) -> Result:
     if gen.socket:
         ctx.files.remove_link(ctx.link_for(st.host), only_if_target=gen.socket)
         crashpoint(UNLINKED)
+    siblings = [] if st.slot is not None else ctx.store.read(lambda s: s.execute(
+        select(Member.generation_id).where(Member.host == st.host)).scalars().all())
     if gen.state is not GenState.proven:
         host = ctx.store.read(lambda s: s.get(Host, st.host))
         if host is None:
@@ -175,6 +204,9 @@ def _finish(ctx: Context, st: Stop) -> Result:
         problem = end_generation(ctx, gen, drain_until=drain_until, points=(TERMED, KILLED))
         if problem is not None:
             raise Poke(problem)
+    if siblings:  # the other instances drain as members, at once; the stop ends after them
+        raise Held(f"waiting for instances {', '.join(f'g{i}' for i in siblings)} of "
+                   f"{st.host} to be proven gone")
 
     def step(s: Session) -> None:
         if s.get(Generation, gen.id).state is GenState.retiring:  # type: ignore[union-attr]

@@ -31,7 +31,7 @@ from models.tables import Attempt, Generation, Host, Lease, Member, Release, Res
 from models.transition import Fence, move_many
 from workflows.base.context import Context, Poke
 from workflows.base.crash import crashpoint, define
-from workflows.base.queue import enqueue_wake
+from workflows.base.queue import wake_host
 from workflows.builds.book import nudge
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.leases import placement
@@ -129,7 +129,7 @@ def _take(s: Session, ctx: Context, host: str) -> None:
                                              Wake.state == WakeState.queued)).first()
     if h.desired is Desired.up and queued is None and not s.execute(select(Stop.id).where(
             Stop.host == host, Stop.state == StopState.queued)).first():
-        enqueue_wake(s, host, "takeover")
+        wake_host(s, host, "takeover")
     emit(s, "taken_over", host, old_holder=old_holder, old_fence=old_fence, fence=fence,
          ended=ended)
     nudge(s, host)  # a rollout waiting for an attempt abandoned here

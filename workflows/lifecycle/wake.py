@@ -23,7 +23,7 @@ from workflows.base.context import Context, Held, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import open_stop
 from workflows.base.ports import Spawned, SpawnError
-from workflows.base.queue import enqueue_wake
+from workflows.base.queue import enqueue_slots, enqueue_wake
 from workflows.base.waivers import BY_STATE, OPERATOR
 from workflows.builds.staged import mark_published, staged_problem
 from workflows.generations.access import grant_socket
@@ -83,13 +83,16 @@ def _first(col: Any, *where: Any) -> Any:
 
 # Everything a start checks before it leases, in one read (a query each cost more than the
 # checks): the host's lease, fence counter and placement; an open stop, an unproven wake,
-# a current generation, any generation not proven gone.
+# a current generation of the wake's slot, any generation of it not proven gone, and
+# (instances) a live generation of another slot: the lease it runs under is kept.
+_SLOT = bindparam("slot", type_=Integer)
 _BEFORE_START = select(
     _H.fence_seq, _H.box, _H.start_after, _L.holder, _L.fence, _L.expires_at,
     _first(_S.id, _S.host == _H.name, _S.state.in_(OPEN_STOP)).label("stop"),  # type: ignore[attr-defined]
     _first(_W.id, _W.host == _H.name, _W.state == WakeState.unproven).label("unproven"),  # type: ignore[attr-defined]
-    _first(_G.id, _G.host == _H.name, _G.state == GenState.current).label("current"),  # type: ignore[attr-defined]
-    _first(_G.id, _G.host == _H.name, _G.state.in_(LIVE_GEN)).label("live"),  # type: ignore[attr-defined]
+    _first(_G.id, _G.host == _H.name, _G.slot == _SLOT, _G.state == GenState.current).label("current"),  # type: ignore[attr-defined]
+    _first(_G.id, _G.host == _H.name, _G.slot == _SLOT, _G.state.in_(LIVE_GEN)).label("live"),  # type: ignore[attr-defined]
+    _first(_G.id, _G.host == _H.name, _G.slot != _SLOT, _G.state.in_(LIVE_GEN)).label("sibling"),  # type: ignore[attr-defined]
 ).select_from(Host.__table__.outerjoin(Lease.__table__, _L.host == _H.name)).where(
     _H.name == bindparam("host"))
 _GEN_STATE = select(_G.state).where(_G.id == bindparam("id"))
@@ -112,6 +115,8 @@ def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
         (WakeState.queued,) if stopping else OPEN_WAKE)).order_by(Wake.id).limit(1)).scalar_one_or_none()
     if open_wake is not None:
         return WakeRequest(open_wake.id, open_wake.state.value)
+    if h.instances > 1:
+        return _wake_slots(s, h, cause, stopping is not None)
     current = s.execute(_CURRENT, {"host": host}).first()
     if current is not None and stopping is None:
         return WakeRequest(None, "awake")
@@ -119,6 +124,24 @@ def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
     s.flush()
     emit(s, "wake_requested", host, wake=w.id, cause=cause)
     return WakeRequest(w.id, w.state.value)
+
+
+def _wake_slots(s: Session, h: Host, cause: str, stopping: bool) -> WakeRequest:
+    """A host of instances: a wake of every slot not up and not waking (after a stop under
+    way, every slot: the stop ends them all). The request names the first one queued."""
+    if stopping:
+        queued = set(s.execute(select(Wake.slot).where(
+            Wake.host == h.name, Wake.state == WakeState.queued)).scalars())
+        woken = [enqueue_wake(s, h.name, cause, slot=n) for n in range(h.instances)
+                 if n not in queued]
+    else:
+        woken = enqueue_slots(s, h.name, cause, h.instances)
+    if not woken:
+        return WakeRequest(None, "awake")
+    s.flush()
+    for w in woken:
+        emit(s, "wake_requested", h.name, wake=w.id, cause=cause, slot=w.slot)
+    return WakeRequest(woken[0].id, woken[0].state.value)
 
 
 def drive_wake(ctx: Context, wake_id: int) -> Result:
@@ -210,7 +233,7 @@ def _intent(s: Session, ctx: Context, wake_id: int, coalesced: list[int],
     if ctx.shutting_down.is_set():
         raise Poke("agent shutting down")
     fresh = w.state is WakeState.queued
-    seen = s.execute(_BEFORE_START, {"host": w.host}).first()
+    seen = s.execute(_BEFORE_START, {"host": w.host, "slot": w.slot}).first()
     if seen is None:
         raise BrokenInvariant(f"host {w.host} of wake #{w.id} is missing")
     if fresh:
@@ -240,7 +263,7 @@ def _intent(s: Session, ctx: Context, wake_id: int, coalesced: list[int],
         if fresh:
             _lease(s, ctx, w, fence)
         return _Intent(w, fresh, host, build, refusal=refusal)
-    g = intend(s, ctx, host, build.id, fence)
+    g = intend(s, ctx, host, build.id, fence, slot=w.slot)
     # Publish before exec: the build is referenced in the store before any of it runs.
     mark_published(s, build.id, seen=build)
     values = {"state": WakeState.spawning, "generation_id": g.id}
@@ -277,6 +300,8 @@ def _take_lease(s: Session, ctx: Context, w: Wake, seen: Any,
         hold(s, w, waits)
         return Result.waiting
     go_on(s, w)
+    if seen.sibling is not None and seen.holder == ctx.agent_id:
+        return int(seen.fence)  # another instance runs under this lease: its fence stays
     lease = None if seen.holder is None else seen
     return acquire(s, ctx, w.host, Holding(lease, seen.fence_seq, seen.box))
 

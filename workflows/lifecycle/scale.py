@@ -1,0 +1,82 @@
+"""`vigil scale HOST N`: a host of instances grown or shrunk while it runs. Up is a wake
+of each new slot; down is a stop of each slot at or past N, highest first. Each is an
+ordinary obligation (the wake's and the stop's own steps and crash points), written here
+in the operator's one transaction with the new count."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models.errors import NotFound, Refused
+from models.states import OPEN_STOP, Desired, GenState, StopState, WakeState
+from models.store import emit, utcnow
+from models.tables import Attempt, Generation, Host, Stop, Wake
+from models.transition import move_many
+from workflows.base.queue import enqueue_slots
+from workflows.base.waivers import OPERATOR
+from workflows.generations.listeners import stored
+from workflows.generations.slots import check_instances
+
+
+@dataclass
+class Scaled:
+    host: str
+    was: int
+    now: int
+    wakes: list[int] = field(default_factory=list)  # a wake of each new slot
+    stops: list[int] = field(default_factory=list)  # a stop of each slot removed
+
+    def line(self) -> str:
+        if self.was == self.now:
+            return f"host {self.host}: already {self.now} instance(s)"
+        what = (f"{len(self.wakes)} wake(s) queued" if self.now > self.was
+                else f"{len(self.stops)} stop(s) queued, highest slot first")
+        return f"host {self.host}: {self.was} -> {self.now} instances ({what})"
+
+
+def request_scale(s: Session, name: str, n: int) -> Scaled:
+    h = s.get(Host, name)
+    if h is None:
+        raise NotFound(f"no host named {name!r}", "see `vigil host list`")
+    check_instances(n, stored(s, name), h.kind, label="scale", tier=h.memory_tier_mb)
+    busy = s.execute(select(Attempt.id).where(Attempt.host == name,
+                                              Attempt.outcome.is_(None))).scalar()
+    stopping = s.execute(select(Stop.id).where(Stop.host == name,
+                                               Stop.state.in_(OPEN_STOP))).scalar()
+    if busy is not None or stopping is not None:
+        what = f"deploy #{busy} is under way" if busy is not None else f"stop #{stopping} is open"
+        raise Refused(f"host {name} cannot be scaled now: {what}",
+                      f"wait for it to end (`vigil status {name}`), then scale again")
+    out = Scaled(name, h.instances, n)
+    if n == h.instances:
+        return out
+    s.execute(Host.__table__.update().where(Host.name == name).values(instances=n))
+    now = utcnow()
+    if n > h.instances and h.desired is Desired.up:
+        woken = enqueue_slots(s, name, "scale", n)
+        s.flush()
+        out.wakes = [w.id for w in woken]
+    elif n < h.instances:
+        move_many(s, Wake, [Wake.host == name, Wake.slot >= n],
+                  {"state": WakeState.cancelled, "ended_at": now, "reason": "scaled down"},
+                  f"wakes of {name} past slot {n - 1} cancelled", fence=OPERATOR, col="state",
+                  frm=WakeState.queued)
+        out.stops = _stop_slots(s, name, n)
+    emit(s, "scaled", name, was=h.instances, to=n, wakes=out.wakes, stops=out.stops)
+    return out
+
+
+def _stop_slots(s: Session, name: str, n: int) -> list[int]:
+    """A stop of each current slot at or past `n`, highest first (its id order)."""
+    slots = sorted(s.execute(select(Generation.slot).where(
+        Generation.host == name, Generation.state == GenState.current,
+        Generation.slot >= n)).scalars(), reverse=True)
+    now = utcnow()
+    stops = [Stop(host=name, state=StopState.queued, since=now, next_attempt_at=now,
+                  created_at=now, slot=k, reason=f"scaled down to {n}") for k in slots]
+    s.add_all(stops)
+    s.flush()
+    return [st.id for st in stops]
