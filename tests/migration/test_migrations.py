@@ -338,6 +338,17 @@ def seed_0021(conn: Connection) -> None:
                                "limit_core": 0})
 
 
+def seed_0022(conn: Connection) -> None:
+    """A host leased by another box, expired (0022: leases indexed by holder and expiry)."""
+    raw_insert(conn, "hosts", {"name": "leased", "kind": "worker", "build_id": 1,
+                               "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "down",
+                               "raised": False, "fence_seq": 1, "box": "box1,box2",
+                               "created_at": T0, "limit_core": None})
+    raw_insert(conn, "leases", {"host": "leased", "holder": "box1", "fence": 1,
+                                "acquired_at": T0, "expires_at": T0})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -358,6 +369,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0019": seed_0019,
     "0020": seed_0020,
     "0021": seed_0021,
+    "0022": seed_0022,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
