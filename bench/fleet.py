@@ -43,14 +43,13 @@ from typing import Any
 import psutil
 import sqlalchemy as sa
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's vigil, not an installed one
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, cpu_s, durability, inherited_sync, loadavg, vigil_pids  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 from models import schema  # noqa: E402
-from models.store import Store  # noqa: E402
-
-AGENT_CONNECTIONS = 22  # MEASURE
+from models.store import AGENT_CONNECTIONS, Store  # noqa: E402
 
 ADMIN = os.environ.get("VIGIL_BENCH_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
 TABLE_COUNTERS = ("seq_scan", "seq_tup_read", "idx_scan", "idx_tup_fetch",
@@ -333,6 +332,8 @@ def main() -> None:
     sizes = [int(b) for b in args.boxes.split(",")]
     if args.quick:
         sizes, args.hosts, args.sample, args.settle = [2, 4], 3, 5.0, 2.0
+    for b in sizes:  # every size checked before the first starts
+        headroom(ADMIN, b)
     load0 = loadavg()
     rows = [run(ADMIN, b, args.hosts, args) for b in sizes]
     print(f"\n{args.hosts} hosts per box; sample {args.sample:.0f}s each; loadavg start {load0}, end {loadavg()}")
