@@ -48,6 +48,22 @@ def is_transient(exc: BaseException) -> bool:
 
 FIRST_RETRY = 0.005  # seconds; the waits double from here up to 0.25 s
 LOCK_WAIT = 60.0  # seconds a transaction retries lock contention (the agent's budget)
+# The connection budget of one agent on PostgreSQL (docs/guides/several-boxes.md,
+# "Connections"), each named vigil-<box>-<purpose> in pg_stat_activity:
+# - store: POOL_SIZE kept open, for the threads that run on a clock while the agent is idle
+#   (sweep, lease renewal, probes, the reconciler's round on a NOTIFY); a connection kept
+#   is one not opened again every second. MAX_OVERFLOW more while busy, opened for a burst
+#   and closed when handed back: the 8 drive threads (runners/agent/daemon.py max_hosts)
+#   and the exit watcher, a scheduler job and a control request beside the four above make
+#   14 threads at once, and 2 to spare (more jobs or requests at once); one more waits for a
+#   connection (pool_timeout), as it would for a core.
+#   (The old 10 + 10 kept up to 10 open for good after the first busy minute, 20 at most.)
+# - jobs: one: APScheduler calls its job store under its own lock, one call at a time;
+# - listen: the LISTEN connection (runners/base/wakeup.py).
+POOL_SIZE, MAX_OVERFLOW = 4, 12
+JOBS_POOL = 1
+IDLE_CONNECTIONS = POOL_SIZE + JOBS_POOL + 1  # what an idle agent holds at most
+AGENT_CONNECTIONS = POOL_SIZE + MAX_OVERFLOW + JOBS_POOL + 1  # and a busy one
 
 
 def transient_retry(budget: float) -> Any:
@@ -183,7 +199,11 @@ class Store:
         # Told of every transaction that committed (readonly or not): the agent's store
         # watch hears from it that a store in trouble works again (runners/base/storewatch.py).
         self.on_success: Callable[[bool], None] | None = None
-        self.engine: Engine = make_engine(self.url, synchronous, busy_timeout_ms)
+        # What each connection says it is (PostgreSQL's application_name, read by
+        # pg_stat_activity): "vigil-cli" until the agent names its own (name_connections).
+        self.app_name = "vigil-cli"
+        self.engine: Engine = make_engine(self.url, synchronous, busy_timeout_ms,
+                                          name=lambda: f"{self.app_name}-store")
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         # SQLite has one writer at a time. Threads of this process queue here for it, so the
         # next writer starts the moment the last one commits, instead of each polling the
@@ -258,6 +278,13 @@ class Store:
                 session.rollback()
                 raise
 
+    def name_connections(self, prefix: str) -> None:
+        """Name every connection from now on `<prefix>-<purpose>` (the agent: `vigil-<box>`);
+        the idle ones opened under the old name are closed."""
+        self.app_name = prefix
+        if self.dialect == "postgresql":
+            self.engine.pool.dispose()
+
     def dispose(self) -> None:
         self.engine.dispose()
 
@@ -267,9 +294,16 @@ def read_only(conn: Connection) -> Connection:
     return conn.execution_options(vigil_readonly=True)
 
 
-def make_engine(url: str, synchronous: str, busy_timeout_ms: int) -> Engine:
+def make_engine(url: str, synchronous: str, busy_timeout_ms: int, *,
+                name: Callable[[], str] = lambda: "vigil-cli", pool_size: int = POOL_SIZE,
+                max_overflow: int = MAX_OVERFLOW) -> Engine:
     if not url.startswith("sqlite"):
-        pg = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+        pg = create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow)
+
+        @event.listens_for(pg, "do_connect")
+        def _named(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+            cparams["application_name"] = name()  # read per connection: it may be renamed
+
         if synchronous.upper() == "OFF":
             # As with SQLite: a crash of the database server (not of vigil) may lose the
             # last commits, never corrupt them.

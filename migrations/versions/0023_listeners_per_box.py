@@ -15,13 +15,13 @@ would cascade-delete every row that references a host). PostgreSQL gets a CHECK;
 same rule as two triggers, as 0006 does for the durations.
 
 Revision ID: 0023
-Revises: 0021
+Revises: 0022
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0023"
-down_revision = "0021"
+down_revision = "0022"
 branch_labels = None
 depends_on = None
 

@@ -22,7 +22,7 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 
 from models.errors import BadInput, NotFound
-from models.store import Store, make_engine
+from models.store import JOBS_POOL, Store, make_engine
 from models.tables import Host
 from workflows.base.context import Context
 from workflows.deploys.schedules import request_restart
@@ -176,8 +176,9 @@ def attach(scheduler: BackgroundScheduler, ctx: Context, kick: Callable[[], None
     `on_error(exc)`: True when the store failed and the agent has said so; `may_act()`:
     False once the agent stopped acting on its store."""
     _agent.update(ctx=ctx, kick=kick, on_error=on_error, may_act=may_act)
-    scheduler.add_jobstore(AgentJobStore(on_error, engine=make_engine(ctx.store.url, "FULL", 5000)),
-                           alias=ALIAS)
+    engine = make_engine(ctx.store.url, "FULL", 5000, name=lambda: f"{ctx.store.app_name}-jobs",
+                         pool_size=JOBS_POOL, max_overflow=0)
+    scheduler.add_jobstore(AgentJobStore(on_error, engine=engine), alias=ALIAS)
 
 
 def detach(scheduler: BackgroundScheduler) -> None:

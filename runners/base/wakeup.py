@@ -54,7 +54,8 @@ def _listen(store: Store, kick: Callable[[], None], stop: threading.Event,
     conninfo = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     while not stop.is_set():
         try:
-            with psycopg.connect(conninfo, autocommit=True) as conn:
+            with psycopg.connect(conninfo, autocommit=True,
+                                 application_name=f"{store.app_name}-listen") as conn:
                 conn.execute(f"LISTEN {CHANNEL}")
                 kick()  # anything written while we were not listening
                 while not stop.is_set():

@@ -128,6 +128,7 @@ def run(env: Env, safety_interval: float, log_level: str, box: str | None,
     ctx = make_context(env.state_dir, store, agent_id(env.state_dir, box), lease_ttl=lease_ttl,
                        sockets=SocketAccess(env.state_dir, group, mode),
                        log_max_bytes=log_max_bytes, log_files=log_files)
+    store.name_connections(f"vigil-{ctx.agent_id}")  # pg_stat_activity: vigil-<box>-<purpose>
     sys.exit(AgentDaemon(ctx, scan_interval=safety_interval, sweep_interval=sweep_interval,
                          converge_budget=converge_budget, metrics_listen=metrics_listen,
                          db=env.db, keep=keep_of(keep_history, keep_last)).run())

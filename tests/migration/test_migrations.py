@@ -338,6 +338,17 @@ def seed_0021(conn: Connection) -> None:
                                "limit_core": 0})
 
 
+def seed_0022(conn: Connection) -> None:
+    """A host leased by another box, expired (0022: leases indexed by holder and expiry)."""
+    raw_insert(conn, "hosts", {"name": "leased", "kind": "worker", "build_id": 1,
+                               "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "down",
+                               "raised": False, "fence_seq": 1, "box": "box1,box2",
+                               "created_at": T0, "limit_core": None})
+    raw_insert(conn, "leases", {"host": "leased", "holder": "box1", "fence": 1,
+                                "acquired_at": T0, "expires_at": T0})
+
+
 def seed_0023(conn: Connection) -> None:
     """Two hosts placed on different boxes, each listening on the same address (0023: a
     listener address is unique per box among hosts that can meet, not store-wide), one of
@@ -418,6 +429,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0019": seed_0019,
     "0020": seed_0020,
     "0021": seed_0021,
+    "0022": seed_0022,
     "0023": seed_0023,
     "0024": seed_0024,
     "0025": seed_0025,

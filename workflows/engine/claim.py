@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from models.store import utcnow
@@ -61,11 +61,12 @@ def release_claims(ctx: Context) -> int:
 
     def step(s: Session) -> int:
         now = utcnow()
-        others = select(Lease.host).where(Lease.holder != ctx.agent_id)
         n = 0
         for k in KINDS.values():
+            # Per row, by the lease's primary key: not a NOT IN over the fleet's leases.
+            others = exists().where(Lease.host == k.host, Lease.holder != ctx.agent_id)
             where = [k.model.next_attempt_at > now + timedelta(seconds=BACKOFF_CEILING + 1),
-                     k.host.not_in(others)]
+                     ~others]
             if k.open is not None:
                 where.append(or_(k.open))
             r = s.execute(update(k.model).where(*where).values(next_attempt_at=now))

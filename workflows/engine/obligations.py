@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, cast, func, literal, select, union_all, update
+from sqlalchemy import String, cast, exists, func, literal, or_, select, union_all, update
 from sqlalchemy.orm import Session
 
 from models.states import OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE
@@ -115,14 +115,17 @@ def _open_rows(ctx: Context, *, per_host: bool = False, due_by: datetime | None 
     return union_all(*selects).cte("open_rows").prefix_with("MATERIALIZED")
 
 
-def not_ours(ctx: Context) -> Any:
-    """Hosts this agent must not act on: leased by another agent (expired or not: only a
-    takeover moves such a lease, workflows/lifecycle/takeover.py) or placed on other boxes only."""
+def not_ours(ctx: Context, host: Any) -> Any:
+    """True for a host this agent must not act on: leased by another agent (expired or not:
+    only a takeover moves such a lease, workflows/lifecycle/takeover.py) or placed on other
+    boxes only. Correlated per open row (its lease and its host by primary key), not a NOT IN
+    over every other box's leases: the read costs this box's open rows, not the fleet."""
     placed = literal(",").concat(Host.box).concat(",")
     me = ctx.agent_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    elsewhere = select(Host.name).where(Host.box.is_not(None),
-                                        placed.not_like(f"%,{me},%", escape="\\"))
-    return select(Lease.host).where(Lease.holder != ctx.agent_id).union(elsewhere)
+    leased_elsewhere = exists().where(Lease.host == host, Lease.holder != ctx.agent_id)
+    placed_elsewhere = exists().where(Host.name == host, Host.box.is_not(None),
+                                      placed.not_like(f"%,{me},%", escape="\\"))
+    return or_(leased_elsewhere, placed_elsewhere)
 
 
 def due(ctx: Context, now: datetime, *, skip: Collection[str] = (), after: str | None = None,
@@ -136,7 +139,7 @@ def due(ctx: Context, now: datetime, *, skip: Collection[str] = (), after: str |
     rows = _open_rows(ctx, per_host=True, due_by=now)
 
     def q(s: Session) -> list[Due]:
-        where = [rows.c.host.not_in(not_ours(ctx))]
+        where = [~not_ours(ctx, rows.c.host)]
         if skip:
             where.append(rows.c.host.not_in(list(skip)))
         rank = func.row_number().over(partition_by=rows.c.host, order_by=(rows.c.at, rows.c.id))
@@ -165,8 +168,7 @@ def next_due(ctx: Context, busy: set[str]) -> datetime | None:
     def q(s: Session) -> datetime | None:
         # As in due(): a host another agent holds is not ours, nor is its overdue row our
         # next wake-up (it would hide every retry of ours until the safety scan).
-        elsewhere = not_ours(ctx)
-        stmt = select(func.min(rows.c.at)).where(rows.c.host.not_in(elsewhere))
+        stmt = select(func.min(rows.c.at)).where(~not_ours(ctx, rows.c.host))
         if busy:
             stmt = stmt.where(rows.c.host.not_in(busy))
         return s.execute(stmt).scalar()

@@ -100,7 +100,10 @@ def retire_dead_currents(ctx: Context, only: Collection[int] | None = None,
                                                Lease.holder == ctx.agent_id)
         if only is not None:
             q = q.where(G.id.in_(list(only)))
-        return s.execute(q).all(), impossible_hosts(s)  # type: ignore[return-value]
+        rows = s.execute(q).all()
+        # Checked among this box's hosts only: a store-wide check read every current
+        # generation of the fleet (each box's backstop, every 30 s).
+        return rows, impossible_hosts(s, {r.host for r in rows})  # type: ignore[return-value]
 
     rows, refused = ctx.store.read(read)
     refs = {r.id: ProcRef(generation_uuid=r.uuid, pid=r.pid, create_time=r.create_time,

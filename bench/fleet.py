@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""A fleet on one PostgreSQL: B agents as real processes on this machine, each with its own
+state dir and box id (`vigil agent --box boxN`), each with H worker hosts (a `#!/bin/sh`
+build that `exec`s `sleep`) placed on it and on the next box (so every host is
+contestable, as in a fleet that fails over: each agent renews, self-fences and looks for
+orphans). Per B, from a fresh database:
+
+  start  every agent at once, each waits for `ready`; then the B x H hosts and their wakes
+         are written in one transaction (in-process, what `vigil host add --box` and
+         `vigil wake` write) and the doorbell NOTIFY rung
+  quiet  every host has a current generation and nothing is open; then --settle seconds
+  sample for --sample seconds, deltas of the database's own counters:
+         transactions/s (pg_stat_database xact_commit + xact_rollback), statements/s
+         (pg_stat_statements calls, when the server loads it; else n/a), rows read/s
+         (pg_stat_user_tables seq_tup_read + idx_tup_fetch, summed over vigil's tables),
+         row versions written/s (n_tup_ins + n_tup_upd + n_tup_del), and the connections
+         to the database by purpose (pg_stat_activity, by application_name
+         `vigil-<box>-<purpose>`); the CPU of every agent process (psutil), the first
+         box's agent alone and the mean over all
+Each figure is also printed per box (divided by B), so growth per box shows as the per-box
+column rising with B: O(this box) reads keep it flat, O(fleet) reads make it grow with B.
+
+The server must hold B agents' connections (`SHOW max_connections`): the script says how
+many it needs and stops, before anything starts, when the server has fewer free. Every
+process it started is ended by its pid: agents, their helpers (by the locks they hold) and
+every worker (by the pid and start time its generation recorded); the database is dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's vigil, not an installed one
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, cpu_s, durability, inherited_sync, loadavg, vigil_pids  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+from models import schema  # noqa: E402
+from models.store import AGENT_CONNECTIONS, Store  # noqa: E402
+
+ADMIN = os.environ.get("VIGIL_BENCH_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
+TABLE_COUNTERS = ("seq_scan", "seq_tup_read", "idx_scan", "idx_tup_fetch",
+                  "n_tup_ins", "n_tup_upd", "n_tup_del")
+
+
+def admin_sql(admin: str, sql: str) -> list[Any]:
+    eng = sa.create_engine(admin, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    try:
+        with eng.connect() as c:
+            r = c.execute(sa.text(sql))
+            return list(r) if r.returns_rows else []
+    finally:
+        eng.dispose()
+
+
+def headroom(admin: str, boxes: int) -> None:
+    """Stop before anything starts when the server cannot hold the fleet's connections."""
+    (limit,), = admin_sql(admin, "SELECT current_setting('max_connections')::int")
+    (reserved,), = admin_sql(admin, "SELECT current_setting('superuser_reserved_connections')::int")
+    (used,), = admin_sql(admin, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
+    need = boxes * AGENT_CONNECTIONS + 4  # each agent's budget (models/store.py), and this script
+    free = limit - reserved - used
+    if need > free:
+        sys.exit(f"fleet.py: {boxes} boxes need up to {need} connections, the server has {free} free "
+                 f"(max_connections {limit}, {used} in use); run fewer boxes, or point "
+                 "VIGIL_BENCH_PG at a server with a larger max_connections")
+
+
+class Fleet:
+    def __init__(self, admin: str, boxes: int, hosts: int, ttl: float) -> None:
+        self.admin, self.boxes, self.hosts, self.ttl = admin, boxes, hosts, ttl
+        self.tmp = Path(tempfile.mkdtemp(prefix="vgfleet", dir="/tmp"))
+        self.name = f"vigil_fleet_{uuid.uuid4().hex[:12]}"
+        self.url = sa.make_url(admin).set(database=self.name).render_as_string(hide_password=False)
+        self.homes = [self.tmp / f"box{i}" for i in range(boxes)]
+        self.agents: list[subprocess.Popen[bytes]] = []
+        self.helpers: set[int] = set()
+        self.peak: dict[str, int] = {}  # the most connections by purpose seen while waking
+
+    def create(self) -> None:
+        admin_sql(self.admin, f'CREATE DATABASE "{self.name}"')
+        store = Store(self.url)
+        try:
+            schema.upgrade(store.engine)
+        finally:
+            store.dispose()
+        shared = self.tmp / "builds"  # one staging root for every box (docs/guides/several-boxes.md)
+        shared.mkdir(mode=0o700)
+        for home in self.homes:
+            home.mkdir(mode=0o700)
+            (home / "builds").symlink_to(shared)
+
+    def start(self) -> None:
+        env = {**os.environ, "VIGIL_DB": self.url}
+        for i, home in enumerate(self.homes):
+            log = open(home / "agent.out", "ab")
+            self.agents.append(subprocess.Popen(
+                [sys.executable, "-m", "runners.cli", "agent", "--box", f"box{i}",
+                 "--lease-ttl", str(self.ttl), "--log-level", "INFO"],
+                cwd=ROOT, env={**env, "VIGIL_HOME": str(home)}, stdout=log, stderr=log))
+            log.close()
+        deadline = time.monotonic() + 60 + 3 * self.boxes
+        for home, p in zip(self.homes, self.agents, strict=True):
+            while b"logger=vigil.agent ready" not in (home / "agent.out").read_bytes():
+                if p.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"agent of {home.name} not ready; see {home / 'agent.out'}")
+                time.sleep(0.2)
+
+    def place(self) -> None:
+        """B x H worker hosts, each placed on its box and the next, all woken."""
+        from models.states import HostKind
+        from runners.backend.files import stage_build
+        from runners.base.wakeup import notify_boxes
+        from workflows.config.hosts import add_host
+        from workflows.lifecycle.wake import request_wake
+
+        build = self.tmp / "worker.sh"
+        build.write_text("#!/bin/sh\nexec sleep 100000\n")
+        build.chmod(0o755)
+        path, digest = stage_build(str(build), self.homes[0])
+        store = Store(self.url)
+
+        def add(s: Any) -> None:
+            for b in range(self.boxes):
+                placed = ",".join(sorted({f"box{b}", f"box{(b + 1) % self.boxes}"}))
+                for h in range(self.hosts):
+                    name = f"w{b}-{h}"
+                    add_host(s, name, kind=HostKind.worker, build_path=path, digest=digest,
+                             source=str(build), args=[], env={}, cwd=None, drain_timeout=5,
+                             health_timeout=5, box=placed)
+                    request_wake(s, name)
+
+        try:
+            store.write(add)
+            notify_boxes(store)  # every agent starts a round, as after `vigil wake`
+        finally:
+            store.dispose()
+
+    def wait_quiet(self, settle: float) -> float:
+        t0 = time.monotonic()
+        want = self.boxes * self.hosts
+        deadline = t0 + 60 + want * 0.2
+        eng = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
+        try:
+            while True:
+                with eng.connect() as c:
+                    up = c.execute(sa.text("SELECT count(*) FROM generations WHERE state = 'current'")).scalar()
+                    left = c.execute(sa.text("SELECT count(*) FROM pending_obligations")).scalar()
+                now = connections(self)
+                for k, v in now.items():
+                    self.peak[k] = max(self.peak.get(k, 0), v)
+                if up == want and left == 0:
+                    break
+                dead = [h.name for h, p in zip(self.homes, self.agents, strict=True) if p.poll() is not None]
+                if time.monotonic() > deadline or dead:
+                    tails = "".join(f"\n--- {h.name} ---\n" + (h / "agent.out").read_text()[-2000:]
+                                    for h in self.homes if h.name in dead[:2])
+                    raise RuntimeError(f"{up} of {want} hosts up, {left} obligations open, agents "
+                                       f"exited: {dead or 'none'}{tails}")
+                time.sleep(0.2)
+        finally:
+            eng.dispose()
+        woken = time.monotonic() - t0
+        for home in self.homes:  # the helpers each agent started (fd holder, log and fence keepers)
+            self.helpers |= set(vigil_pids(home))
+        time.sleep(settle)
+        return woken
+
+    def held(self) -> list[int]:
+        rows = dict(admin_sql(self.url, "SELECT holder, count(*) FROM leases GROUP BY holder"))
+        return [int(rows.get(f"box{i}", 0)) for i in range(self.boxes)]
+
+    def close(self) -> None:
+        pids = {p.pid for p in self.agents}
+        for p in self.agents:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.agents:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+        for pid in self.helpers - pids:  # a helper outlives its agent on purpose (fd hand-over)
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        try:
+            rows = admin_sql(self.url, "SELECT pid, create_time FROM generations WHERE pid IS NOT NULL "
+                                       "AND ended_at IS NULL")
+        except sa.exc.SQLAlchemyError:
+            rows = []
+        for pid, ctime in rows:  # every worker, by its pid and recorded start time
+            try:
+                if ctime is None or abs(psutil.Process(pid).create_time() - ctime) <= 0.05:
+                    os.kill(pid, signal.SIGKILL)
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                pass
+        if os.environ.get("FLEET_KEEP"):  # to look into a failed run: say where it is
+            print(f"kept: database {self.name}, state dirs {self.tmp}", flush=True)
+            return
+        admin_sql(self.admin, f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def statements(url: str) -> int | None:
+    """Statements run in this database so far, when the server loads pg_stat_statements."""
+    try:
+        admin_sql(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        (n,), = admin_sql(url, "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements "
+                               "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())")
+        return int(n)
+    except sa.exc.SQLAlchemyError:  # not in shared_preload_libraries: no such view to read
+        return None
+
+
+def counters(fleet: Fleet) -> dict[str, float]:
+    (xc, xr), = admin_sql(fleet.url, "SELECT xact_commit, xact_rollback FROM pg_stat_database "
+                                     "WHERE datname = current_database()")
+    sums = ", ".join(f"coalesce(sum({c}), 0)::bigint" for c in TABLE_COUNTERS)
+    row, = admin_sql(fleet.url, f"SELECT {sums} FROM pg_stat_user_tables")
+    out = {"xacts": float(xc + xr), **{c: float(v) for c, v in zip(TABLE_COUNTERS, row, strict=True)}}
+    for table, seq, idx in admin_sql(fleet.url, "SELECT relname, coalesce(seq_tup_read, 0), "
+                                                "coalesce(idx_tup_fetch, 0) FROM pg_stat_user_tables"):
+        out[f"seq:{table}"], out[f"idx:{table}"] = float(seq), float(idx)
+    n = statements(fleet.url)
+    if n is not None:
+        out["statements"] = float(n)
+    return out
+
+
+def connections(fleet: Fleet) -> dict[str, int]:
+    """Connections to the fleet's database by purpose (the last part of vigil-<box>-<purpose>)."""
+    rows = admin_sql(fleet.url, "SELECT application_name, count(*) FROM pg_stat_activity "
+                                "WHERE datname = current_database() AND pid <> pg_backend_pid() GROUP BY 1")
+    out: dict[str, int] = {}
+    for name, n in rows:
+        purpose = name.rsplit("-", 1)[-1] if name.startswith("vigil-") else (name or "unnamed")
+        out[purpose] = out.get(purpose, 0) + int(n)
+    return out
+
+
+def sample(fleet: Fleet, seconds: float) -> dict[str, Any]:
+    pids = [p.pid for p in fleet.agents]
+    time.sleep(1.5)  # backends flush their counters at most once a second
+    c0, cpu0, one0, t0 = counters(fleet), cpu_s(pids), cpu_s(pids[:1]), time.monotonic()
+    time.sleep(seconds)
+    time.sleep(1.5)
+    c1, cpu1, one1 = counters(fleet), cpu_s(pids), cpu_s(pids[:1])
+    wall = time.monotonic() - t0
+    rate = {k: (c1[k] - c0[k]) / wall for k in c1 if k in c0}
+    return {"rate": rate, "agents_cpu": (cpu1 - cpu0) / wall, "one_cpu": (one1 - one0) / wall,
+            "conns": connections(fleet)}
+
+
+def run(admin: str, boxes: int, hosts: int, args: argparse.Namespace) -> dict[str, Any]:
+    headroom(admin, boxes)
+    fleet = Fleet(admin, boxes, hosts, args.ttl)
+    try:
+        fleet.create()
+        t0 = time.monotonic()
+        fleet.start()
+        started = time.monotonic() - t0
+        fleet.place()
+        woken = fleet.wait_quiet(args.settle)
+        held = fleet.held()
+        s = sample(fleet, args.sample)
+        print(f"B={boxes}: agents ready in {started:.1f}s, {boxes * hosts} hosts up in {woken:.1f}s; "
+              f"leases held per box min {min(held)} max {max(held)}; connections {s['conns']}", flush=True)
+        print(f"B={boxes}: connections at most while waking: {fleet.peak}", flush=True)
+        return {"boxes": boxes, "hosts": hosts, "peak": fleet.peak, **s}
+    finally:
+        fleet.close()
+
+
+def table(rows: list[dict[str, Any]]) -> None:
+    def fig(r: dict[str, Any], key: str) -> float | None:
+        return r["rate"].get(key)
+
+    cols: list[tuple[str, Any]] = [
+        ("xacts/s", lambda r: fig(r, "xacts")),
+        ("stmts/s", lambda r: fig(r, "statements")),
+        ("rows read/s", lambda r: fig(r, "seq_tup_read") + fig(r, "idx_tup_fetch")),
+        ("  seq", lambda r: fig(r, "seq_tup_read")),
+        ("  idx", lambda r: fig(r, "idx_tup_fetch")),
+        ("rows written/s", lambda r: fig(r, "n_tup_ins") + fig(r, "n_tup_upd") + fig(r, "n_tup_del")),
+        ("connections", lambda r: float(sum(r["conns"].values()))),
+        ("agents CPU %", lambda r: r["agents_cpu"] * 100),
+    ]
+    head = f"{'figure':<16}" + "".join(f"{'B=' + str(r['boxes']):>12}{'per box':>10}" for r in rows)
+    print(head)
+    for name, get in cols:
+        line = f"{name:<16}"
+        for r in rows:
+            v = get(r)
+            line += f"{'n/a':>12}{'n/a':>10}" if v is None else f"{v:>12,.1f}{v / r['boxes']:>10,.2f}"
+        print(line)
+    print(f"{'one agent CPU %':<16}" + "".join(f"{r['one_cpu'] * 100:>12.2f}{'':>10}" for r in rows))
+    for r in rows:  # where the rows are read: the tables that grow with the fleet show here
+        top = sorted(((v, k) for k, v in r["rate"].items() if k[:4] in ("seq:", "idx:") and v > 0),
+                     reverse=True)[:6]
+        print(f"B={r['boxes']} rows read/s per box by table: " +
+              ", ".join(f"{k} {v / r['boxes']:.1f}" for v, k in top))
+    for r in rows:
+        print(f"B={r['boxes']} connections by purpose: " +
+              ", ".join(f"{k} {v} ({v / r['boxes']:.1f}/box)" for k, v in sorted(r["conns"].items())))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--boxes", default="10,50", help="comma-separated fleet sizes (default 10,50)")
+    ap.add_argument("--hosts", type=int, default=20, help="hosts per box (default 20)")
+    ap.add_argument("--sample", type=float, default=30.0, help="seconds sampled per fleet size")
+    ap.add_argument("--settle", type=float, default=10.0, help="seconds quiet before the sample")
+    ap.add_argument("--ttl", type=float, default=30.0, help="--lease-ttl of every agent")
+    ap.add_argument("--quick", action="store_true", help="2 and 4 boxes x 3 hosts, 5 s: a smoke run")
+    args = ap.parse_args()
+    sizes = [int(b) for b in args.boxes.split(",")]
+    if args.quick:
+        sizes, args.hosts, args.sample, args.settle = [2, 4], 3, 5.0, 2.0
+    for b in sizes:  # every size checked before the first starts
+        headroom(ADMIN, b)
+    load0 = loadavg()
+    rows = [run(ADMIN, b, args.hosts, args) for b in sizes]
+    print(f"\n{args.hosts} hosts per box; sample {args.sample:.0f}s each; loadavg start {load0}, end {loadavg()}")
+    table(rows)
+    (sync,), = admin_sql(ADMIN, "SELECT current_setting('synchronous_commit')")
+    fields = [f"B{r['boxes']}.xacts_per_box={r['rate']['xacts'] / r['boxes']:.2f}" for r in rows]
+    fields += [f"B{r['boxes']}.rows_read_per_box="
+               f"{(r['rate']['seq_tup_read'] + r['rate']['idx_tup_fetch']) / r['boxes']:.1f}" for r in rows]
+    fields += [f"B{r['boxes']}.conns_per_box={sum(r['conns'].values()) / r['boxes']:.2f}" for r in rows]
+    print("result: fleet " + " ".join(fields) + f" {durability('vigil', 'postgresql', sync)} {inherited_sync()}")
+
+
+if __name__ == "__main__":
+    main()
