@@ -61,7 +61,11 @@ class Times:
 
     def at(self, end: int) -> float:
         i = bisect_left(self.offsets, end)
-        return self.stamps[i] if i < len(self.stamps) else self.fallback
+        if i < len(self.stamps):
+            return self.stamps[i]
+        # Not yet recorded: the mtime, never before the last record (the kernel's coarse
+        # clock may set an mtime a few ms behind the keeper's time.time() of an earlier piece).
+        return max(self.fallback, self.stamps[-1]) if self.stamps else self.fallback
 
     def start_of(self, since: float) -> int:
         """An offset at or before the first byte taken at or after `since`."""

@@ -53,7 +53,9 @@ def test_all_hosts_lines_since_a_minute_come_in_the_order_they_were_written(
     # (and before the command ended); and the merged order is the apps' own, up to how long a
     # line waits in its pipe for the keeper (bounded generously: a loaded 2-core box).
     stamped = [(stamp(e["at"]), float(str(e["line"]).split()[3])) for e in got]
-    early = [(at, wrote) for at, wrote in stamped if not wrote - 0.000_01 <= at <= ended]
+    # (The newest lines, not yet in a record, have the file's mtime: the kernel's coarse
+    # clock, up to a tick, 4-10 ms, behind the app's time.time().)
+    early = [(at, wrote) for at, wrote in stamped if not wrote - 0.02 <= at <= ended]
     assert not early, early[:5]
     assert max(at - wrote for at, wrote in stamped) < 5.0
     wrote_in_order = [wrote for _, wrote in stamped]

@@ -116,7 +116,7 @@ def test_each_take_records_the_size_and_the_time_beside_the_file(
         tmp_path: Path, pipe: tuple[int, int]) -> None:
     r, w = pipe
     log = tmp_path / "g1.log"
-    out = Rotating(str(log), 1 << 20, 2)
+    out = Rotating(str(log), 1 << 20, 2, granule=0.0)  # a record for every take
     before = time.time()
     for text in (b"one\n", b"two\nthr", b"ee\n"):
         os.write(w, text)
@@ -130,7 +130,7 @@ def test_each_take_records_the_size_and_the_time_beside_the_file(
 def test_the_times_rotate_with_their_file(tmp_path: Path, pipe: tuple[int, int]) -> None:
     r, w = pipe
     log = tmp_path / "g1.log"
-    out = Rotating(str(log), 10, 3)
+    out = Rotating(str(log), 10, 3, granule=0.0)
     for text in (b"aaaa\n", b"bbbb\n", b"cccc\n"):  # the third crosses the cap of 10
         os.write(w, text)
         take_all(out, r)
@@ -146,7 +146,30 @@ def test_a_times_file_naming_more_than_its_log_starts_afresh(tmp_path: Path,
     r, w = pipe
     (tmp_path / "g1.log").write_bytes(b"x\n")
     (tmp_path / "g1.times").write_bytes(b"500 1.0\n900 2.0\n")
-    out = Rotating(str(tmp_path / "g1.log"), 1 << 20, 2)
+    out = Rotating(str(tmp_path / "g1.log"), 1 << 20, 2, granule=0.0)
     os.write(w, b"y\n")
     take_all(out, r)
-    assert [end for end, _ in records(tmp_path / "g1.times")] == [4]
+    assert [end for end, _ in records(tmp_path / "g1.times")] == [2, 4]  # "x" at its mtime
+
+
+def test_the_takes_of_one_granule_share_one_record(tmp_path: Path, pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    out = Rotating(str(tmp_path / "g1.log"), 1 << 20, 2, granule=3600.0)
+    for text in (b"one\n", b"two\n", b"three\n"):
+        os.write(w, text)
+        take_all(out, r)
+    assert records(tmp_path / "g1.times") == []  # still pending: the lines read the mtime
+    out.close()
+    assert [end for end, _ in records(tmp_path / "g1.times")] == [14]
+
+
+def test_a_new_keeper_records_what_the_killed_one_had_not(tmp_path: Path,
+                                                          pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    log = tmp_path / "g1.log"
+    first = Rotating(str(log), 1 << 20, 2, granule=3600.0)
+    os.write(w, b"before\n")
+    take_all(first, r)  # its record pending when it is killed (never closed)
+    os.utime(log, (1000.0, 1000.0))
+    Rotating(str(log), 1 << 20, 2, granule=0.0)
+    assert records(tmp_path / "g1.times") == [(7, 1000.0)]

@@ -44,6 +44,8 @@ def test_torn_and_stale_records_are_skipped(tmp_path: Path) -> None:
     t = Times(times, 99.0)
     assert (t.offsets, t.stamps) == ([4, 9], [1.0, 3.0])
     assert (t.at(3), t.at(4), t.at(5), t.at(10)) == (1.0, 1.0, 3.0, 99.0)
+    # an mtime behind the last record (the kernel's coarse clock): never before that record
+    assert Times(times, 2.0).at(10) == 3.0
 
 
 @pytest.mark.parametrize("want", [0, 1, 2, 5, 50])
