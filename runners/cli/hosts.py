@@ -80,13 +80,10 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
     from runners.backend.files import forget_host_files, stage_build
     from runners.cli.listeners import checked_listeners
-    from workflows.config.hosts import add_host, check_name, refuse_taken
-    from workflows.leases.placement import encode
+    from workflows.config.hosts import add_host
     from workflows.lifecycle.probe import check_probe
 
-    check_name(name)
-    env.store().read(lambda s: refuse_taken(s, name))  # before its port is found in use
-    placed = encode(boxes)
+    placed = _checked_name(env, name, boxes)
     listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready, placed,
                                          instances)
     group, mode = socket_options(socket_group, socket_mode)
@@ -103,6 +100,16 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         after=list(after), on_store_loss=on_store_loss, instances=instances))
     forget_host_files(env.state_dir, name)  # a removed namesake's, if its rm was cut short
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
+
+
+def _checked_name(env: Env, name: str, boxes: tuple[str, ...]) -> str | None:
+    """The name checked and free (before its port is found in use): the host's placement."""
+    from workflows.config.hosts import check_name, refuse_taken
+    from workflows.leases.placement import encode
+
+    check_name(name)
+    env.store().read(lambda s: refuse_taken(s, name))
+    return encode(boxes)
 
 
 def _checked_run(env: Env, name: str, kind: HostKind, args: tuple[str, ...],

@@ -73,7 +73,10 @@ def test_instances_wake_restart_in_their_slot_and_stop_together(vigil: Vigil) ->
         time.sleep(0.3)  # answers from the restarted one too
     after = slots_up(vigil, "web", 3)
     assert after[0]["pid"] == pids[0] and after[2]["pid"] == pids[2]
-    assert not client.failures, client.failures[:5]
+    # The instance killed may hold the one request in flight (it accepted it): that one is
+    # reset, as any server's killed worker's. Nothing else fails: the others serve on.
+    assert len(client.failures) <= 1, client.failures[:5]
+    assert all(f.startswith(("ConnectionResetError", "answer b''")) for f in client.failures)
     vigil.quiesce(30)
     vigil.check()
     vigil.run("stop", "web", "--wait", timeout=60)

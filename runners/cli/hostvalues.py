@@ -1,0 +1,121 @@
+"""The checks of single values in the hosts file (runners/cli/hostfile.py's KEYS): each
+takes the TOML value and the file's directory and returns the column's value, or raises
+Invalid with the cause and the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from models.durations import check_seconds
+from models.errors import BadInput
+from models.states import HostKind
+from runners.backend.sockets import check_group, parse_mode
+from runners.cli.runopts import Invalid
+from workflows.config.hosts import check_args, check_env
+from workflows.generations.listeners import parse_ready
+from workflows.lifecycle.probe import MAX_AFTER
+
+
+def _kind(v: Any, _: Path) -> HostKind:
+    if v not in [k.value for k in HostKind]:
+        raise Invalid(f"must be \"instance\" or \"worker\", not {json.dumps(v)}",
+                      'write kind = "instance" (serves HTTP) or kind = "worker"')
+    return HostKind(v)
+
+
+def _str_list(v: Any, _: Path) -> list[str]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise Invalid("must be a list of strings", 'write args = ["--flag", "value"]')
+    try:
+        check_args(v, label="")
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
+    return v
+
+
+def _str_table(v: Any, _: Path) -> dict[str, str]:
+    if not isinstance(v, dict):
+        raise Invalid("must be a table of strings", 'write env = { NAME = "value" }')
+    for k, x in v.items():
+        if not isinstance(x, str):
+            raise Invalid(f"{k} must be a string, not {json.dumps(x)}",
+                          f"quote it: {k} = {json.dumps(str(x).lower() if isinstance(x, bool) else str(x))}")
+    try:
+        check_env(v, label="")
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
+    return v
+
+
+def _directory(v: Any, base: Path) -> str:
+    if not isinstance(v, str) or not (base / v).is_dir():
+        raise Invalid(f"{json.dumps(v)} is not an existing directory",
+                      "name a directory (relative paths start at the file's directory)")
+    return str((base / v).resolve())
+
+
+def _seconds(v: Any, _: Path) -> float:
+    try:
+        return check_seconds(v, "")
+    except BadInput as exc:
+        raise Invalid(exc.cause, "write e.g. 10 or 2.5") from None
+
+
+def _megabytes(v: Any, _: Path) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise Invalid(f"must be a positive whole number of megabytes, not {json.dumps(v)}",
+                      "write e.g. 256")
+    return v
+
+
+def _group(v: Any, _: Path) -> str:
+    try:
+        if not isinstance(v, str):
+            raise ValueError(f"{json.dumps(v)} is not a group name")
+        check_group(v)
+    except ValueError as exc:
+        raise Invalid(str(exc), "name an existing group (see `getent group`)") from None
+    return v
+
+
+def _mode(v: Any, _: Path) -> int:
+    if not isinstance(v, str):
+        raise Invalid(f"must be an octal string, not {json.dumps(v)}", 'write socket_mode = "0660"')
+    try:
+        return parse_mode(v)
+    except ValueError as exc:
+        raise Invalid(str(exc), 'write socket_mode = "0660"') from None
+
+
+def _ready(v: Any, _: Path) -> str:
+    if not isinstance(v, str):
+        raise Invalid(f"must be a string, not {json.dumps(v)}", 'write ready = "notify"')
+    try:
+        return parse_ready(v, label="")
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
+
+
+def _flag(v: Any, _: Path) -> bool:
+    if not isinstance(v, bool):
+        raise Invalid(f"must be true or false, not {json.dumps(v)}", "write true or false")
+    return v
+
+
+def _count(v: Any, _: Path) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_AFTER:
+        raise Invalid(f"must be a count from 1 to {MAX_AFTER}, not {json.dumps(v)}",
+                      "write unhealthy_after = 3")
+    return v
+
+
+def _store_loss(v: Any, _: Path) -> str:
+    if v not in ("fence", "keep"):
+        raise Invalid(f"must be \"fence\" or \"keep\", not {json.dumps(v)}",
+                      'write on_store_loss = "fence" (stopped, never on two boxes) or "keep" '
+                      '(left running)')
+    return str(v)
+def _whole(v: Any, _: Path) -> Any:
+    return v  # checked beside the listeners (check_instances), which it needs
