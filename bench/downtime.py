@@ -73,6 +73,8 @@ class Event:
     gap: float = 0.0
     wall: float = 0.0
     errors: dict[str, int] = field(default_factory=dict)
+    oks: list[float] = field(default_factory=list)  # each success's time from the command (s)
+    fails: list[float] = field(default_factory=list)  # each failure's
 
 
 class Client:
@@ -82,6 +84,7 @@ class Client:
         self.path = path
         self.stop = threading.Event()
         self.done: list[float] = []  # completion time of each successful request
+        self.failed_at: list[float] = []  # and of each failed one
         self.failed = 0
         self.errors: dict[str, int] = {}
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -110,6 +113,7 @@ class Client:
                 self.done.append(time.monotonic())
             else:
                 self.failed += 1
+                self.failed_at.append(time.monotonic())
                 self.errors[err] = self.errors.get(err, 0) + 1
                 time.sleep(0.001)  # a refused connect returns at once: do not spin
 
@@ -126,7 +130,8 @@ def measure(who: str, path: str, command: Callable[[], None]) -> Event:
     c.thread.join(10)
     gaps = [b - a for a, b in zip(c.done, c.done[1:], strict=False)]
     return Event(who, ok=len(c.done), failed=c.failed, gap=max(gaps, default=float("inf")),
-                 wall=t1 - t0, errors=c.errors)
+                 wall=t1 - t0, errors=c.errors, oks=[t - t0 for t in c.done],
+                 fails=[t - t0 for t in c.failed_at])
 
 
 def run(argv: list[str], **kw: object) -> None:
@@ -321,6 +326,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=7, help="deploy events per supervisor")
     ap.add_argument("--quick", action="store_true", help="1 event each, for CI: keeps the script alive")
+    ap.add_argument("--plot", type=Path, default=None, metavar="FILE.svg",
+                    help="draw successful requests over time through each event (matplotlib: the bench extra)")
     args = ap.parse_args()
     n = 1 if args.quick else args.events
     load0 = loadavg()
@@ -367,6 +374,12 @@ def main() -> None:
         gs = f"{statistics.median(g):.1f} ({min(g):.1f}-{max(g):.1f})"
         ws = f"{statistics.median(w):.1f} ({min(w):.1f}-{max(w):.1f})"
         print(f"{who:<16} {fs:<18} {gs:<26} {ws}")
+    if args.plot is not None:
+        from plot import downtime_svg
+
+        downtime_svg(results, args.plot, f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+                     f"load {load0} -> {loadavg()}, {n} event(s) each", LEAD, TAIL)
+        print(f"plot: {args.plot}")
     for who in ("supervisord", "circus"):
         if versions[who] is None:
             print(f"{who:<16} not installed (run bench/install-peers)")

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from models.store import Store, sqlite_url
-from workflows.config.hosts import status
+from workflows.config.hostrows import status
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

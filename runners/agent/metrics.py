@@ -26,9 +26,9 @@ from sqlalchemy.orm import Session
 from models.errors import BadInput, Refused
 from models.states import Outcome, RolloutOutcome, RolloutState
 from models.store import Store, utcnow
-from models.tables import Attempt, Event, Host, Rollout
+from models.tables import Attempt, Event, Rollout
 from workflows.base.context import Context
-from workflows.config.hosts import host_state
+from workflows.config.hostrows import Facts, state_of
 
 log = logging.getLogger("vigil.metrics")
 REGISTRY = CollectorRegistry()
@@ -151,8 +151,9 @@ class StoreCollector:
         attempts = {(o.value if o is not None else "open"): n for o, n in s.execute(
             select(Attempt.outcome, func.count()).group_by(Attempt.outcome))}
         hosts: dict[str, int] = {}
-        for name in s.execute(select(Host.name)).scalars():
-            state = host_state(s, name)
+        facts = Facts(s)  # every host's state in a few grouped reads, not a few per host
+        for h in facts.hosts:
+            state = state_of(facts, h)
             hosts[state] = hosts.get(state, 0) + 1
         # executed is false for a deploy to a sleeping host (it only set the next build):
         # no deploy duration for it.

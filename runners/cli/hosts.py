@@ -140,7 +140,7 @@ def _checked_run(env: Env, name: str, kind: HostKind, args: tuple[str, ...],
 @click.pass_obj
 def host_list(env: Env, as_json: bool) -> None:
     """Every host: kind, state and build."""
-    from workflows.config.hosts import status
+    from workflows.config.hostrows import status
 
     rows = env.store().read(lambda s: status(s))
     if as_json:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from runners.backend.process import cgroup_pids
+from runners.base.pids import CTIME_TOLERANCE
 from runners.cli.output import age, event_line
 
 if TYPE_CHECKING:
@@ -49,24 +50,29 @@ class Sampler:
         out: dict[str, tuple[float, int]] = {}
         seen: set[tuple[int, float]] = set()
         for host, ld in leaders.items():
+            # No cgroup: the leader (when it is still the recorded process: a leader with no
+            # children of its own is one too) and its descendants.
+            leader = self._one(ld["pid"], seen, ld["create_time"]) if not ld["cgroup"] else None
             pids = (cgroup_pids(ld["cgroup"]) if ld["cgroup"]
-                    else [ld["pid"], *(p for p, _ in trees.get(host, ()))] if host in trees
-                    else [])
-            cpu, rss = 0.0, 0
+                    else [p for p, _ in trees.get(host, ())] if leader is not None else [])
+            cpu, rss = leader if leader is not None else (0.0, 0)
             for pid in pids:
                 got = self._one(pid, seen)
                 if got is not None:
                     cpu, rss = cpu + got[0], rss + got[1]
-            if pids:
+            if pids or leader is not None:
                 out[host] = (cpu, rss)
         for key in set(self.procs) - seen:
             del self.procs[key]
         return out
 
-    def _one(self, pid: int, seen: set[tuple[int, float]]) -> tuple[float, int] | None:
+    def _one(self, pid: int, seen: set[tuple[int, float]],
+             born: float | None = None) -> tuple[float, int] | None:
         try:
             p = psutil.Process(pid)
             key = (pid, p.create_time())
+            if born is not None and abs(key[1] - born) > CTIME_TOLERANCE:
+                return None  # the pid is another process's now
             p = self.procs.setdefault(key, p)
             with p.oneshot():
                 got = p.cpu_percent(None), p.memory_info().rss

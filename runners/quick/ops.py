@@ -19,8 +19,8 @@ from models.store import Store
 from models.tables import Attempt, Event, Generation, Host, Listener, Release, Stop, Wake
 from runners.backend.files import stage_build
 from runners.quick import client
+from workflows.config.hostrows import status as host_rows
 from workflows.config.hosts import record_build
-from workflows.config.hosts import status as host_rows
 from workflows.deploys.request import last_failed, no_longer_staged, request_deploy
 from workflows.lifecycle.order import dependents_first, in_order, stored_graph
 from workflows.lifecycle.stop import request_stop

@@ -54,12 +54,18 @@ def peers() -> None:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("script", ["latency", "downtime", "obligations", "recovery", "exits", "keepers",
-                                    "history", "cli", "spawn_user", "top"])
-def test_quick(script: str, peers: None) -> None:
-    cp = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--quick"], cwd=ROOT,
+                                    "history", "cli", "spawn_user", "top", "ui"])
+def test_quick(script: str, peers: None, tmp_path: Path) -> None:
+    picture = tmp_path / "downtime.svg"  # the docs' picture is drawn in the same run
+    extra = ["--plot", str(picture)] if script == "downtime" else []
+    cp = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--quick", *extra], cwd=ROOT,
                         capture_output=True, text=True, timeout=600)
     assert cp.returncode == 0, f"bench/{script}.py --quick exited {cp.returncode}:\n{cp.stdout}\n{cp.stderr[-3000:]}"
     assert f"result: {script}" in cp.stdout, cp.stdout
     for line in (x for x in cp.stdout.splitlines() if x.startswith("result:")):
         assert not missing_durability(line), f"{line}\nmissing: {missing_durability(line)}"
     assert "not installed" not in cp.stdout, cp.stdout
+    if extra:
+        svg = picture.read_text()
+        assert svg.startswith("<?xml") and "<svg" in svg, svg[:200]
+        assert "supervisord" in svg and "circus" in svg, "a panel a supervisor"

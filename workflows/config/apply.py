@@ -28,7 +28,8 @@ from models.store import emit, utcnow
 from models.tables import Attempt, Build, Host, Lease
 from models.transition import move
 from workflows.base.waivers import OPERATOR
-from workflows.config.hosts import check_name, host_state, record_build, remove_host
+from workflows.config.hostrows import host_state
+from workflows.config.hosts import check_name, record_build, remove_host
 from workflows.deploys.request import request_deploy
 from workflows.generations.listeners import Listen, as_listens, check_free, stored, write_set
 from workflows.leases.lease import still_needed

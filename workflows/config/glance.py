@@ -12,10 +12,9 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from models.errors import NotFound
 from models.states import IN_FLIGHT, OPEN_ROLLOUT, Cause, GenState
 from models.tables import Attempt, Generation, Host, Rollout, RolloutTarget, Wake
-from workflows.config.hosts import status
+from workflows.config.hostrows import rows_of
 
 # A wake's cause when the agent started the host again by itself, and what `top` calls it.
 RESTART_WAKES = {"restart": "crash", "recycle": "recycle", "converge": "converge"}
@@ -87,12 +86,7 @@ def leaders(s: Session, hosts: list[str]) -> dict[str, dict[str, Any]]:
 def glance(s: Session, hosts: list[str]) -> list[dict[str, Any]]:
     """`vigil status`'s row of each host named (in the order given; one removed meanwhile
     is left out), each with `restarts`, `obligations`, `rollout` and `leader` added."""
-    rows = []
-    for name in hosts:
-        try:
-            rows.extend(status(s, name))
-        except NotFound:
-            continue
+    rows = rows_of(s, hosts)
     shown = [r["host"] for r in rows]
     counts, owed = restarts(s, shown), obligations(s, shown)
     waves, leads = rollouts(s, shown), leaders(s, shown)

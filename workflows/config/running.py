@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from models.states import Desired
 from models.tables import Host
 from workflows.config.apply import Change
-from workflows.config.hosts import host_state
+from workflows.config.hostrows import host_state
 from workflows.lifecycle.order import stop_refusal
 from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.wake import refuse_if_unproven, request_wake

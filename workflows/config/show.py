@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from models.errors import NotFound
 from models.states import GenState, HostKind
 from models.tables import Attempt, Build, Generation, Host
-from workflows.config.hosts import host_state
+from workflows.config.hostrows import host_state
 from workflows.generations.listeners import note, stored
 
 SETTINGS = ("drain_timeout", "health_timeout", "memory_tier_mb", "socket_group",
