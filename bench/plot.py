@@ -40,8 +40,9 @@ def downtime_svg(results: dict[str, list[Any]], out: Path, title: str, lead: flo
         for ev in evs:
             x, y = rate(ev.oks, -lead, ev.wall + tail)
             ax.step(x, y, where="post", linewidth=0.8, alpha=0.7)
-            if ev.fails:
-                ax.plot(ev.fails, [0] * len(ev.fails), "|", color="red", markersize=8)
+            if ev.fails:  # one tick a bin that had failures: thousands of them draw as one
+                ticks = sorted({round(t / BIN) * BIN for t in ev.fails})
+                ax.plot(ticks, [0] * len(ticks), "|", color="red", markersize=8)
         failed = sum(ev.failed for ev in evs)
         ax.axvline(0, color="gray", linestyle=":", linewidth=0.8)
         ax.set_ylabel(who, rotation=0, ha="right", va="center", fontsize=9)
