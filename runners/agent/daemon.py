@@ -27,6 +27,7 @@ from runners.agent import schedules
 from runners.agent.exits import ExitWatcher, pidfds_supported
 from runners.agent.fencing import FencedProcess, FenceGuard, Timing
 from runners.agent.helpers import Helper, HelperWatch
+from runners.agent.openfiles import raise_open_file_limit, say_open_file_limit
 from runners.agent.reconciler import Reconciler
 from runners.agent.startup import StartStop
 from runners.agent.sweep import BACKSTOP, PRUNE_EVERY, PRUNE_FIRST, Sweeps
@@ -35,7 +36,7 @@ from runners.base import wakeup
 from runners.base.doorbell import ring as ring_doorbell
 from runners.base.sd_notify import notify
 from runners.base.storewatch import FileGuard, StoreWatch
-from runners.quick.control import ControlServer, raise_open_file_limit
+from runners.quick.control import ControlServer
 from runners.quick.control import version as control_version
 from workflows.base.context import Context
 from workflows.engine.history import Keep
@@ -135,13 +136,14 @@ class AgentDaemon(StartStop, Sweeps):
     def _recover(self) -> tuple[FenceGuard | None, dict[str, int], Observer | None]:
         """Lock, check and register, then recover: (the fence guard on PostgreSQL, what
         recovery adopted and retired, the metrics' round observer if served)."""
-        raise_open_file_limit()  # before anything opens: the control socket's cap follows it
+        limits = raise_open_file_limit()  # before anything opens: the control socket's cap follows it
         self._take_lock()
         self.watch = StoreWatch(self.ctx.store.url, self.ctx.state_dir, log,
                                 on_halt=self._halted)
         self.watch.recheck = lambda: self._check_schema(now=True)
         self.ctx.store.on_events = log_failures
         require_head(self.ctx.store.engine)
+        say_open_file_limit(self.ctx, limits)
         settle_state_dir(self.ctx)
         observe_round = None
         if self.metrics_listen:  # prometheus_client is imported only then (start-up time)

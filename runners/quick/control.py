@@ -39,19 +39,6 @@ _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
 _SOCKET_GONE = (errno.EBADF, errno.EINVAL, errno.ENOTSOCK)
 
 
-def raise_open_file_limit() -> tuple[int, int]:
-    """The soft RLIMIT_NOFILE raised to the hard limit (apps each hold pipes, pidfds and
-    sockets of the agent's): (soft, hard) as they are now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):  # a hard limit over the kernel's nr_open
-            pass
-    return soft, hard
-
-
 def connection_cap() -> int:
     """Control connections served at once: a quarter of the open-file limit (each is one
     fd), at most 256 (each may buffer a request of up to MAX_REQUEST)."""
