@@ -16,7 +16,7 @@ from models.errors import StoreNotReady
 if TYPE_CHECKING:
     from alembic.config import Config
 
-HEAD = "0025"
+HEAD = "0028"
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event, insert, make_url
+from sqlalchemy import Connection, Engine, create_engine, event, func, insert, make_url, select
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
@@ -31,6 +31,29 @@ DB_FILE = "vigil.db"
 def utcnow() -> datetime:
     """Naive UTC: the store keeps every timestamp in UTC without a zone."""
     return datetime.now(UTC).replace(tzinfo=None)
+
+
+# The server's time, in UTC without a zone (as the store keeps times): that of the
+# transaction's start, so every row a transaction writes carries one time, and a lease it
+# writes ends no later, and is judged expired no sooner, than by the time of its commit.
+_SERVER_NOW = func.timezone("UTC", func.now())
+
+
+def store_clock(s: Session) -> Any:
+    """Now by the store's one clock, as a value a statement compares with and adds a
+    timedelta to: on PostgreSQL the server's own time, so that leases written by one box
+    and judged expired by another never depend on the two boxes' clocks agreeing; on
+    SQLite (one box, one clock) the box's."""
+    if s.get_bind().dialect.name == "postgresql":
+        return _SERVER_NOW
+    return utcnow()
+
+
+def store_now(s: Session) -> datetime:
+    """store_clock() as a value here: one round trip on PostgreSQL."""
+    if s.get_bind().dialect.name == "postgresql":
+        return s.execute(select(_SERVER_NOW)).scalar_one()  # type: ignore[no-any-return]
+    return utcnow()
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -253,6 +253,19 @@ class KnownProcess(Base):
     __table_args__ = (Index("ix_known_processes_generation", "generation_id"),)
 
 
+class Chore(Base):
+    """Store-wide work one agent does for the whole fleet (migration 0028): the history
+    prune and the scheduled restarts' job store, which APScheduler says must never be
+    shared by two schedulers. Held like a lease, by the store's clock: renewed by its
+    holder, taken by another agent once expired; `epoch` counts the holders."""
+
+    __tablename__ = "chores"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(64))
+    epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
 class Lease(Base):
     __tablename__ = "leases"
     # A box's own leases by expiry, and the expired ones: the reads on a clock stay

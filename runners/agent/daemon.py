@@ -24,6 +24,7 @@ from models.schema import require_head
 from models.store import utcnow
 from models.tables import Agent as AgentRow
 from runners.agent import schedules
+from runners.agent.chores import Chores
 from runners.agent.exits import ExitWatcher, pidfds_supported
 from runners.agent.fencing import FencedProcess, FenceGuard, Timing
 from runners.agent.helpers import Helper, HelperWatch
@@ -237,7 +238,11 @@ class AgentDaemon(StartStop, Sweeps):
                               seconds=max(BACKSTOP, self.scan_interval))
         scheduler.add_job(self.prune_history, "interval", id="history", seconds=PRUNE_EVERY,
                           next_run_time=datetime.now(UTC) + timedelta(seconds=PRUNE_FIRST))
-        schedules.attach(scheduler, self.ctx, reconciler.kick, self.watch.trouble, self.may_act)
+        watch = self.watch
+        self.chores = Chores(self.ctx, lambda: schedules.attach(
+            scheduler, self.ctx, reconciler.kick, watch.trouble, self.may_act),
+            lambda: schedules.detach(scheduler), watch.trouble)
+        self.chores.tick()  # the holder attaches the job store before its scheduler starts
 
     def _shut_down(self, running: Running) -> int:
         """In turn: no new request, no new round, the drives finished, the helpers let go;
@@ -254,7 +259,7 @@ class AgentDaemon(StartStop, Sweeps):
         self.ctx.shutting_down.set()
         if guard is not None:
             guard.close()
-        schedules.detach(scheduler)
+        self.chores.close(self.may_act())
         scheduler.shutdown(wait=False)
         if self.watcher is not None:
             self.watcher.close()

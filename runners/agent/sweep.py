@@ -13,6 +13,7 @@ from sqlalchemy import update
 
 from models.store import utcnow
 from models.tables import Agent as AgentRow
+from runners.agent.chores import Chores
 from runners.agent.exits import ExitWatcher
 from runners.agent.reconciler import Reconciler
 from runners.agent.trust import StoreTrust
@@ -44,6 +45,7 @@ class Sweeps(StoreTrust):
     _rounds_seen: int
     _workers_to_sweep: bool
     _last_beat: float
+    chores: Chores  # the store-wide chores, while this agent holds them (runners/agent/chores.py)
     fence_guard: Any = None  # the FenceGuard on PostgreSQL (runners/agent/fencing.py)
 
     def sweep(self, reconciler: Reconciler) -> None:
@@ -89,6 +91,7 @@ class Sweeps(StoreTrust):
 
         self.ctx.store.write(beat)
         self._last_beat = time.monotonic()
+        self.chores.tick()  # every TTL/6 at most: one row the whole fleet shares
 
     def _sweep_loop(self, reconciler: Reconciler) -> None:
         """The short sweep on its own thread: APScheduler re-reads its job store on every
@@ -151,8 +154,8 @@ class Sweeps(StoreTrust):
     def prune_history(self) -> None:
         """A scheduled job: delete history nothing needs, a batch at a time (at most
         PRUNE_BATCHES per table per run: a backlog goes over several runs)."""
-        if not self.may_act() or self.keep.older_than is None:
-            return
+        if not self.may_act() or self.keep.older_than is None or not self.chores.held:
+            return  # the whole store's: the agent holding the chores prunes it
         try:
             done = prune(self.ctx.store, self.keep, max_batches=PRUNE_BATCHES,
                          go_on=lambda: not self.ctx.shutting_down.is_set() and self.may_act())

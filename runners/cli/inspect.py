@@ -148,9 +148,10 @@ def check(env: Env, as_json: bool) -> None:
 @click.command()
 def crashpoints() -> None:
     """Every registered crash point, one a line."""
-    import workflows.engine.obligations  # noqa: F401  (imports every workflow, registering its points)
-    import workflows.engine.recovery  # noqa: F401
+    from runners.cli.docs import import_workflows
     from workflows.base import crash
+
+    import_workflows()  # every workflow module: each registers its points at import
 
     for name in sorted(crash.REGISTERED):
         click.echo(name)

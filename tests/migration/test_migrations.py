@@ -409,6 +409,13 @@ def seed_0024(conn: Connection) -> None:
                                "since": T0, "slot": 1})
 
 
+def seed_0028(conn: Connection) -> None:
+    """The store's chores held by an agent (0028: chores, its one row written by the
+    migration itself): a second chore row beside it."""
+    raw_insert(conn, "chores", {"name": "spare", "holder": "agent-1", "epoch": 3,
+                                "expires_at": T0})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -433,10 +440,11 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0023": seed_0023,
     "0024": seed_0024,
     "0025": seed_0025,
+    "0028": seed_0028,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
-LATER_TABLES = {"apscheduler_jobs", "listeners", "known_processes", "rollouts", "rollout_targets",
+LATER_TABLES = {"chores", "apscheduler_jobs", "listeners", "known_processes", "rollouts", "rollout_targets",
                 "held_builds", "notifiers", "notify_on", "deliveries", "delivery_tries"}
 SEEDED_KINDS_0001 = {("wake", "web", 1), ("stop", "web", 1), ("release", "web", None),
                      ("restore", "web", None), ("attempt", "web", 1), ("member", "web", 2)}

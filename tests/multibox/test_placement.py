@@ -6,14 +6,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from models.store import utcnow
 from models.tables import Host, Lease
 from runners.wiring import make_context
 from tests.conftest import HELLO, Vigil
 from workflows.base.context import Poke
-from workflows.leases.lease import acquire
+from workflows.leases.lease import acquire, renew_in
 
 pytestmark = pytest.mark.postgresql_only("several boxes share one PostgreSQL store")
 
@@ -59,3 +59,26 @@ def test_lease_only_on_a_placed_box_and_taken_over_only_when_expired(vigil: Vigi
     assert store.write(lambda s: acquire(s, ctx("b2"), "web")) == 2
     assert store.read(lambda s: s.execute(select(Lease.holder, Lease.fence)
                                           .where(Lease.host == "web")).one()) == ("b2", 2)
+
+
+def test_lease_expiry_is_written_and_judged_by_the_store_s_clock(vigil: Vigil) -> None:
+    """Every box writes and judges a lease's expiry by the server's time (issue 28 item 2):
+    a box whose clock is off by a minute once wrote leases every other box read as expired
+    (or as held a minute too long) from the start. Exactly the transaction's own now()."""
+    vigil.run("host", "add", "web", "--build", str(HELLO))
+    store, ttl = vigil.store, timedelta(seconds=30)
+    ctx = make_context(vigil.state_dir, store, "b1", lease_ttl=ttl.total_seconds())
+
+    def server_now(s):  # type: ignore[no-untyped-def]
+        return s.execute(select(func.timezone("UTC", func.now()))).scalar_one()
+
+    def lease(s):  # type: ignore[no-untyped-def]
+        return s.execute(select(Lease.acquired_at, Lease.expires_at)
+                         .where(Lease.host == "web")).one()
+
+    now, (acquired, expires) = store.write(lambda s: (acquire(s, ctx, "web") and server_now(s),
+                                                      lease(s)))
+    assert (acquired, expires) == (now, now + ttl)
+    store.write(lambda s: s.execute(update(Lease).values(expires_at=server_now(s))))
+    now, n, (_, renewed) = store.write(lambda s: (server_now(s), renew_in(s, ctx), lease(s)))
+    assert n == 1 and renewed == now + ttl

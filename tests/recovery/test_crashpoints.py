@@ -55,6 +55,7 @@ from models.store import emit, utcnow
 from models.tables import (
     Attempt,
     Build,
+    Chore,
     Delivery,
     DeliveryTry,
     Event,
@@ -546,6 +547,21 @@ NOTIFY = Flow("notify", owe_notifications, end="awake", pre_awake=True, target_f
               verify=each_event_received)
 
 
+# The store-wide chores (workflows/leases/chores.py): the setup agent let them go at its
+# stop, the crash agent dies right after taking them; the next agent (the same box) holds
+# them as they were, runs them, and the target app was never touched.
+def chores_held(v: Vigil) -> None:
+    (row,) = rows(v, Chore)
+    box = (v.state_dir / "agent-id").read_text().strip()
+    assert row.holder == box and row.epoch >= 2, (row.holder, row.epoch)
+    assert b"crash point=chores.taken" in v.agent_log()
+    assert v.agent_log().count(b"runs the store-wide chores") >= 2  # setup, and after the crash
+
+
+CHORES = Flow("chores", None, end="awake", pre_awake=True, target_fate="kept",
+              verify=chores_held)
+
+
 SCENARIOS: dict[str, Scenario] = {
     # wake of a good host
     "wake.leased": Scenario(WAKE),
@@ -626,6 +642,7 @@ SCENARIOS: dict[str, Scenario] = {
     "rollout.revert_started": Scenario(ROLLOUT_REVERT),
     "rollout.revert_settled": Scenario(ROLLOUT_REVERT),
     # a delivery to a notifier's command
+    "chores.taken": Scenario(CHORES),
     "notify.begun": Scenario(NOTIFY),
     "notify.sent": Scenario(NOTIFY),
     "notify.recorded": Scenario(NOTIFY),
@@ -701,9 +718,10 @@ MARKER_POINTS = ["wake.spawned", "wake.reaping", "stop.killed", "swap.execd"]
 
 
 def registered() -> set[str]:
-    import workflows.engine.obligations  # noqa: F401  (imports every workflow, registering its points)
-    import workflows.engine.recovery  # noqa: F401
+    from runners.cli.docs import import_workflows
     from workflows.base import crash
+
+    import_workflows()  # every workflow module: each registers its points at import
 
     return set(crash.REGISTERED)
 

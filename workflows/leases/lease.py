@@ -11,7 +11,7 @@ from sqlalchemy import bindparam, delete, exists, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE
-from models.store import emit, utcnow
+from models.store import emit, store_clock, store_now, utcnow
 from models.tables import (
     Attempt,
     Event,
@@ -57,8 +57,9 @@ class Holding:
 
 def acquire(s: Session, ctx: Context, host: str, known: Holding | None = None) -> int:
     """Take (or re-take) the host's lease with a new fence, inside the caller's transaction.
-    Any owed release naming an older fence becomes stale: the fence moved on."""
-    now = utcnow()
+    Any owed release naming an older fence becomes stale: the fence moved on. Expiry is
+    written and judged by the store's clock (store_now), never by this box's."""
+    now = store_now(s)
     if known is None:
         lease = lease_of(s, host)
         seq, placed = s.execute(_COUNTER_OF, {"host": host}).one()
@@ -251,7 +252,7 @@ def renew_in(s: Session, ctx: Context) -> int:
     """Push the expiry of every lease this agent holds that is past half its length, in
     the caller's transaction; returns how many. The sweep runs every second: pushing every
     lease each time rewrote every lease row every second (10,000 a second with 10,000 hosts)."""
-    now = utcnow()
+    now = store_clock(s)
     retake_lapsed(s, ctx, now)
     expires = now + timedelta(seconds=ctx.lease_ttl)
     half = now + timedelta(seconds=ctx.lease_ttl / 2)
@@ -268,7 +269,7 @@ def renew_held(ctx: Context) -> set[str]:
     """Like renew(), and say which hosts this agent still holds (the others are lost)."""
 
     def step(s: Session) -> set[str]:
-        now = utcnow()
+        now = store_clock(s)
         retake_lapsed(s, ctx, now)
         expires = now + timedelta(seconds=ctx.lease_ttl)
         return set(s.execute(update(Lease).where(Lease.holder == ctx.agent_id)

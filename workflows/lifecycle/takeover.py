@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from models.errors import BrokenInvariant, LostRace
 from models.states import LIVE_GEN, AttemptStep, Desired, GenState, Outcome, StopState, WakeState
-from models.store import emit, utcnow
+from models.store import emit, store_clock, utcnow
 from models.tables import Attempt, Generation, Host, Lease, Member, Release, Restore, Stop, Wake
 from models.transition import Fence, move_many
 from workflows.base.context import Context, Poke
@@ -53,7 +53,7 @@ def orphans(ctx: Context, keep_too: bool = True) -> list[str]:
     when `keep_too`)."""
     rows = ctx.store.read(lambda s: s.execute(
         select(Lease.host, Host.box, Host.on_store_loss).join(Host, Host.name == Lease.host).where(
-            Lease.holder != ctx.agent_id, Lease.expires_at <= utcnow())).all())
+            Lease.holder != ctx.agent_id, Lease.expires_at <= store_clock(s))).all())
     return sorted(h for h, box, loss in rows if placement.may_take_over(box, ctx.agent_id)
                   and (keep_too or loss != placement.KEEP))
 

@@ -1,0 +1,54 @@
+"""The store-wide chores, done by one agent of the fleet for all (issue 28 item 1): the
+history prune, and the scheduled restarts' job store (APScheduler 3 must never share one
+job store between schedulers: two would each fire a run). The `chores` row is held like a
+host's lease: written and judged by the store's clock, renewed by its holder, taken by
+any agent once expired, its epoch counting the holders. Each call is one statement or two,
+O(1) whatever the size of the fleet."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import or_, update
+from sqlalchemy.orm import Session
+
+from models.store import emit, store_clock
+from models.tables import Chore
+from workflows.base.context import Context
+from workflows.base.crash import crashpoint, define
+
+STORE = "store"  # the one row: every chore that is the whole store's
+TAKEN = define("chores.taken", "this agent took the store's chores; nothing of them runs yet")
+
+
+def hold(s: Session, ctx: Context) -> tuple[int, bool] | None:
+    """Renew the chores when this agent holds them, else take them when free or expired:
+    (epoch, newly taken), or None when another agent holds them."""
+    now = store_clock(s)
+    expires = now + timedelta(seconds=ctx.lease_ttl)
+    mine = s.execute(update(Chore).where(Chore.name == STORE, Chore.holder == ctx.agent_id)
+                     .values(expires_at=expires).returning(Chore.epoch)).scalar()
+    if mine is not None:
+        return mine, False
+    taken = s.execute(update(Chore).where(
+        Chore.name == STORE, or_(Chore.holder.is_(None), Chore.expires_at <= now))
+        .values(holder=ctx.agent_id, epoch=Chore.epoch + 1, expires_at=expires)
+        .returning(Chore.epoch)).scalar()
+    if taken is None:
+        return None
+    emit(s, "chores_taken", None, epoch=taken, box=ctx.agent_id)
+    return taken, True
+
+
+def take_or_renew(ctx: Context) -> tuple[int, bool] | None:
+    """hold() in a transaction of its own; the crash point after a taking commits."""
+    got = ctx.store.write(lambda s: hold(s, ctx))
+    if got is not None and got[1]:
+        crashpoint(TAKEN)
+    return got
+
+
+def let_go(ctx: Context) -> None:
+    """A clean stop: the chores are free at once for another agent (no wait for expiry)."""
+    ctx.store.write(lambda s: s.execute(update(Chore).where(
+        Chore.name == STORE, Chore.holder == ctx.agent_id).values(holder=None, expires_at=None)))
