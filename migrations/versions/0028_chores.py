@@ -1,7 +1,8 @@
 """One agent does the store-wide chores (issue 28 item 1): a `chores` row held like a
 lease (holder, expiry by the store's clock, an epoch counting the holders). Its holder alone
 runs the history prune and attaches the scheduled restarts' job store; another agent takes
-it once it expires. One row, `store`, written here. A new table only: nothing is rebuilt.
+it once it expires. Its one row, `store`, is written by the first agent to take the chores.
+A new table only: nothing is rebuilt.
 
 Revision ID: 0028
 Revises: 0025
@@ -16,7 +17,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    chores = op.create_table(
+    op.create_table(
         "chores",
         sa.Column("name", sa.String(length=32), nullable=False),
         sa.Column("holder", sa.String(length=64), nullable=True),
@@ -24,7 +25,6 @@ def upgrade() -> None:
         sa.Column("expires_at", sa.DateTime(), nullable=True),
         sa.PrimaryKeyConstraint("name", name="pk_chores"),
     )
-    op.bulk_insert(chores, [{"name": "store", "holder": None, "epoch": 0, "expires_at": None}])
 
 
 def downgrade() -> None:

@@ -148,10 +148,10 @@ def check(env: Env, as_json: bool) -> None:
 @click.command()
 def crashpoints() -> None:
     """Every registered crash point, one a line."""
-    from runners.cli.docs import import_workflows
+    from runners.base.workflows import every_workflow
     from workflows.base import crash
 
-    import_workflows()  # every workflow module: each registers its points at import
+    every_workflow()  # every workflow module: each registers its points at import
 
     for name in sorted(crash.REGISTERED):
         click.echo(name)

@@ -410,9 +410,8 @@ def seed_0024(conn: Connection) -> None:
 
 
 def seed_0028(conn: Connection) -> None:
-    """The store's chores held by an agent (0028: chores, its one row written by the
-    migration itself): a second chore row beside it."""
-    raw_insert(conn, "chores", {"name": "spare", "holder": "agent-1", "epoch": 3,
+    """The store's chores held by an agent (0028: chores)."""
+    raw_insert(conn, "chores", {"name": "store", "holder": "agent-1", "epoch": 3,
                                 "expires_at": T0})
 
 

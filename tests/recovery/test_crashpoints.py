@@ -718,10 +718,10 @@ MARKER_POINTS = ["wake.spawned", "wake.reaping", "stop.killed", "swap.execd"]
 
 
 def registered() -> set[str]:
-    from runners.cli.docs import import_workflows
+    from runners.base.workflows import every_workflow
     from workflows.base import crash
 
-    import_workflows()  # every workflow module: each registers its points at import
+    every_workflow()  # every workflow module: each registers its points at import
 
     return set(crash.REGISTERED)
 

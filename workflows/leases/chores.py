@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import or_, update
+from sqlalchemy import insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from models.store import emit, store_clock
@@ -30,6 +30,10 @@ def hold(s: Session, ctx: Context) -> tuple[int, bool] | None:
                      .values(expires_at=expires).returning(Chore.epoch)).scalar()
     if mine is not None:
         return mine, False
+    if s.execute(select(Chore.name).where(Chore.name == STORE)).first() is None:
+        # The first agent on this store writes the row; two at once: one insert wins
+        # (the primary key), the other's transaction fails and its next heartbeat retries.
+        s.execute(insert(Chore).values(name=STORE, holder=None, epoch=0, expires_at=None))
     taken = s.execute(update(Chore).where(
         Chore.name == STORE, or_(Chore.holder.is_(None), Chore.expires_at <= now))
         .values(holder=ctx.agent_id, epoch=Chore.epoch + 1, expires_at=expires)
