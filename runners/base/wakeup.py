@@ -14,7 +14,7 @@ import sqlite3
 import threading
 from collections.abc import Callable
 
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
 from models.errors import BrokenInvariant
 from models.store import Store
@@ -51,10 +51,13 @@ def _listen(store: Store, kick: Callable[[], None], stop: threading.Event,
             on_error: Callable[[BaseException], bool]) -> None:
     import psycopg
 
-    conninfo = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    # Direct to the server when the store is a pooler in transaction mode: a LISTEN made
+    # through it would stay on a server session that goes back to the pool.
+    url = make_url(store.listen_url) if store.listen_url else store.engine.url
+    conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
     while not stop.is_set():
         try:
-            with psycopg.connect(conninfo, autocommit=True,
+            with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None,
                                  application_name=f"{store.app_name}-listen") as conn:
                 conn.execute(f"LISTEN {CHANNEL}")
                 kick()  # anything written while we were not listening
