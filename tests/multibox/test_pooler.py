@@ -116,8 +116,22 @@ def test_two_boxes_through_pgbouncer_wake_deploy_and_recover(pooled, pgbouncer) 
         x.check()
         log = x.agent_log().decode()
         assert "prepared statement" not in log, log[-3000:]
-        assert "LISTEN vigil failed" not in log, log[-3000:]
+        assert "LISTEN vigil failed" not in log and "hears no NOTIFY" not in log, log[-3000:]
     assert "prepared statement" not in pgbouncer.log.read_text()
+
+
+def test_an_agent_through_pgbouncer_without_listen_db_says_so(pgbouncer: Pooler,
+                                                              short_tmp: Path) -> None:
+    """Its LISTEN made through the pooler hears nothing: the agent says so once, with the fix."""
+    box = Box("a", short_tmp / "a", pgbouncer.url)
+    try:
+        box.start_agent(None, "--box", "a", "--lease-ttl", str(LEASE_TTL))
+        wait_for(lambda: b"hears no NOTIFY" in box.agent_log(), 60, interval=0.25,
+                 what="the agent saying its LISTEN hears nothing")
+        line = next(ln for ln in box.agent_log().decode().splitlines() if "hears no NOTIFY" in ln)
+        assert "give --listen-db (VIGIL_LISTEN_DB) a direct URL" in line, line
+    finally:
+        box.cleanup()
 
 
 def churn(stores: list[Store], rounds: int = 12) -> None:
