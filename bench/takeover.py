@@ -10,6 +10,9 @@ instant the dead box's last lease expired (before it nothing may be taken over: 
 follows is the takeover's own work). The dead box's agent is started again, and the next
 run kills the other box (the hosts come back), so runs alternate between the two.
 
+`--pgbouncer`: the agents reach the store through a PgBouncer of the run's own in
+transaction mode (bench/pgbouncer.py), their LISTEN sessions direct (--listen-db).
+
 Median and min-max over --runs; the load average is printed with each run. No quiet box is
 needed to say within or beyond TTL + 5 s; a load figure says what the box was doing.
 Every process it started is ended by its pid; the database is dropped.
@@ -41,7 +44,7 @@ from models.store import Store  # noqa: E402
 READY = b"logger=vigil.agent ready"
 
 
-def start_agent(fleet: Fleet, i: int) -> None:
+def start_agent(fleet: Fleet, i: int, env: dict[str, str]) -> None:
     """Box i's agent, returned once it logged one more `ready` than before."""
     home = fleet.homes[i]
     out = home / "agent.out"
@@ -49,7 +52,7 @@ def start_agent(fleet: Fleet, i: int) -> None:
     with open(out, "ab") as log:
         p = subprocess.Popen([sys.executable, "-m", "runners.cli", "agent", "--box", f"box{i}",
                               "--lease-ttl", str(fleet.ttl), "--log-level", "INFO"], cwd=ROOT,
-                             env={**os.environ, "VIGIL_DB": fleet.url, "VIGIL_HOME": str(home)},
+                             env={**os.environ, "VIGIL_DB": fleet.url, "VIGIL_HOME": str(home), **env},
                              stdout=log, stderr=log)
     fleet.agents.append(p)
     deadline = time.monotonic() + 90
@@ -140,7 +143,8 @@ def last_expiry(eng: sa.Engine, box: str) -> float:
     return at.replace(tzinfo=UTC).timestamp()
 
 
-def one_run(fleet: Fleet, eng: sa.Engine, names: list[str], victim: int) -> dict[str, Any]:
+def one_run(fleet: Fleet, eng: sa.Engine, names: list[str], victim: int,
+            env: dict[str, str]) -> dict[str, Any]:
     survivor = 1 - victim
     load0 = loadavg()
     expiry = last_expiry(eng, f"box{victim}")  # renewed every TTL/6: read just before the kill
@@ -152,7 +156,7 @@ def one_run(fleet: Fleet, eng: sa.Engine, names: list[str], victim: int) -> dict
     r = {"victim": victim, "took": done - killed_at, "after_expiry": done - expiry,
          "expiry": expiry - killed_at, "killed": n, "load": f"{load0} -> {loadavg()}",
          "first": (first.replace(tzinfo=UTC).timestamp() - killed_at) if first else None}
-    start_agent(fleet, victim)  # the dead box comes back, idle: the next run kills the other
+    start_agent(fleet, victim, env)  # the dead box comes back, idle: the next run kills the other
     fleet.helpers |= set(vigil_pids(fleet.homes[victim]))
     return r
 
@@ -162,6 +166,9 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=20, help="hosts of the box that dies (default 20)")
     ap.add_argument("--runs", type=int, default=5, help="box deaths, alternating (default 5)")
     ap.add_argument("--ttl", type=float, default=30.0, help="--lease-ttl of both agents (default 30)")
+    ap.add_argument("--pgbouncer", action="store_true",
+                    help="the agents through a PgBouncer of this run's own, transaction mode "
+                         "(bench/pgbouncer.py), their LISTEN sessions direct")
     ap.add_argument("--quick", action="store_true", help="5 hosts, TTL 4, 1 run: a smoke run")
     args = ap.parse_args()
     if args.quick:
@@ -169,20 +176,25 @@ def main() -> None:
     headroom(ADMIN, 2)
     fleet = Fleet(ADMIN, 2, args.hosts, args.ttl)
     names = [f"t{h:02d}" for h in range(args.hosts)]
-    eng = None
+    eng, bouncer, env = None, None, {}
     try:
         fleet.create()
-        eng = sa.create_engine(fleet.url, poolclass=sa.pool.NullPool)
-        start_agent(fleet, 0)  # alone first: box0 takes every lease
+        eng = sa.create_engine(fleet.url, poolclass=sa.pool.NullPool)  # this script's reads: direct
+        if args.pgbouncer:
+            from pgbouncer import PgBouncer
+
+            bouncer = PgBouncer(fleet.url)
+            env = {"VIGIL_DB": bouncer.start(), "VIGIL_LISTEN_DB": fleet.url}
+        start_agent(fleet, 0, env)  # alone first: box0 takes every lease
         place(fleet, names)
         wait_running(eng, "box0", names, 60 + args.hosts)
-        start_agent(fleet, 1)
+        start_agent(fleet, 1, env)
         for i in (0, 1):
             fleet.helpers |= set(vigil_pids(fleet.homes[i]))
         time.sleep(min(args.ttl / 6, 5) + 0.5)  # both renewing; box1 past its first sweep
         rows = []
         for k in range(args.runs):
-            r = one_run(fleet, eng, names, victim=k % 2)
+            r = one_run(fleet, eng, names, k % 2, env)
             rows.append(r)
             first = "n/a" if r["first"] is None else f"{r['first']:.2f}s"
             print(f"run {k + 1}: box{r['victim']} killed ({r['killed']} processes); "
@@ -194,14 +206,19 @@ def main() -> None:
         if eng is not None:
             eng.dispose()
         fleet.close()
+        if bouncer is not None:
+            bouncer.stop()
     took = [r["took"] for r in rows]
     after = [r["after_expiry"] for r in rows]
     within = sum(t <= args.ttl + 5 for t in took)
-    print(f"\ntakeover of a dead box's {args.hosts} hosts, TTL {args.ttl:g}s, {len(rows)} runs: "
+    via = "through PgBouncer (transaction mode)" if args.pgbouncer else "direct"
+    print(f"\ntakeover of a dead box's {args.hosts} hosts, TTL {args.ttl:g}s, {len(rows)} runs, "
+          f"store {via}: "
           f"kill -> all running {summary(took, 's')} against TTL + 5 s = {args.ttl + 5:g}s "
           f"({within} of {len(rows)} within); lease expiry -> all running {summary(after, 's')}")
     (sync,), = admin_sql(ADMIN, "SELECT current_setting('synchronous_commit')")
     print(f"result: takeover vigil.hosts={args.hosts} vigil.ttl_s={args.ttl:g} "
+          f"vigil.pgbouncer={'yes' if args.pgbouncer else 'no'} "
           f"vigil.median_s={statistics.median(took):.2f} vigil.max_s={max(took):.2f} "
           f"vigil.within={within}/{len(rows)} {durability('vigil', 'postgresql', sync)} "
           f"{inherited_sync()} load={loadavg().replace(' ', '/')}")

@@ -88,7 +88,9 @@ def test_two_boxes_through_pgbouncer_wake_deploy_and_recover(pooled, pgbouncer) 
     agents = {"a": start(a), "b": start(b)}
     server_port = sa.make_url(pgbouncer.direct).port or 5432
     for name, agent in agents.items():  # the only session that skips the pooler: LISTEN
-        assert direct_sessions(agent, server_port, pgbouncer.direct) == ["LISTEN vigil"], name
+        wait_for(lambda agent=agent: [q.split("_")[0] for q in direct_sessions(
+            agent, server_port, pgbouncer.direct)] == ["LISTEN vigil"], 20, interval=0.2,
+            what=f"{name}: one direct session, its LISTEN (then its probe's)")
 
     a.run("wake", *NAMES)  # through the pooler: the intents, then NOTIFY vigil
     wait_for(lambda: serving(a, NAMES, {"a", "b"}), 120, interval=0.25, what="6 hosts awake")
