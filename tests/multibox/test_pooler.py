@@ -7,6 +7,7 @@ killed -9 recovers; `vigil check` is clean; nothing failed on a prepared stateme
 from __future__ import annotations
 
 import hashlib
+import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,8 @@ from sqlalchemy import select
 from models.states import GenState
 from models.store import Store
 from models.tables import Build, Generation
-from tests.conftest import wait_for
+from runners.base.doorbell import running_agent_pid
+from tests.conftest import pid_dead, wait_for
 from tests.integration.test_rollouts import build_variant
 from tests.multibox.conftest import LEASE_TTL, Box, Pooler
 from tests.multibox.test_multibox import add_hosts, leases, serving
@@ -133,6 +135,28 @@ def test_an_agent_through_pgbouncer_without_listen_db_says_so(pgbouncer: Pooler,
         line = next(ln for ln in box.agent_log().decode().splitlines() if "hears no NOTIFY" in ln)
         assert "give --listen-db (VIGIL_LISTEN_DB) a direct URL" in line, line
     finally:
+        box.cleanup()
+
+
+def test_agent_start_hands_listen_db_to_the_agent(pgbouncer: Pooler, short_tmp: Path) -> None:
+    """`vigil --listen-db URL agent start`: the detached agent gets it (in its environment,
+    as VIGIL_DB: a password stays out of `ps`) and listens direct."""
+    box = Box("a", short_tmp / "a", pgbouncer.url)
+    pid = None
+    try:
+        box.run("--listen-db", pgbouncer.direct, "agent", "start", "--box", "a", "--lease-ttl",
+                str(LEASE_TTL), subprocess=True)
+        pid = running_agent_pid(box.state_dir)
+        assert pid is not None
+        agent = psutil.Process(pid)
+        assert pgbouncer.direct not in " ".join(agent.cmdline())
+        server_port = sa.make_url(pgbouncer.direct).port or 5432
+        wait_for(lambda: [q.split("_")[0] for q in direct_sessions(agent, server_port, pgbouncer.direct)]
+                 == ["LISTEN vigil"], 20, interval=0.2, what="the detached agent's LISTEN, direct")
+        box.run("agent", "stop", "--wait")
+    finally:
+        if pid is not None and not pid_dead(pid):
+            os.kill(pid, signal.SIGKILL)
         box.cleanup()
 
 
