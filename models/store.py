@@ -15,17 +15,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, insert, make_url, select
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from models import notices
-from models.errors import BadInput, StoreNotReady
+from models.errors import StoreNotReady
 from models.tables import Event
+from models.urls import listen_url_for, normalize_url
 
 T = TypeVar("T")
 DB_FILE = "vigil.db"
+PREPARE_THRESHOLD = 5  # psycopg's own: a statement is prepared on the server at its 5th run
 
 
 def utcnow() -> datetime:
@@ -93,31 +95,6 @@ def transient_retry(budget: float) -> Any:
     return retry(retry=retry_if_exception(is_transient),
                  wait=wait_exponential(multiplier=FIRST_RETRY, max=0.25),
                  stop=stop_after_delay(budget), reraise=True)
-
-
-SUPPORTED_URLS = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DATABASE"
-
-
-def normalize_url(url: str) -> str:
-    """The databases vigil runs on: SQLite and PostgreSQL through psycopg 3 (a bare
-    postgresql:// URL means psycopg). Anything else is refused before anything is opened."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise BadInput(f"cannot parse the database URL {url!r}", f"use {SUPPORTED_URLS}") from None
-    backend, _, driver = parsed.drivername.partition("+")
-    if backend in ("postgresql", "postgres") and driver in ("", "psycopg"):
-        return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
-    if backend == "sqlite" and driver in ("", "pysqlite"):
-        db = parsed.database or ""
-        if db in ("", ":memory:") or ":memory:" in db or parsed.query.get("mode") == "memory":
-            # Every command and the agent would each see an empty database of their own.
-            raise BadInput(f"the database URL {url!r} names a database in memory: a store "
-                           "must be a file", "use sqlite:////absolute/path/vigil.db, or leave "
-                           "--db out to use the state dir's vigil.db")
-        return url
-    raise BadInput(f"vigil does not run on {parsed.drivername} (database URL "
-                   f"{parsed.render_as_string()})", f"use {SUPPORTED_URLS}")
 
 
 def private_dirs(path: Path | str) -> None:
@@ -213,8 +190,16 @@ class Store:
     """One database: SQLite (one box) or PostgreSQL (several boxes)."""
 
     def __init__(self, url: str, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000,
-                 lock_wait: float = LOCK_WAIT) -> None:
+                 lock_wait: float = LOCK_WAIT, listen_url: str | None = None) -> None:
         self.url = normalize_url(url)
+        # Given: `url` is a pooler in transaction mode (PgBouncer), where each transaction may
+        # run on another server session; LISTEN, which lives in a session, goes here direct,
+        # and nothing is prepared or SET per session (docs/guides/several-boxes.md, "Behind PgBouncer").
+        self.listen_url = listen_url_for(self.url, listen_url)
+        self.pooled = self.listen_url is not None
+        # Server-side prepared statements: only an agent on a direct URL (name_connections
+        # sets it). A command seldom runs a statement the 5 times psycopg waits for.
+        self.prepare = False
         self.lock_wait = lock_wait
         # Who holds the write lock when a transaction gave up waiting for it (set by the
         # runners, which know the box: runners/wiring.py); None: not known.
@@ -226,7 +211,8 @@ class Store:
         # pg_stat_activity): "vigil-cli" until the agent names its own (name_connections).
         self.app_name = "vigil-cli"
         self.engine: Engine = make_engine(self.url, synchronous, busy_timeout_ms,
-                                          name=lambda: f"{self.app_name}-store")
+                                          name=lambda: f"{self.app_name}-store",
+                                          pooled=self.pooled, prepare=lambda: self.prepare)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         # SQLite has one writer at a time. Threads of this process queue here for it, so the
         # next writer starts the moment the last one commits, instead of each polling the
@@ -303,8 +289,10 @@ class Store:
 
     def name_connections(self, prefix: str) -> None:
         """Name every connection from now on `<prefix>-<purpose>` (the agent: `vigil-<box>`);
-        the idle ones opened under the old name are closed."""
+        the idle ones opened under the old name are closed. The agent's own prepare their
+        statements, unless the store is pooled."""
         self.app_name = prefix
+        self.prepare = not self.pooled
         if self.dialect == "postgresql":
             self.engine.pool.dispose()
 
@@ -319,24 +307,10 @@ def read_only(conn: Connection) -> Connection:
 
 def make_engine(url: str, synchronous: str, busy_timeout_ms: int, *,
                 name: Callable[[], str] = lambda: "vigil-cli", pool_size: int = POOL_SIZE,
-                max_overflow: int = MAX_OVERFLOW) -> Engine:
+                max_overflow: int = MAX_OVERFLOW, pooled: bool = False,
+                prepare: Callable[[], bool] = lambda: False) -> Engine:
     if not url.startswith("sqlite"):
-        pg = create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow)
-
-        @event.listens_for(pg, "do_connect")
-        def _named(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
-            cparams["application_name"] = name()  # read per connection: it may be renamed
-
-        if synchronous.upper() == "OFF":
-            # As with SQLite: a crash of the database server (not of vigil) may lose the
-            # last commits, never corrupt them.
-            @event.listens_for(pg, "connect")
-            def _no_wait_for_flush(dbapi_conn: Any, _record: Any) -> None:
-                with dbapi_conn.cursor() as cur:
-                    cur.execute("SET synchronous_commit = off")
-                dbapi_conn.commit()
-
-        return pg
+        return _pg_engine(url, synchronous, name, pool_size, max_overflow, pooled, prepare)
     engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000})
 
     @event.listens_for(engine, "connect")
@@ -370,6 +344,33 @@ def make_engine(url: str, synchronous: str, busy_timeout_ms: int, *,
         conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def _pg_engine(url: str, synchronous: str, name: Callable[[], str], pool_size: int,
+               max_overflow: int, pooled: bool, prepare: Callable[[], bool]) -> Engine:
+    pg = create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow)
+
+    @event.listens_for(pg, "do_connect")
+    def _named(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        cparams["application_name"] = name()  # read per connection: it may be renamed
+        # None: psycopg prepares nothing (a pooler in transaction mode would run the
+        # EXECUTE on a server session that never saw the PREPARE).
+        cparams["prepare_threshold"] = PREPARE_THRESHOLD if prepare() else None
+
+    if synchronous.upper() == "OFF":
+        # As with SQLite: a crash of the database server (not of vigil) may lose the
+        # last commits, never corrupt them.
+        if pooled:  # a session's SET would stay on whichever server session ran it
+            @event.listens_for(pg, "begin")
+            def _no_wait_in_this_transaction(conn: Any) -> None:
+                conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+        else:
+            @event.listens_for(pg, "connect")
+            def _no_wait_for_flush(dbapi_conn: Any, _record: Any) -> None:
+                with dbapi_conn.cursor() as cur:
+                    cur.execute("SET synchronous_commit = off")
+                dbapi_conn.commit()
+    return pg
 
 
 def _not_a_database(url: str, exc: Exception) -> StoreNotReady:

@@ -8,6 +8,7 @@ from pathlib import Path
 from models.durations import parse_seconds
 from models.errors import StoreNotReady
 from models.store import Store, normalize_url, prepare_state_dir, sqlite_url, state_dir_exists
+from models.urls import listen_url_for
 from runners.backend.credentials import Credentials
 from runners.backend.files import LocalFiles
 from runners.backend.health import HttpHealth
@@ -24,11 +25,12 @@ CLI_LOCK_WAIT = 15.0  # seconds a command's write waits for SQLite's write lock 
 
 
 def open_store(state_dir: Path, db: str | None, *, create: bool = False,
-               lock_wait: float = CLI_LOCK_WAIT) -> Store:
+               lock_wait: float = CLI_LOCK_WAIT, listen_db: str | None = None) -> Store:
     """Open the store. Without `create`, a state directory that does not exist yet is an
     error that names the command creating it (and nothing is created)."""
     state_dir = state_dir.absolute()
     db = normalize_url(db) if db else None  # a bad URL is refused before anything is created
+    listen_url_for(db or "sqlite", listen_db)  # and so is a --listen-db that does not fit it
     if not create and not state_dir_exists(state_dir):
         if any(p.exists() and not p.is_dir() for p in state_dir.parents):
             prepare_state_dir(state_dir)  # says which path is a file, not a directory
@@ -41,7 +43,7 @@ def open_store(state_dir: Path, db: str | None, *, create: bool = False,
     prepare_state_dir(state_dir)
     url = db or sqlite_url(state_dir)
     store = Store(url, synchronous=os.environ.get("VIGIL_SYNCHRONOUS", "FULL"),
-                  lock_wait=lock_wait)
+                  lock_wait=lock_wait, listen_url=listen_db)
     if store.dialect == "sqlite" and store.engine.url.database:
         from runners.base.doorbell import running_agent_pid
         from runners.base.storewatch import write_lock_holder

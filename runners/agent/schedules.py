@@ -45,7 +45,7 @@ def jobstore(store: Store, *, readonly: bool = False) -> SQLAlchemyJobStore:
     # An engine of its own (same URL, same pragmas and IMMEDIATE writes): the job store
     # disposes its engine when its scheduler shuts down. Read-only: its transactions never
     # wait for (or take) SQLite's write lock.
-    engine = make_engine(store.url, "FULL", 5000)
+    engine = make_engine(store.url, "FULL", 5000, pooled=store.pooled)
     return SQLAlchemyJobStore(engine=engine.execution_options(vigil_readonly=True)
                               if readonly else engine)
 
@@ -177,7 +177,8 @@ def attach(scheduler: BackgroundScheduler, ctx: Context, kick: Callable[[], None
     False once the agent stopped acting on its store."""
     _agent.update(ctx=ctx, kick=kick, on_error=on_error, may_act=may_act)
     engine = make_engine(ctx.store.url, "FULL", 5000, name=lambda: f"{ctx.store.app_name}-jobs",
-                         pool_size=JOBS_POOL, max_overflow=0)
+                         pool_size=JOBS_POOL, max_overflow=0, pooled=ctx.store.pooled,
+                         prepare=lambda: ctx.store.prepare)
     scheduler.add_jobstore(AgentJobStore(on_error, engine=engine), alias=ALIAS)
 
 

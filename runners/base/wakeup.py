@@ -10,11 +10,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
 from models.errors import BrokenInvariant
 from models.store import Store
@@ -51,20 +54,57 @@ def _listen(store: Store, kick: Callable[[], None], stop: threading.Event,
             on_error: Callable[[BaseException], bool]) -> None:
     import psycopg
 
-    conninfo = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    # Direct to the server when the store is a pooler in transaction mode: a LISTEN made
+    # through it would stay on a server session that goes back to the pool.
+    url = make_url(store.listen_url) if store.listen_url else store.engine.url
+    conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
     while not stop.is_set():
         try:
-            with psycopg.connect(conninfo, autocommit=True,
+            with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None,
                                  application_name=f"{store.app_name}-listen") as conn:
                 conn.execute(f"LISTEN {CHANNEL}")
                 kick()  # anything written while we were not listening
+                probe = Probe(store, conn)
                 while not stop.is_set():
-                    for _ in conn.notifies(timeout=0.5, stop_after=1):
-                        kick()
+                    for n in conn.notifies(timeout=0.5, stop_after=1):
+                        if not probe.heard(n.channel):
+                            kick()
+                    probe.check()
         except Exception as exc:  # the safety scan still runs; listen again shortly
             if not on_error(exc):
                 log.warning("LISTEN %s failed, retrying: %s", CHANNEL, exc)
             stop.wait(1.0)
+
+
+class Probe:
+    """A NOTIFY on a channel of this session's own, sent through the store: a LISTEN that
+    does not hear it (its session is not the one the store's NOTIFY reaches, as through a
+    pooler in transaction mode without --listen-db) is said once, with the fix."""
+
+    WAIT = 10.0  # seconds; a NOTIFY takes milliseconds, even on a loaded box
+    warned = False  # once per agent, not per reconnection
+
+    def __init__(self, store: Store, conn: Any) -> None:
+        self.channel = f"vigil_probe_{os.getpid()}"
+        self.url = store.engine.url.render_as_string(hide_password=True)
+        conn.execute(f"LISTEN {self.channel}")
+        store.write(lambda s: s.execute(text(f"NOTIFY {self.channel}")))
+        self.deadline: float | None = time.monotonic() + self.WAIT
+
+    def heard(self, channel: str) -> bool:
+        if channel != self.channel:
+            return False
+        self.deadline = None
+        return True
+
+    def check(self) -> None:
+        if self.deadline is None or time.monotonic() < self.deadline or Probe.warned:
+            return
+        Probe.warned, self.deadline = True, None
+        log.warning("LISTEN %s hears no NOTIFY sent through the store %s within %.0fs: new "
+                    "intents wait for the safety scan; through a pooler in transaction mode "
+                    "(PgBouncer) give --listen-db (VIGIL_LISTEN_DB) a direct URL of the server",
+                    CHANNEL, self.url, self.WAIT)
 
 
 def _data_version(store: Store, kick: Callable[[], None], stop: threading.Event,

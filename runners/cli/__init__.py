@@ -40,10 +40,13 @@ from runners.cli.rollout import rollout
                    "current directory or above it, else ./.vigil).")
 @click.option("--db", envvar="VIGIL_DB", default=None,
               help="Database URL overriding the SQLite file in the state dir (env VIGIL_DB).")
+@click.option("--listen-db", envvar="VIGIL_LISTEN_DB", default=None,
+              help="When --db is a pooler in transaction mode (PgBouncer): a direct URL of the "
+                   "PostgreSQL server, for the agent's LISTEN session (env VIGIL_LISTEN_DB).")
 @click.pass_context
-def cli(ctx: click.Context, state_dir: str | None, db: str | None) -> None:
+def cli(ctx: click.Context, state_dir: str | None, db: str | None, listen_db: str | None) -> None:
     """vigil: a crash-safe process activator."""
-    ctx.obj = Env(state_dir, db)
+    ctx.obj = Env(state_dir, db, listen_db)
 
 
 for command in (db.db, hosts.host, hosts.apply_cmd, lifecycle.wake, lifecycle.stop,

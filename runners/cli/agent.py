@@ -161,9 +161,10 @@ def agent_start(env: Env, ready_timeout: float, options: tuple[str, ...]) -> Non
     # child's READY=1 counts (each datagram comes with its sender's pid).
     bell = sd_notify.bind("\0" + name)
     child_env = {**os.environ, "VIGIL_HOME": str(env.state_dir), "NOTIFY_SOCKET": "@" + name}
-    child_env.pop("VIGIL_DB", None)
-    if env.db:
-        child_env["VIGIL_DB"] = env.db  # in the environment: a password stays out of `ps`
+    for var, value in (("VIGIL_DB", env.db), ("VIGIL_LISTEN_DB", env.listen_db)):
+        child_env.pop(var, None)
+        if value:
+            child_env[var] = value  # in the environment: a password stays out of `ps`
     with open(log_path, "ab", opener=lambda p, f: os.open(p, f, 0o600)) as log:
         offset = log.tell()
         child = subprocess.Popen([sys.executable, "-m", "runners.cli", "agent", *options],

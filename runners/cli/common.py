@@ -63,11 +63,12 @@ class Env:
     """One invocation's state dir and database (its store opened on first use), and the
     agent's control socket when an agent answers there."""
 
-    def __init__(self, state_dir: str | None, db: str | None) -> None:
+    def __init__(self, state_dir: str | None, db: str | None, listen_db: str | None = None) -> None:
         self.by_default = state_dir is None
         self.state_dir = (default_state_dir(Path.cwd()) if state_dir is None
                           else Path(state_dir).absolute())
         self.db = db
+        self.listen_db = listen_db  # --listen-db: db is a pooler in transaction mode
         self._store: Store | None = None
         self._quick: Quick | None = None
 
@@ -80,7 +81,8 @@ class Env:
 
             try:
                 self._store = open_store(self.state_dir, self.db, create=create,
-                                         lock_wait=lock_wait or CLI_LOCK_WAIT)
+                                         lock_wait=lock_wait or CLI_LOCK_WAIT,
+                                         listen_db=self.listen_db)
             except StoreNotReady as exc:
                 if self.by_default and exc.cause.startswith("no "):
                     exc.cause += (" (the default state dir: the nearest .vigil in the current "

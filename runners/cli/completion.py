@@ -69,7 +69,7 @@ def _postgresql(url: str, sql: str, args: tuple[Any, ...]) -> list[Any]:
     import psycopg
 
     url = url.replace("postgresql+psycopg://", "postgresql://", 1)
-    with psycopg.connect(url, connect_timeout=int(TIMEOUT) + 1) as conn:
+    with psycopg.connect(url, connect_timeout=int(TIMEOUT) + 1, prepare_threshold=None) as conn:
         return [r[0] for r in conn.execute(sql.replace("?", "%s"), args)]  # type: ignore[arg-type]
 
 

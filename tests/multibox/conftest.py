@@ -7,12 +7,17 @@ Teardown ends, by pid, every agent, app and fence keeper a test started.
 
 from __future__ import annotations
 
+import getpass
 import os
+import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +29,7 @@ from sqlalchemy.exc import OperationalError
 from models import schema
 from models.store import Store
 from runners.keepers.fencekeeper import keeper_pid
-from tests.conftest import Vigil
+from tests.conftest import Vigil, wait_for
 
 PG_ADMIN = os.environ.get("VIGIL_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
 LEASE_TTL = 6.0  # renewal every 1 s, self-fence 4 s after the last renewal (runners/agent/fencing.py)
@@ -54,6 +59,80 @@ def pg_url() -> Iterator[str]:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
+
+
+PGBOUNCER = shutil.which("pgbouncer") or next(
+    (p for p in ("/usr/sbin/pgbouncer",) if os.access(p, os.X_OK)), None)
+
+
+@dataclass
+class Pooler:
+    url: str  # the test's database through PgBouncer, transaction mode
+    direct: str  # the same database on the server: the LISTEN session's (VIGIL_LISTEN_DB)
+    pid: int
+    log: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def pgbouncer(pg_url: str) -> Iterator[Pooler]:
+    """A PgBouncer of this test's own (its ini and port in a tmp dir, pool_mode transaction,
+    trust auth) in front of the test's database; started and ended by its pid."""
+    if PGBOUNCER is None:
+        pytest.skip("pgbouncer is not installed: apt-get install pgbouncer (.ci/run installs it)")
+    server = sa.make_url(pg_url)
+    home = Path(tempfile.mkdtemp(prefix="vgpgb", dir="/tmp"))
+    home.chmod(0o755)  # readable by the user it runs as (PgBouncer refuses to run as root)
+    port = _free_port()
+    user = server.username or getpass.getuser()
+    (home / "users.txt").write_text(f'"{user}" ""\n')
+    # A small server pool shared by every client, handed out round robin: each transaction
+    # runs on another server session, so session state or a prepared statement kept by
+    # vigil breaks at once.
+    (home / "pgbouncer.ini").write_text(
+        f"[databases]\n{server.database} = host={server.host or '127.0.0.1'} "
+        f"port={server.port or 5432} dbname={server.database}\n"
+        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {home / 'users.txt'}\npool_mode = transaction\n"
+        "default_pool_size = 6\nmin_pool_size = 3\nserver_round_robin = 1\n"
+        "max_client_conn = 400\nserver_reset_query =\n"
+        "ignore_startup_parameters = extra_float_digits\n"
+        + ("user = postgres\n" if os.geteuid() == 0 else ""))
+    log = home / "pgbouncer.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([PGBOUNCER, str(home / "pgbouncer.ini")], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    pooled = server.set(port=port, host="127.0.0.1").render_as_string(hide_password=False)
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"pgbouncer exited {proc.returncode}: {log.read_text()[-2000:]}")
+        eng = sa.create_engine(pooled, poolclass=sa.pool.NullPool)
+        try:
+            with eng.connect() as c:
+                return c.execute(sa.text("SELECT 1")).scalar() == 1
+        except OperationalError:
+            return False
+        finally:
+            eng.dispose()
+
+    try:
+        wait_for(answers, 20, interval=0.1, what="pgbouncer answering")
+        yield Pooler(pooled, pg_url, proc.pid, log)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 class Box(Vigil):
