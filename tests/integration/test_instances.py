@@ -347,3 +347,92 @@ def _switched_slots(v: Vigil, attempt: int) -> bool:
     return v.store.read(lambda s: s.execute(select(Event.id).where(
         Event.kind == "switched_slot", Event.detail.contains(f'"attempt": {attempt}'))).first()
         is not None)
+
+
+def test_a_deploy_while_a_scale_down_stops_is_refused_or_waits(vigil: Vigil,
+                                                               short_tmp: Path) -> None:
+    """While a scale-down's stop of a slot is open, the operator's deploy, retry and restart
+    are refused in one line naming the stop (nothing changed); an attempt the agent's own
+    machinery writes meanwhile (here a scheduled restart's) waits at admission for the stops,
+    then replaces the instances left: it is not cancelled as if the host were stopping."""
+    from models.states import Cause, Mode
+    from models.tables import Attempt, Build
+    from workflows.deploys.request import request_deploy
+
+    builds = serve_builds_hello(short_tmp)
+    port = free_port()
+    vigil.run("host", "add", "web", "--build", str(builds[0]), "--listen",
+              f"http=tcp:127.0.0.1:{port}", "--instances", "3", "--drain-timeout", "5")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "web", "--wait")
+    pids = [x["pid"] for x in slots_up(vigil, "web", 3)]
+    vigil.stop_agent(agent)  # the apps run on; the scale's stops stay queued, open
+    assert "3 -> 1 instances (2 stop(s) queued" in vigil.run("scale", "web", "1").stdout
+    before = dump(vigil)
+    for cp, what in [(vigil.run("deploy", "web", str(builds[1]), check=False), "deployed"),
+                     (vigil.run("restart", "web", check=False), "restarted")]:
+        refused(cp, f"host web cannot be {what} now: it is scaling down to 1 instance(s) "
+                "and stop #", "of slot 2 is still open", "vigil scale web 1 --wait")
+    assert dump(vigil) == before
+
+    def scheduled(s):  # type: ignore[no-untyped-def]
+        build = s.get(Build, s.get(Host, "web").build_id)
+        return request_deploy(s, "web", build, mode=Mode.overlap, canary=False,
+                              cause=Cause.restart).id
+
+    attempt = vigil.store.write(scheduled)
+    vigil.wait_ready(vigil.start_agent())
+    wait_for(lambda: vigil.store.read(lambda s: s.get(Attempt, attempt).outcome) is not None,
+             60, what=f"attempt #{attempt} ended")
+    a = vigil.store.read(lambda s: s.get(Attempt, attempt))
+    assert a.outcome.value == "done", (a.outcome, a.reason)
+    vigil.quiesce(30)
+    st = vigil.status("web")
+    assert "slots" not in st and st["pid"] not in pids, st  # one instance, replaced after
+    assert all(pid_dead(p) for p in pids)
+    vigil.check()
+
+
+def test_each_instance_backs_off_by_its_own_restart_streak(vigil: Vigil) -> None:
+    """Slot 1 killed twice in quick succession waits out a backoff before its third start
+    (its streak 2, in status and the metrics); slot 2's first quick exit after that restarts
+    at once, streak 1: a sibling's crash loop is not its own. Scaled away, a slot's streak
+    is forgotten."""
+    port = free_port()
+    from tests.integration.test_operator import scrape, value
+
+    add_instances(vigil, port, 3, "--restart-floor", "3", "--restart-cap", "3")
+    metrics = free_port()
+    vigil.wait_ready(vigil.start_agent(None, "--metrics-listen", f"127.0.0.1:{metrics}"))
+    vigil.run("wake", "web", "--wait")
+    slots_up(vigil, "web", 3)
+    m = scrape(metrics)
+    assert [value(m, "vigil_instance_up", host="web", slot=str(k)) for k in range(3)] == [1, 1, 1]
+
+    def restarts() -> list[dict]:
+        return [e["detail"] for e in vigil.json("events", "web") if e["kind"] == "restart_scheduled"]
+
+    def kill(slot: int, n: int) -> None:
+        pid = slots_up(vigil, "web", 3)[slot]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: len(restarts()) == n, 30, what=f"restart {n} scheduled")
+
+    kill(1, 1)
+    kill(1, 2)  # its second quick exit: waits the floor, 3 s
+    st = vigil.status("web")
+    assert [x.get("restart_streak") for x in st["slots"]] == [0, 2, 0], st
+    m = scrape(metrics)
+    assert [value(m, "vigil_instance_restart_streak", host="web", slot=str(k))
+            for k in range(3)] == [0, 2, 0]
+    assert value(m, "vigil_instance_up", host="web", slot="1") in (0, 1)  # waiting, or back
+    kill(2, 3)
+    assert [(r.get("slot"), r["streak"], r["delay"]) for r in restarts()] == [
+        (1, 1, 0.0), (1, 2, 3.0), (2, 1, 0.0)], restarts()
+    slots_up(vigil, "web", 3)
+    vigil.run("scale", "web", "1", "--wait")
+    vigil.run("scale", "web", "3", "--wait")
+    st = vigil.status("web")
+    assert [x["restart_streak"] for x in st["slots"]] == [0, 0, 0], st
+    vigil.quiesce(30)
+    vigil.check()
