@@ -266,6 +266,17 @@ class Chore(Base):
     expires_at: Mapped[datetime | None] = mapped_column(DateTime)
 
 
+class SlotStreak(Base):
+    """The restart streak of one slot past 0 of a host of instances (migration 0026): its
+    quick exits in a row, its own backoff's count (slot 0's is Host.restart_streak)."""
+
+    __tablename__ = "slot_streaks"
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"),
+                                      primary_key=True)
+    slot: Mapped[int] = mapped_column(Integer, primary_key=True)
+    streak: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
 class Lease(Base):
     __tablename__ = "leases"
     # A box's own leases by expiry, and the expired ones: the reads on a clock stay

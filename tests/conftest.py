@@ -385,8 +385,12 @@ class Vigil:
         return p
 
     def wait_ready(self, p: subprocess.Popen[bytes], timeout: float = 20) -> None:
-        wait_for(lambda: p.poll() is not None or b"level=INFO logger=vigil.agent ready" in self.agent_log(),
-                 timeout, what="agent ready")
+        try:
+            wait_for(lambda: p.poll() is not None
+                     or b"level=INFO logger=vigil.agent ready" in self.agent_log(),
+                     timeout, what="agent ready")
+        except AssertionError as exc:  # where its start stalled: its log, with times
+            raise AssertionError(f"{exc}; its log:\n{self.agent_log().decode()[-4000:]}") from None
         assert p.poll() is None, f"agent exited {p.returncode}:\n{self.agent_log().decode()[-3000:]}"
 
     def ready_count(self) -> int:
@@ -396,8 +400,11 @@ class Vigil:
     def wait_ready_after(self, p: subprocess.Popen[bytes], before: int, timeout: float = 20) -> None:
         """Like wait_ready for a restarted agent: the log is appended, so an earlier agent's
         `ready` line is already there; wait for one more than `before` (ready_count())."""
-        wait_for(lambda: p.poll() is not None or self.ready_count() > before, timeout,
-                 what="restarted agent ready")
+        try:
+            wait_for(lambda: p.poll() is not None or self.ready_count() > before, timeout,
+                     what="restarted agent ready")
+        except AssertionError as exc:  # where its start stalled: its log, with times
+            raise AssertionError(f"{exc}; its log:\n{self.agent_log().decode()[-4000:]}") from None
         assert p.poll() is None, f"agent exited {p.returncode}:\n{self.agent_log().decode()[-3000:]}"
 
     def agent_log(self) -> bytes:

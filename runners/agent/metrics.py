@@ -28,7 +28,7 @@ from models.states import Outcome, RolloutOutcome, RolloutState
 from models.store import Store, utcnow
 from models.tables import Attempt, Event, Rollout
 from workflows.base.context import Context
-from workflows.config.hostrows import Facts, state_of
+from workflows.config.hostrows import Facts, instance_status, state_of
 
 log = logging.getLogger("vigil.metrics")
 REGISTRY = CollectorRegistry()
@@ -82,6 +82,19 @@ def _histogram(name: str, doc: str, values: Sequence[float],
     return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=float(sum(values)))
 
 
+
+def _instances(slots: list[tuple[str, dict[str, Any]]]) -> Iterator[Metric]:
+    """Each instance of a host of instances, as `vigil status` shows its slot."""
+    up = GaugeMetricFamily("vigil_instance_up", "Each instance of a host of instances: 1 "
+                           "while its slot has a current generation", labels=["host", "slot"])
+    streaks = GaugeMetricFamily("vigil_instance_restart_streak", "Each instance's quick "
+                                "exits in a row (its own backoff)", labels=["host", "slot"])
+    for host, x in slots:
+        up.add_metric([host, str(x["slot"])], 1 if x["generation"] else 0)
+        streaks.add_metric([host, str(x["slot"])], x["restart_streak"])
+    yield up
+    yield streaks
+
 class StoreCollector:
     """Reads the store on every scrape."""
 
@@ -117,6 +130,8 @@ class StoreCollector:
             hosts.add_metric([state], snap["hosts"].get(state, 0))
         yield hosts
 
+        yield from _instances(snap["slots"])
+
         rollouts = GaugeMetricFamily("vigil_rollouts", "Rollouts by state ('ended' for every "
                                      "rollout that has ended)", labels=["state"])
         for state in RolloutState:
@@ -151,10 +166,13 @@ class StoreCollector:
         attempts = {(o.value if o is not None else "open"): n for o, n in s.execute(
             select(Attempt.outcome, func.count()).group_by(Attempt.outcome))}
         hosts: dict[str, int] = {}
+        slots: list[tuple[str, dict[str, Any]]] = []  # each instance of a host of instances
         facts = Facts(s)  # every host's state in a few grouped reads, not a few per host
         for h in facts.hosts:
             state = state_of(facts, h)
             hosts[state] = hosts.get(state, 0) + 1
+            slots += [(h.name, x) for x in
+                      instance_status(facts, h, facts.currents(h.name)).get("slots", [])]
         # executed is false for a deploy to a sleeping host (it only set the next build):
         # no deploy duration for it.
         done = s.execute(select(Attempt.created_at, Attempt.ended_at, Attempt.drain_seconds,
@@ -176,4 +194,4 @@ class StoreCollector:
             exits[how] = exits.get(how, 0) + 1
         return {"obligations": obligations, "attempts": attempts, "hosts": hosts, "exits": exits,
                 "deploys": deploys, "drains": drains, "rollouts": rollouts,
-                "rollout_outcomes": outcomes}
+                "rollout_outcomes": outcomes, "slots": slots}

@@ -158,7 +158,7 @@ def _instance_rows(t: Any, r: dict[str, Any]) -> None:
     t.add_row(r["host"], r["kind"], r["state"], f"{up}/{r['instances']}", "", _build(r), "",
               _where(r), _news(r))
     for x in r["slots"]:
-        t.add_row(f"{r['host']}/{x['slot']}", "", "up" if x["generation"] else "down",
+        t.add_row(f"{r['host']}/{x['slot']}", "", x["state"],
                   f"g{x['generation']}" if x["generation"] else "", str(x["pid"] or ""), "",
                   age(x["since"]), "", "")
 

@@ -23,6 +23,7 @@ from workflows.config.hostrows import status as host_rows
 from workflows.config.hosts import record_build
 from workflows.deploys.request import last_failed, no_longer_staged, request_deploy
 from workflows.lifecycle.order import dependents_first, in_order, stored_graph
+from workflows.lifecycle.scale import refuse_while_scaling
 from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.wake import request_wake
 
@@ -91,9 +92,11 @@ def deploy(store: Store, state_dir: Path, name: str, build_path: str, *, cwd: st
             s, path, digest, str(Path(build_path).absolute()))))
         return {"converge": digest, "grace": h.converge_grace}
     refuse_unbindable(store, name)
+    store.read(lambda s: refuse_while_scaling(s, name))  # before staging: nothing changed
     path, digest = stage_build(build_path, state_dir, shown)
 
     def intent(s):  # type: ignore[no-untyped-def]
+        refuse_while_scaling(s, name)
         build = record_build(s, path, digest, str(Path(build_path).absolute()))
         from workflows.builds.book import deploying_held
 
@@ -108,6 +111,7 @@ def deploy(store: Store, state_dir: Path, name: str, build_path: str, *, cwd: st
 def retry(store: Store, name: str) -> dict[str, Any]:
     def intent(s):  # type: ignore[no-untyped-def]
         build, failed = last_failed(s, name)
+        refuse_while_scaling(s, name, "retried")
         if not os.path.exists(build.path):  # removed behind the store's back
             raise no_longer_staged(name, build)
         from workflows.builds.book import lift

@@ -415,6 +415,11 @@ def seed_0028(conn: Connection) -> None:
                                 "expires_at": T0})
 
 
+def seed_0026(conn: Connection) -> None:
+    """A restart streak of slot 2 of seed_0024's host of instances (0026: slot_streaks)."""
+    raw_insert(conn, "slot_streaks", {"host": "pair", "slot": 2, "streak": 3})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -440,10 +445,11 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0024": seed_0024,
     "0025": seed_0025,
     "0028": seed_0028,
+    "0026": seed_0026,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
-LATER_TABLES = {"chores", "apscheduler_jobs", "listeners", "known_processes", "rollouts", "rollout_targets",
+LATER_TABLES = {"chores", "slot_streaks", "apscheduler_jobs", "listeners", "known_processes", "rollouts", "rollout_targets",
                 "held_builds", "notifiers", "notify_on", "deliveries", "delivery_tries"}
 SEEDED_KINDS_0001 = {("wake", "web", 1), ("stop", "web", 1), ("release", "web", None),
                      ("restore", "web", None), ("attempt", "web", 1), ("member", "web", 2)}

@@ -31,7 +31,18 @@ from models.states import (
     WakeState,
 )
 from models.store import utcnow
-from models.tables import Attempt, Build, Event, Generation, Host, Lease, Listener, Stop, Wake
+from models.tables import (
+    Attempt,
+    Build,
+    Event,
+    Generation,
+    Host,
+    Lease,
+    Listener,
+    SlotStreak,
+    Stop,
+    Wake,
+)
 from workflows.generations.listeners import note, reopened
 
 
@@ -71,6 +82,8 @@ class Facts:
                            .order_by(Listener.host, Listener.position)).scalars():
             self.listeners[r.host].append(r)
         self.exits = self._exits(s, of(Event.host))
+        self.streaks = {(r.host, r.slot): r.streak for r in s.execute(  # slots past 0
+            select(SlotStreak.host, SlotStreak.slot, SlotStreak.streak).where(of(SlotStreak.host)))}
         ids = {g.build_id for gs in self.live.values() for g in gs} | {h.build_id for h in self.hosts}
         self.builds = {b.id: b for b in s.execute(select(Build).where(Build.id.in_(ids))).scalars()}
 
@@ -166,19 +179,36 @@ def row(f: Facts, h: Host) -> dict[str, Any]:
         **_listen_status(h, f.listeners.get(h.name, [])),
         **_worker_status(h, gen, f.last_wake.get(h.name)),
         **_exit_status(f.exits.get(h.name)),
-        **_instance_status(h, currents),
+        **instance_status(f, h, currents),
     }
 
 
-def _instance_status(h: Host, currents: list[Generation]) -> dict[str, Any]:
-    """A host of instances: each slot, with its current generation and pid (none: down)."""
+def instance_status(f: Facts, h: Host, currents: list[Generation]) -> dict[str, Any]:
+    """A host of instances: each slot, with its current generation and pid (none: down),
+    its own restart streak, and its word: up, crashloop (quick exits in a row, its next
+    start waiting out its backoff), waking, or down."""
     if h.instances == 1 and all(g.slot == 0 for g in currents):
         return {}
     by_slot = {g.slot: g for g in currents}
+    wakes = f.open_wakes.get(h.name, [])
+
+    def slot(n: int, g: Generation | None) -> dict[str, Any]:
+        streak = h.restart_streak if n == 0 else f.streaks.get((h.name, n), 0)
+        mine = [w for w in wakes if w.slot == n]
+        if g is not None:
+            word = "up"
+        elif streak >= CRASHLOOP_STREAK and any(
+                w.cause == "restart" and w.state is WakeState.queued
+                and w.next_attempt_at > f.now for w in mine):
+            word = "crashloop"
+        else:
+            word = "waking" if mine else "down"
+        return {"slot": n, "state": word, "generation": g.id if g else None,
+                "pid": g.pid if g else None, "build_id": g.build_id if g else None,
+                "since": _iso(g.current_at) if g else None, "restart_streak": streak}
+
     return {"instances": h.instances, "slots": [
-        {"slot": n, "generation": g.id if g else None, "pid": g.pid if g else None,
-         "build_id": g.build_id if g else None, "since": _iso(g.current_at) if g else None}
-        for n in sorted(set(range(h.instances)) | set(by_slot)) for g in [by_slot.get(n)]]}
+        slot(n, by_slot.get(n)) for n in sorted(set(range(h.instances)) | set(by_slot))]}
 
 
 def _exit_status(e: Event | None) -> dict[str, Any]:

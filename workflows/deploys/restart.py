@@ -18,6 +18,7 @@ from models.states import Cause, GenState, Mode
 from models.tables import Attempt, Build, Generation, Host
 from workflows.base.lookups import open_stop
 from workflows.deploys.request import request_deploy
+from workflows.lifecycle.scale import refuse_while_scaling
 from workflows.lifecycle.wake import request_wake
 
 
@@ -25,6 +26,7 @@ def request_restart_now(s: Session, host: str, mode: Mode) -> dict[str, Any]:
     """{"attempt": id} for a host that runs, {"wake": id, "state": ...} for one that does not."""
     if s.get(Host, host) is None:
         raise NotFound(f"no host named {host!r}", "see `vigil host list`")
+    refuse_while_scaling(s, host, "restarted")
     stopping = open_stop(s, host)
     if stopping is not None:
         raise Refused(f"host {host} is being stopped (stop #{stopping})",

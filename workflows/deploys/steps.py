@@ -37,6 +37,7 @@ from workflows.generations.known import note
 from workflows.generations.readiness import ready_problem
 from workflows.leases.lease import acquire, held_fence
 from workflows.lifecycle.members import drive_member
+from workflows.lifecycle.scale import scaling_down
 from workflows.lifecycle.workers import (
     settle_one_shot,
     yield_own_starts,
@@ -102,6 +103,10 @@ def admit_in(s: Session, ctx: Context, a: Attempt,
     if h is None:
         raise BrokenInvariant("h is missing")
     a.fence = held_fence(s, ctx, a.host)
+    scaling = scaling_down(s, a.host)
+    if scaling is not None:  # not "being stopped": one slot is, and this replaces the rest after
+        raise Held(f"waiting for stop #{scaling[0]} of slot {scaling[1]} of {a.host} (a "
+                   "scale-down) to end")
     gate(s, ctx, a)
     if asleep(s, ctx, a, h, coalesced):
         return None

@@ -27,6 +27,7 @@ from workflows.base.waivers import BY_STATE
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, ref_of
 from workflows.generations.known import note
+from workflows.generations.slots import set_slot_streak, slot_streak
 from workflows.leases.lease import owe_release, release_owed
 from workflows.lifecycle.exits import exit_code, exit_line, oom_line
 from workflows.lifecycle.workers import restart_delay, worker_exited
@@ -66,13 +67,12 @@ def instance_exited(s: Session, host: Host, gen: Generation, why: str) -> None:
     first exit after a stable run restarts at once (a crash costs no added downtime), each
     further quick exit waits floor * 2**n, capped; `vigil status` says crashloop."""
     up = (utcnow() - gen.current_at).total_seconds() if gen.current_at else 0.0
-    streak = 0 if up >= host.restart_reset else host.restart_streak
+    streak = 0 if up >= host.restart_reset else slot_streak(s, host, gen.slot)
     delay = restart_delay(host, streak - 1) if streak else 0.0
     enqueue_wake(s, host.name, "restart", delay=delay, slot=gen.slot)
-    s.execute(Host.__table__.update().where(Host.name == host.name)
-              .values(restart_streak=streak + 1))
+    set_slot_streak(s, host.name, gen.slot, streak + 1)
     emit(s, "restart_scheduled", host.name, delay=round(delay, 3), streak=streak + 1,
-         uptime=round(up, 3), reason=why)
+         uptime=round(up, 3), reason=why, **({"slot": gen.slot} if gen.slot else {}))
 
 
 def current_leaders(ctx: Context) -> dict[int, tuple[int, float]]:

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from models.errors import NotFound, Refused
 from models.states import OPEN_STOP, Desired, GenState, StopState, WakeState
 from models.store import emit, utcnow
-from models.tables import Attempt, Generation, Host, Stop, Wake
+from models.tables import Attempt, Generation, Host, SlotStreak, Stop, Wake
 from models.transition import move_many
 from workflows.base.queue import enqueue_slots
 from workflows.base.waivers import OPERATOR
@@ -65,8 +65,37 @@ def request_scale(s: Session, name: str, n: int) -> Scaled:
                   f"wakes of {name} past slot {n - 1} cancelled", fence=OPERATOR, col="state",
                   frm=WakeState.queued)
         out.stops = _stop_slots(s, name, n)
+        # A slot scaled away forgets its streak: one scaled back later starts afresh.
+        s.execute(SlotStreak.__table__.delete().where(SlotStreak.host == name,
+                                                      SlotStreak.slot >= n))
     emit(s, "scaled", name, was=h.instances, to=n, wakes=out.wakes, stops=out.stops)
     return out
+
+
+def scaling_down(s: Session, name: str) -> tuple[int, int] | None:
+    """(stop id, slot) of the host's oldest open stop of one slot (a scale-down's), if any."""
+    row = s.execute(select(Stop.id, Stop.slot).where(
+        Stop.host == name, Stop.state.in_(OPEN_STOP), Stop.slot.is_not(None))
+        .order_by(Stop.id).limit(1)).first()
+    return None if row is None else (row.id, row.slot)
+
+
+def refuse_while_scaling(s: Session, name: str, what: str = "deployed") -> None:
+    """An operator's deploy (or retry, restart) while a scale-down's stop is open is refused,
+    not queued: scale refuses while a deploy is under way, so the two never interleave, and
+    the operator, who is there, sees which instances are still going rather than a deploy
+    that waits with no word of why. (One written by the agent's own machinery, a schedule or
+    a rollout's wave, waits at admission instead: workflows/deploys/steps.py admit_in.)"""
+    open_ = scaling_down(s, name)
+    if open_ is not None:
+        stop, slot = open_
+        h = s.get(Host, name)
+        raise Refused(f"host {name} cannot be {what} now: it is scaling down to "
+                      f"{h.instances if h else '?'} instance(s) and stop #{stop} of slot {slot} "
+                      "is still open",
+                      f"wait for it to end (`vigil scale {name} "
+                      f"{h.instances if h else 'N'} --wait`, or `vigil status {name}`), "
+                      "then try again")
 
 
 def _stop_slots(s: Session, name: str, n: int) -> list[int]:

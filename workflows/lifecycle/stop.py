@@ -119,8 +119,11 @@ def _signal(ctx: Context, st: Stop) -> bool:
             _cancel_queued(s, st.host, now)
         # The barrier: attempts in flight see this stop at their next gate and end;
         # members must all leave (proven) before the current generation is stopped.
+        # A scale's stop passes an attempt still at admission: that one waits for the
+        # scale-down's stops (workflows/deploys/steps.py admit_in), then replaces the rest.
         attempt = s.execute(select(Attempt.id, Attempt.step).where(
-            Attempt.host == st.host, Attempt.outcome.is_(None))).first()
+            Attempt.host == st.host, Attempt.outcome.is_(None),
+            *([] if st.slot is None else [Attempt.step != AttemptStep.queued]))).first()
         if attempt is not None:
             raise Held(f"waiting for attempt #{attempt.id} ({attempt.step.value}) to end")
         member = s.execute(select(Member.generation_id).where(Member.host == st.host)).first()
