@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from models.tables import Generation
+from models.tables import Build, Generation
 from runners.backend.process import detect_cgroup_base
 from tests.conftest import FIXTURES, HELLO, Vigil, on_postgresql, pid_dead, wait_for
 
@@ -64,6 +64,10 @@ def uuid_of(vigil: Vigil, n: int) -> str:
     return str(vigil.store.read(lambda s: s.get(Generation, n).uuid))
 
 
+def staged_path(vigil: Vigil, n: int) -> str:
+    return str(vigil.store.read(lambda s: s.get(Build, s.get(Generation, n).build_id).path))
+
+
 def gen_of(vigil: Vigil, host: str) -> tuple[int, int]:
     st = vigil.status(host)
     return int(st["generation"]), int(st["pid"])
@@ -90,7 +94,9 @@ def test_an_app_runs_as_its_user_and_reaches_nothing_of_the_agent(
     targets = {"db": str(vigil.state_dir / "vigil.db"),
                "control": str(vigil.state_dir / "control.sock"),
                "log": str(vigil.state_dir / "logs" / "other" / f"g{other_n}.log"),
-               "other": "worker.py",
+               # The other app's staged build: its path lies in this test's state dir
+               # (a bare "worker.py" matched the other database's run of this very test).
+               "other": staged_path(vigil, other_n),
                "cred": str(vigil.state_dir / "credentials" / uuid_of(vigil, other_n) / "token")}
     vigil.add_host("hostile", FIXTURES / "hostile.py", "--kind", "worker", "--user", "vigil-t1",
                    "--env", PATH, "--env", f"HOSTILE={json.dumps(targets)}",

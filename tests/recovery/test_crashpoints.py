@@ -689,6 +689,7 @@ VARIANTS: dict[str, Scenario] = {
 # first adoption instead, and the clean agent after them is armed past its adoptions: it
 # must reach nothing, which proves the entry here right.
 ADOPTION_ONLY = {
+    "chores.taken",  # the app was only adopted; the restarted agent renews its own chores
     "recover.adopted",  # adoption was what it was doing
     "wake.current",  # the wake is done but for the link, which adoption repoints
     "swap.drained",  # the attempt is done
