@@ -38,8 +38,9 @@ class Quit(Exception):
 def top(env: Env, interval: float) -> None:
     """A live view of every host: state, generation, pid, up time, restarts by cause
     (c crash, r restart, y recycle, v converge), health, CPU % and RSS of the whole
-    generation, open obligations with their ages, the deploy or rollout in flight; under
-    them the agent's line and the last events. q quits; arrows, PgUp/PgDn scroll. Not on
+    generation, open obligations with their ages, the deploy or rollout in flight (a host
+    of instances: its sums, then a line for each slot); under them the agent's line and
+    the last events. q quits; arrows, PgUp/PgDn scroll. Not on
     a terminal: one plain table of every host."""
     from runners.cli.topview import Sampler, plain, read
 

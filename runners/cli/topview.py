@@ -112,12 +112,30 @@ def read(store: Store, state_dir: Path, db: str | None, offset: int, fit: int | 
         return len(every), start, glance(s, every[start:None if fit is None else start + fit])
 
     total, start, rows = store.read(q)
-    usage = sampler.sample({r["host"]: r["leader"] for r in rows if r.get("leader")
-                            and r["leader"]["pid"]})
+    if fit is not None:
+        rows = fitted(rows, fit)
+    usage = sampler.sample({f"{r['host']}#{n}": ld for r in rows
+                            for n, ld in r["leaders"].items() if ld["pid"]})
     for r in rows:
-        r["usage"] = usage.get(r["host"])
+        mine = [usage[k] for k in (f"{r['host']}#{n}" for n in sorted(r["leaders"]))
+                if k in usage]
+        r["usage"] = (sum(c for c, _ in mine), sum(m for _, m in mine)) if mine else None
+        for sl in r.get("slots") or ():
+            sl["usage"] = usage.get(f"{r['host']}#{sl['slot']}")
     return Frame(total, start, rows, agent_of(store, state_dir, db), halted_line(state_dir),
                  events_after(store, None, -1, events) if events else [])
+
+
+def fitted(rows: list[dict[str, Any]], fit: int) -> list[dict[str, Any]]:
+    """The rows whose lines fit `fit` screen lines: a host of instances takes one line and
+    one more for each slot; the first row is always kept."""
+    kept, used = [], 0
+    for r in rows:
+        used += 1 + len(r.get("slots") or ())
+        if kept and used > fit:
+            break
+        kept.append(r)
+    return kept
 
 
 # -- cells -----------------------------------------------------------------------------------
@@ -174,6 +192,22 @@ def cells(r: dict[str, Any], short: bool) -> list[str]:
             owed(r, short), in_flight(r)]
 
 
+def slot_cells(r: dict[str, Any], sl: dict[str, Any]) -> list[str]:
+    """A host of instances' line for one slot: `web/1`, its word, generation, pid, up time,
+    restart streak when it has one, CPU % and RSS (named as `vigil status` names it)."""
+    cpu, rss = usage(sl)
+    streak = sl.get("restart_streak") or 0
+    return [f"{r['host']}/{sl['slot']}", sl["state"],
+            f"g{sl['generation']}" if sl["generation"] else "", str(sl["pid"] or ""),
+            age(sl["since"]) if sl["since"] else "", f"streak {streak}" if streak else "",
+            "", cpu, rss, "", ""]
+
+
+def host_lines(r: dict[str, Any], short: bool) -> list[list[str]]:
+    """A host's line, then one per slot for a host of instances."""
+    return [cells(r, short), *(slot_cells(r, sl) for sl in r.get("slots") or ())]
+
+
 COLUMNS = ("host", "state", "gen", "pid", "up", "restarts", "health", "cpu%", "rss",
            "obligations", "deploy")
 
@@ -218,7 +252,9 @@ def screen(f: Frame, when: str) -> Any:
         t.add_column(name, no_wrap=True, overflow="ellipsis", ratio=1 if grow else None,
                      justify="right" if name in ("pid", "cpu%", "rss", "gen") else "left")
     for r in f.rows:
-        t.add_row(*cells(r, True), style="red" if r["state"] in TROUBLE else None)
+        for i, row in enumerate(host_lines(r, True)):
+            word = r["state"] if i == 0 else row[1]
+            t.add_row(*row, style="red" if word in TROUBLE else None)
     last = f.offset + len(f.rows)
     more = (f"hosts {f.offset + 1}-{last} of {f.total}"
             + (f", {f.total - last} more" if last < f.total else "")
@@ -238,7 +274,7 @@ TROUBLE = ("unproven", "crashloop", "unhealthy", "down")
 
 def plain(f: Frame) -> str:
     """The frame without a terminal: the agent's line, then every host, columns aligned."""
-    rows = [list(COLUMNS), *(cells(r, False) for r in f.rows)]
+    rows = [list(COLUMNS), *(row for r in f.rows for row in host_lines(r, False))]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     lines = [agent_text(f.agent, f.halted)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()

@@ -131,3 +131,25 @@ def test_plain_table_counts_restarts_by_cause(vigil: Vigil) -> None:
     cp = vigil.run("top")
     row = next(line for line in cp.stdout.splitlines() if line.startswith("web1 "))
     assert "crash=1" in row, cp.stdout
+
+
+def test_a_host_of_instances_has_a_line_for_each_slot(vigil: Vigil) -> None:
+    """Under the host's line (its CPU and memory summed over every slot), one line a slot,
+    each with its own pid and memory."""
+    from tests.integration.test_instances import add_instances, slots_up
+    from tests.listening import free_port
+
+    add_instances(vigil, free_port(), 2)
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "web")
+    slots = slots_up(vigil, "web", 2)
+    rows = {line.split()[0]: line.split() for line in vigil.run("top").stdout.splitlines()[2:]}
+    assert set(rows) == {"web", "web/0", "web/1"}, rows
+    for sl in slots:
+        row = rows[f"web/{sl['slot']}"]
+        assert row[1:4] == ["up", f"g{sl['generation']}", str(sl["pid"])], row
+        assert row[-1].endswith("M") and float(row[-1][:-1]) > 0, row  # its own RSS
+    mb = {k: float(rows[k][-1][:-1]) for k in rows}
+    assert abs(mb["web"] - mb["web/0"] - mb["web/1"]) < 0.2, rows  # the host sums its slots
+    vigil.run("stop", "web", "--wait")

@@ -74,18 +74,21 @@ def rollouts(s: Session, hosts: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def leaders(s: Session, hosts: list[str]) -> dict[str, dict[str, Any]]:
-    """Per host, its current generation's leader (pid and start time) and cgroup: where
-    `top` reads the generation's CPU and memory."""
-    return {g.host: {"pid": g.pid, "create_time": g.create_time, "cgroup": g.cgroup}
-            for g in s.execute(select(Generation).where(
-                Generation.host.in_(hosts), Generation.state == GenState.current)
-                .order_by(Generation.slot.desc())).scalars()}  # instances: slot 0's
+def leaders(s: Session, hosts: list[str]) -> dict[str, dict[int, dict[str, Any]]]:
+    """Per host, each current generation's leader (pid and start time) and cgroup, by slot:
+    where `top` reads the generation's CPU and memory (a host of instances: one per slot)."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for g in s.execute(select(Generation).where(
+            Generation.host.in_(hosts), Generation.state == GenState.current)).scalars():
+        out.setdefault(g.host, {})[g.slot] = {"pid": g.pid, "create_time": g.create_time,
+                                              "cgroup": g.cgroup}
+    return out
 
 
 def glance(s: Session, hosts: list[str]) -> list[dict[str, Any]]:
     """`vigil status`'s row of each host named (in the order given; one removed meanwhile
-    is left out), each with `restarts`, `obligations`, `rollout` and `leader` added."""
+    is left out), each with `restarts`, `obligations`, `rollout` and `leaders` (by slot)
+    added."""
     rows = rows_of(s, hosts)
     shown = [r["host"] for r in rows]
     counts, owed = restarts(s, shown), obligations(s, shown)
@@ -93,5 +96,5 @@ def glance(s: Session, hosts: list[str]) -> list[dict[str, Any]]:
     for r in rows:
         h = r["host"]
         r.update(restarts=dict(counts[h]), obligations=owed[h], rollout=waves.get(h),
-                 leader=leads.get(h))
+                 leaders=leads.get(h, {}))
     return rows
