@@ -22,6 +22,7 @@ from models.tables import Attempt, Generation, Host
 from tests.conftest import Vigil, pid_dead, wait_for
 from tests.integration.test_instances import holds, serve_builds_hello, slots_up
 from tests.listening import free_port, store_inode
+from tests.recovery.test_crashpoints import adoptions
 
 pytestmark = pytest.mark.timeout(120)
 N = 3
@@ -77,36 +78,53 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("point", sorted(CASES))
-def test_crash_mid_instances(vigil: Vigil, short_tmp: Path, point: str) -> None:
-    case = CASES[point]
+def arrange(v: Vigil, short_tmp: Path) -> tuple[list[Path], list[dict]]:
+    """The host of N instances awake on the first build, its agent stopped: the builds, and
+    the slots as they served."""
     builds = serve_builds_hello(short_tmp)
-    port = free_port()
-    vigil.run("host", "add", "web", "--build", str(builds[0]), "--listen",
-              f"http=tcp:127.0.0.1:{port}", "--instances", str(N), "--drain-timeout", "3")
-    setup = vigil.start_agent()
-    vigil.wait_ready(setup)
-    vigil.run("wake", "web", "--wait")
-    first = slots_up(vigil, "web", N)
-    vigil.stop_agent(setup)
-    before = len(vigil.agent_log())
-    crash = vigil.start_agent(point)
+    v.run("host", "add", "web", "--build", str(builds[0]), "--listen",
+          f"http=tcp:127.0.0.1:{free_port()}", "--instances", str(N), "--drain-timeout", "3")
+    setup = v.start_agent()
+    v.wait_ready(setup)
+    v.run("wake", "web", "--wait")
+    first = slots_up(v, "web", N)
+    v.stop_agent(setup)
+    return builds, first
+
+
+def crash_at(v: Vigil, point: str, drive: Callable[[], None] | None = None) -> bool:
+    """An agent armed at `point`, `drive` run once it is ready; True when it died there by
+    SIGKILL, False when it finished (ready, nothing open) without reaching it."""
+    before = len(v.agent_log())
+    crash = v.start_agent(point)
     wait_for(lambda: crash.poll() is not None
-             or b"logger=vigil.agent ready" in vigil.agent_log()[before:], 30,
+             or b"logger=vigil.agent ready" in v.agent_log()[before:], 30,
              what="crash agent ready")
-    case.drive(vigil, builds[1])
-    assert crash.wait(30) == -signal.SIGKILL, vigil.agent_log()[before:].decode()[-3000:]
-    assert f"crash point={point.partition('#')[0]}".encode() in vigil.agent_log()[before:]
-    vigil.wait_ready_after(vigil.start_agent(), vigil.ready_count())
+    if drive is not None:
+        drive()
+    else:
+        wait_for(lambda: crash.poll() is not None or not v.obligations(), 30,
+                 what="the armed agent dead or done")
+        if crash.poll() is None:
+            v.stop_agent(crash)
+            return False
+    assert crash.wait(30) == -signal.SIGKILL, v.agent_log()[before:].decode()[-3000:]
+    assert f"crash point={point.partition('#')[0]}".encode() in v.agent_log()[before:] \
+        or point.startswith("*")
+    return True
+
+
+def finish_and_check(v: Vigil, case: Case, first: list[dict]) -> None:
+    """A clean agent finishes; then the end the case names holds (see the module's doc)."""
+    v.wait_ready_after(v.start_agent(), v.ready_count())
     if case.end == "asleep":
-        wait_for(lambda: vigil.status("web")["state"] in ("asleep", "down"), 60,
-                 what="web asleep")
-    vigil.quiesce(60)
-    vigil.check()
+        wait_for(lambda: v.status("web")["state"] in ("asleep", "down"), 60, what="web asleep")
+    v.quiesce(60)
+    v.check()
     want = {"asleep": 0, "more": N + 2, "fewer": 1}.get(case.end, N)
     now = [] if case.end == "asleep" else (
-        slots_up(vigil, "web", want) if want > 1 else [vigil.status("web")])
-    gens = vigil.store.read(lambda s: s.execute(select(Generation).where(
+        slots_up(v, "web", want) if want > 1 else [v.status("web")])
+    gens = v.store.read(lambda s: s.execute(select(Generation).where(
         Generation.host == "web")).scalars().all())
     for g in gens:
         if g.state is not GenState.current and g.pid:
@@ -114,17 +132,22 @@ def test_crash_mid_instances(vigil: Vigil, short_tmp: Path, point: str) -> None:
     if case.end == "asleep":
         assert not [g for g in gens if g.state is GenState.current]
         return
-    inode = store_inode(vigil, "web")
+    inode = store_inode(v, "web")
     assert inode and all(holds(x["pid"], inode) for x in now), now
-    live = vigil.store.read(lambda s: s.get(Host, "web").build_id)
     currents = [g for g in gens if g.state is GenState.current]
     assert sorted(g.slot for g in currents) == list(range(want))
     if case.end in ("more", "fewer"):  # the slots kept serve with the pids they had
         kept = min(want, N)
         assert [x["pid"] for x in now[:kept]] == [x["pid"] for x in first[:kept]], now
         return
+    check_builds(v, case, currents, first, now)
+
+
+def check_builds(v: Vigil, case: Case, currents: list[Generation], first: list[dict],
+                 now: list[dict]) -> None:
+    live = v.store.read(lambda s: s.get(Host, "web").build_id)
     assert all(g.build_id == live for g in currents), [(g.id, g.build_id, live) for g in currents]
-    newest = vigil.store.read(lambda s: s.execute(select(Attempt).order_by(
+    newest = v.store.read(lambda s: s.execute(select(Attempt).order_by(
         Attempt.id.desc()).limit(1)).scalar())
     if case.end == "new":
         assert newest is not None and newest.outcome is Outcome.done, newest and newest.reason
@@ -132,3 +155,29 @@ def test_crash_mid_instances(vigil: Vigil, short_tmp: Path, point: str) -> None:
     else:  # an exit restarts its slot alone: the others kept their pids
         assert [x["pid"] for x in now][0::2] == [x["pid"] for x in first][0::2]
         assert now[1]["pid"] != first[1]["pid"]
+
+
+@pytest.mark.parametrize("point", sorted(CASES))
+def test_crash_mid_instances(vigil: Vigil, short_tmp: Path, point: str) -> None:
+    case = CASES[point]
+    builds, first = arrange(vigil, short_tmp)
+    assert crash_at(vigil, point, lambda: case.drive(vigil, builds[1]))
+    finish_and_check(vigil, case, first)
+
+
+SCALING = sorted(p for p, c in CASES.items() if c.end in ("more", "fewer"))
+
+
+@pytest.mark.parametrize("point", SCALING)
+def test_double_crash_mid_scaling(vigil: Vigil, short_tmp: Path, point: str) -> None:
+    """Scaling cut at `point`, then the agent recovering from it cut again at the first
+    crash point it reaches past adopting the slots (`*#k`, k past the adoption's point),
+    then a clean agent: the same end as one crash. Scaling up always has slots left to
+    start past the adoption; a scale-down's termed slots may have ended by the time the
+    recovering agent looks, and its adoption retires them: nothing is left to crash at."""
+    case = CASES[point]
+    builds, first = arrange(vigil, short_tmp)
+    assert crash_at(vigil, point, lambda: case.drive(vigil, builds[1]))
+    second = crash_at(vigil, f"*#{adoptions(vigil) + 1}")
+    assert second or point.startswith("stop."), "recovery reached no point past adoption"
+    finish_and_check(vigil, case, first)
