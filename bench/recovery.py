@@ -231,7 +231,7 @@ def one_run(args: argparse.Namespace, i: int) -> dict[str, Any]:
                 raise RuntimeError(f"only {awake} of {args.hosts} hosts awake")
             time.sleep(0.2)
         row: dict[str, Any] = {"woken": time.monotonic() - t1}
-        if (PEERS / "bin" / "supervisord").exists():
+        if getattr(args, "peer", True) and (PEERS / "bin" / "supervisord").exists():
             sup = Supervisord(tmp, tmp / "worker.sh", args.hosts, 60 + args.hosts * 1.0)
             row["sup_woken"] = sup.woken
         gens = q1(home, "SELECT group_concat(id) FROM generations WHERE state = 'current'")
