@@ -80,6 +80,24 @@ def events(home: Path, attempt: int) -> dict[str, datetime]:
     return out
 
 
+def successor_times(home: Path, attempt: int) -> dict[str, datetime]:
+    """When the attempt's row was written (by the CLI, with the intent) and its successor's
+    row (the spawn's intent, by the agent): the part of the latency before the spawn.
+    (The process's start time is left out: /proc gives it against a boot time in whole
+    seconds.)"""
+    con = sqlite3.connect(f"file:{home / 'vigil.db'}?mode=ro", uri=True, timeout=30)
+    try:
+        row = con.execute("SELECT a.created_at, g.created_at FROM attempts a"
+                          " JOIN generations g ON g.id = a.successor_id WHERE a.id = ?",
+                          (attempt,)).fetchone()
+    finally:
+        con.close()
+    if row is None:
+        return {}
+    return {"(attempt row written)": datetime.fromisoformat(row[0]),
+            "(successor row written)": datetime.fromisoformat(row[1])}
+
+
 class SwitchSeen(threading.Thread):
     """Polls the store (every 2 ms) for the first `switched` event after `after`: the time
     a reader first sees the switch committed."""
@@ -132,6 +150,7 @@ def main() -> None:
                                  stderr=open(tmp / "agent.log", "wb"))
         vigil(home, "wake", "hello", "--wait")
         floors, switch, stamped, drained = [], [], [], []
+        steps: dict[str, list[float]] = {}
         for i in range(runs):
             floors.append(floor_once(tmp))
             build = other if i % 2 == 0 else HELLO
@@ -148,6 +167,8 @@ def main() -> None:
             switch.append(seen.at - t0.replace(tzinfo=UTC).timestamp())
             stamped.append((ev["switched"] - t0).total_seconds())
             drained.append((ev["swapped"] - t0).total_seconds())
+            for kind, when in {**ev, **successor_times(home, attempt)}.items():
+                steps.setdefault(kind, []).append((when - t0).total_seconds())  # where it goes
 
         def fmt(xs: list[float]) -> str:
             return f"median {statistics.median(xs) * 1000:7.1f} ms  (min {min(xs) * 1000:.1f}, max {max(xs) * 1000:.1f})"
@@ -158,6 +179,8 @@ def main() -> None:
         print(f"vigil  intent->switch committed    : {fmt(switch)}")
         print(f"vigil  intent->switch's timestamp  : {fmt(stamped)} (in the transaction, before its fsync)")
         print(f"vigil  intent->drain proven        : {fmt(drained)}")
+        for kind, xs in sorted(steps.items(), key=lambda kv: statistics.median(kv[1])):
+            print(f"  step {kind:<28}: {fmt(xs)} after the intent")
         per_pair = ratios(switch, floors)
         ratio = statistics.median(switch) / statistics.median(floors)
         print(f"ratio  intent->switch / floor      : {ratio:.2f} (goal <= 1.25); per pair {summary(per_pair, 'x')}")
