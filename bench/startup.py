@@ -70,7 +70,7 @@ def agent_started_at(home: Path) -> float:
     return datetime.fromisoformat(at).replace(tzinfo=UTC).timestamp()
 
 
-def one_agent(tmp: Path, timeout: float = 60.0) -> tuple[float, float, float, str]:
+def one_agent(tmp: Path, root: Path = ROOT, timeout: float = 60.0) -> tuple[float, float, float, str]:
     """A fresh empty store, one agent: (Popen -> `ready` line, Popen -> `agent_started`
     committed, its CPU seconds at `ready`, the store's durability fields)."""
     home = tmp / "state"
@@ -80,7 +80,7 @@ def one_agent(tmp: Path, timeout: float = 60.0) -> tuple[float, float, float, st
     wall0 = time.time()
     t0 = time.perf_counter()
     agent = subprocess.Popen([sys.executable, "-m", "runners.cli", "agent", "--log-level", "INFO"],
-                             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE)
     seen: list[bytes] = []
     try:
@@ -113,20 +113,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--quick", action="store_true", help="2 runs, for CI")
+    ap.add_argument("--before", type=Path, default=None, metavar="CHECKOUT",
+                    help="also time the agent of another checkout (e.g. `git archive main` "
+                         "unpacked), interleaved: a change's before and after in one run")
     args = ap.parse_args()
     if args.quick:
         args.runs = 2
     load0 = loadavg()
-    names = ("pass", "sqlalchemy", "ready", "started", "pass_cpu", "sqlalchemy_cpu", "ready_cpu")
+    names = ("pass", "sqlalchemy", "ready", "started", "pass_cpu", "sqlalchemy_cpu", "ready_cpu",
+             "before", "before_cpu")
     rows: dict[str, list[float]] = {k: [] for k in names}
     modes = ""
     tmp = Path(tempfile.mkdtemp(prefix="vgstart", dir="/tmp"))
     try:
         for i in range(args.runs):
             # Interleaved, the order turned each run: a load that comes and goes is shared.
-            steps = ["pass", "sqlalchemy", "agent"]
-            for step in steps[i % 3:] + steps[:i % 3]:
-                if step != "agent":
+            steps = ["pass", "sqlalchemy", "agent", *(["before"] if args.before else [])]
+            for step in steps[i % len(steps):] + steps[:i % len(steps)]:
+                if step == "before":
+                    ready, _, cpu, _ = one_agent(tmp, args.before)
+                    rows["before"].append(ready)
+                    rows["before_cpu"].append(cpu)
+                elif step != "agent":
                     code = "pass" if step == "pass" else "import sqlalchemy"
                     wall, cpu = timed([sys.executable, "-c", code])
                     rows[step].append(wall)
@@ -157,6 +165,10 @@ def report(runs: int, rows: dict[str, list[float]], load0: str, modes: str) -> N
           f"ratio to pass {summary(ready_ratio, 'x')} (goal <= {GOAL:g}x)")
     print(f"  ready beyond import sqlalchemy        : "
           f"{summary([r - s for r, s in zip(rows['ready'], rows['sqlalchemy'], strict=True)])}")
+    if rows["before"]:
+        print(f"agent of {'the --before checkout':<22}, Popen -> ready : {summary(rows['before'])}  "
+              f"ratio to pass {summary(ratios(rows['before'], rows['pass']), 'x')}; CPU "
+              f"{summary(rows['before_cpu'])}; after / before {summary(ratios(rows['ready'], rows['before']), 'x')}")
     print("CPU seconds (user + system), less bent by the load than wall time:")
     print(f"  python -c pass / import sqlalchemy / agent at ready : {summary(rows['pass_cpu'])} / "
           f"{summary(rows['sqlalchemy_cpu'])} / {summary(rows['ready_cpu'])}")
