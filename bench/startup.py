@@ -5,6 +5,8 @@
   python -c pass               the interpreter with its site (the floor of any Python process)
   python -c "import sqlalchemy"  the store's library alone (what a start-up that opens the
                                store through it cannot go below)
+  python -c "import models.tables"  SQLAlchemy, its ORM and vigil's mapped schema: the floor
+                               of any process that reads the store as the agent does
   vigil agent                  on a fresh state dir whose store is at head and has no host
                                (`vigil db upgrade` first, untimed): from its Popen to its
                                `ready` log line (recovered, everything started, READY=1 sent),
@@ -120,22 +122,23 @@ def main() -> None:
     if args.quick:
         args.runs = 2
     load0 = loadavg()
-    names = ("pass", "sqlalchemy", "ready", "started", "pass_cpu", "sqlalchemy_cpu", "ready_cpu",
-             "before", "before_cpu")
+    names = ("pass", "sqlalchemy", "tables", "ready", "started", "pass_cpu", "sqlalchemy_cpu",
+             "tables_cpu", "ready_cpu", "before", "before_cpu")
     rows: dict[str, list[float]] = {k: [] for k in names}
     modes = ""
     tmp = Path(tempfile.mkdtemp(prefix="vgstart", dir="/tmp"))
     try:
         for i in range(args.runs):
             # Interleaved, the order turned each run: a load that comes and goes is shared.
-            steps = ["pass", "sqlalchemy", "agent", *(["before"] if args.before else [])]
+            steps = ["pass", "sqlalchemy", "tables", "agent", *(["before"] if args.before else [])]
             for step in steps[i % len(steps):] + steps[:i % len(steps)]:
                 if step == "before":
                     ready, _, cpu, _ = one_agent(tmp, args.before)
                     rows["before"].append(ready)
                     rows["before_cpu"].append(cpu)
                 elif step != "agent":
-                    code = "pass" if step == "pass" else "import sqlalchemy"
+                    code = {"pass": "pass", "sqlalchemy": "import sqlalchemy",
+                            "tables": "import models.tables"}[step]
                     wall, cpu = timed([sys.executable, "-c", code])
                     rows[step].append(wall)
                     rows[f"{step}_cpu"].append(cpu)
@@ -160,6 +163,8 @@ def report(runs: int, rows: dict[str, list[float]], load0: str, modes: str) -> N
     print(f"python -c pass                          : {summary(rows['pass'])}")
     print(f"python -c 'import sqlalchemy'           : {summary(rows['sqlalchemy'])}  "
           f"ratio to pass {summary(ratios(rows['sqlalchemy'], rows['pass']), 'x')}")
+    print(f"python -c 'import models.tables'        : {summary(rows['tables'])}  "
+          f"ratio to pass {summary(ratios(rows['tables'], rows['pass']), 'x')} (SQLAlchemy, ORM, schema)")
     print(f"agent, Popen -> agent_started committed : {summary(rows['started'])}")
     print(f"agent, Popen -> ready                   : {summary(rows['ready'])}  "
           f"ratio to pass {summary(ready_ratio, 'x')} (goal <= {GOAL:g}x)")
@@ -170,12 +175,15 @@ def report(runs: int, rows: dict[str, list[float]], load0: str, modes: str) -> N
               f"ratio to pass {summary(ratios(rows['before'], rows['pass']), 'x')}; CPU "
               f"{summary(rows['before_cpu'])}; after / before {summary(ratios(rows['ready'], rows['before']), 'x')}")
     print("CPU seconds (user + system), less bent by the load than wall time:")
-    print(f"  python -c pass / import sqlalchemy / agent at ready : {summary(rows['pass_cpu'])} / "
-          f"{summary(rows['sqlalchemy_cpu'])} / {summary(rows['ready_cpu'])}")
+    print(f"  python -c pass / import sqlalchemy / import models.tables / agent at ready : "
+          f"{summary(rows['pass_cpu'])} / {summary(rows['sqlalchemy_cpu'])} / "
+          f"{summary(rows['tables_cpu'])} / {summary(rows['ready_cpu'])}")
+    print(f"  ratio import models.tables / pass, CPU: {summary(ratios(rows['tables_cpu'], rows['pass_cpu']), 'x')}")
     print(f"  ratio agent / pass, CPU               : {summary(ratios(rows['ready_cpu'], rows['pass_cpu']), 'x')}")
     fields = [f"vigil.ready_ms={med('ready') * 1000:.1f}", f"vigil.agent_started_ms={med('started') * 1000:.1f}",
               modes, f"python.pass_ms={med('pass') * 1000:.1f}",
-              f"python.sqlalchemy_ms={med('sqlalchemy') * 1000:.1f}", no_store("python"),
+              f"python.sqlalchemy_ms={med('sqlalchemy') * 1000:.1f}",
+              f"python.tables_ms={med('tables') * 1000:.1f}", no_store("python"),
               f"ready_ratio={statistics.median(ready_ratio):.2f}"]
     print("result: startup " + " ".join(fields))
 
