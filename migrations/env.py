@@ -12,13 +12,15 @@ from typing import Any
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
-from models.tables import Base
+from models.tables import Base, postgresql_options
 
 config = context.config
 target_metadata = Base.metadata
 
 
 def _run(connection: Connection) -> None:
+    if connection.dialect.name == "postgresql":
+        postgresql_options()  # the metadata compared is the one PostgreSQL has
     context.configure(
         connection=connection,
         target_metadata=target_metadata,

@@ -22,7 +22,7 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponenti
 
 from models import notices
 from models.errors import StoreNotReady
-from models.tables import Event
+from models.tables import Event, postgresql_options
 from models.urls import listen_url_for, normalize_url
 
 T = TypeVar("T")
@@ -348,13 +348,13 @@ def make_engine(url: str, synchronous: str, busy_timeout_ms: int, *,
 
 def _pg_engine(url: str, synchronous: str, name: Callable[[], str], pool_size: int,
                max_overflow: int, pooled: bool, prepare: Callable[[], bool]) -> Engine:
+    postgresql_options()  # the schema's PostgreSQL-only options, now that its dialect is loaded
     pg = create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow)
 
     @event.listens_for(pg, "do_connect")
     def _named(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
         cparams["application_name"] = name()  # read per connection: it may be renamed
-        # None: psycopg prepares nothing (a pooler in transaction mode would run the
-        # EXECUTE on a server session that never saw the PREPARE).
+        # None: psycopg prepares nothing (a pooler in transaction mode would run EXECUTE elsewhere).
         cparams["prepare_threshold"] = PREPARE_THRESHOLD if prepare() else None
 
     if synchronous.upper() == "OFF":

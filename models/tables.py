@@ -226,8 +226,7 @@ class Generation(Base):
             "host",
             "slot",
             unique=True,
-            sqlite_where=text("state = 'current'"),
-            postgresql_where=text("state = 'current'"),
+            sqlite_where=text("state = 'current'"),  # PostgreSQL's: postgresql_options
         ),
         # A host's generations newest first (its history, kept or pruned: workflows/engine/history.py);
         # the live ones by state (the exit watcher, the backstop, the sanity check), so
@@ -552,3 +551,13 @@ SCHEDULER_JOBS = Table(
     Column("next_run_time", Float(25), index=True),
     Column("job_state", LargeBinary, nullable=False),
 )
+
+
+def postgresql_options() -> None:
+    """What only PostgreSQL reads: the WHERE of the one-current partial index. Set when a
+    PostgreSQL engine is made (models/store.py, migrations/env.py), not declared above: a
+    `postgresql_*` keyword imports SQLAlchemy's PostgreSQL dialect on every start, SQLite's
+    too (about two `python -c pass` of the agent's start-up). Idempotent."""
+    for ix in Generation.__table__.indexes:
+        if ix.name == "ux_generations_one_current":
+            ix.dialect_options["postgresql"]["where"] = text("state = 'current'")

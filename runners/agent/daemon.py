@@ -114,12 +114,14 @@ class AgentDaemon(StartStop, Sweeps):
         self.files = None
         self._schema_checked = 0.0
         self._scheduler = None
-        self._version = control_version()
+        self._version: str | None = None  # read on the first `agent status`, not at start
 
     def live(self) -> dict[str, object]:
         """What the agent says of itself on its control socket (`vigil agent status`)."""
         r = self.reconciler
         last = r.last_round_at if r is not None else None
+        if self._version is None:
+            self._version = control_version()
         return {"running": True, "pid": os.getpid(), "box": self.ctx.agent_id,
                 "version": self._version, "up_since": self.started_at.isoformat(),
                 "ready": self.recovered.is_set(), "rounds": r.rounds if r is not None else 0,

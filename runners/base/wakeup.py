@@ -5,10 +5,14 @@
 - SQLite (one box): the CLI rings the doorbell socket; the agent also polls
   `PRAGMA data_version` on a connection of its own every second, which changes whenever
   another connection committed (a writer that did not ring, e.g. the sqlite3 shell).
+  The agent's own commits change it too (its other connections): a change in a second
+  when this agent also wrote starts a round only when an obligation is open, so an idle
+  agent's heartbeat (every TTL/3) is not a round over every host.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sqlite3
@@ -39,9 +43,9 @@ def start(store: Store, kick: Callable[[], None], stop: threading.Event,
     """`on_error(exc)`: True when the store itself failed and the agent has said so (the
     LISTEN loop then retries without a line of its own)."""
     if store.dialect == "postgresql":
-        target = _listen
+        target: Callable[..., None] = _listen
     elif store.dialect == "sqlite" and store.engine.url.database:
-        target = _data_version
+        target = functools.partial(_data_version, own=OwnWrites(store))  # counted from now
     else:
         return None
     t = threading.Thread(target=target, args=(store, kick, stop, on_error), name="wakeup",
@@ -107,21 +111,43 @@ class Probe:
                     CHANNEL, self.url, self.WAIT)
 
 
+class OwnWrites:
+    """How many write transactions this process has committed through `store` (counted in
+    its on_success hook, whatever was hooked there before still called)."""
+
+    def __init__(self, store: Store) -> None:
+        self.count = 0
+        self._then = store.on_success
+
+        def counted(readonly: bool) -> None:
+            if not readonly:
+                self.count += 1
+            if self._then is not None:
+                self._then(readonly)
+
+        store.on_success = counted
+
+
+def _open_obligation(conn: sqlite3.Connection) -> bool:
+    return conn.execute("SELECT 1 FROM pending_obligations LIMIT 1").fetchone() is not None
+
+
 def _data_version(store: Store, kick: Callable[[], None], stop: threading.Event,
-                  on_error: Callable[[BaseException], bool]) -> None:
+                  on_error: Callable[[BaseException], bool], own: OwnWrites) -> None:
     path = store.engine.url.database
     if path is None:
         raise BrokenInvariant("path is missing")
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
-        last = None
+        last, seen = None, own.count
         while not stop.wait(POLL):
             try:
                 version = conn.execute("PRAGMA data_version").fetchone()[0]
+                mine, seen = own.count != seen, own.count  # after the read: none missed
+                if last is not None and version != last and (not mine or _open_obligation(conn)):
+                    kick()
             except sqlite3.Error:
                 continue
-            if last is not None and version != last:
-                kick()
             last = version
     finally:
         conn.close()

@@ -13,8 +13,9 @@ the book and the rollout waiting for that attempt never miss it.
 
 from __future__ import annotations
 
+import importlib
+
 from sqlalchemy import bindparam, delete, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from models.states import IN_FLIGHT, OPEN_ROLLOUT, Cause, Outcome
@@ -49,7 +50,9 @@ def hold_down(s: Session, a: Attempt, reason: str) -> None:
     """In the transaction that ends `a` failed or down: its build is held down on its host."""
     values = {"host": a.host, "build_id": a.build_id, "digest": a.digest, "attempt_id": a.id,
               "reason": reason, "since": utcnow()}
-    dialect = postgresql if s.get_bind().dialect.name == "postgresql" else sqlite
+    # The dialect's own upsert, imported here: the PostgreSQL dialect costs a SQLite start.
+    name = "postgresql" if s.get_bind().dialect.name == "postgresql" else "sqlite"
+    dialect = importlib.import_module(f"sqlalchemy.dialects.{name}")
     stmt = dialect.insert(HeldBuild.__table__).values(**values)
     s.execute(stmt.on_conflict_do_update(
         index_elements=["host", "build_id"],
