@@ -242,9 +242,11 @@ def socket_options(group: str | None, mode: str | None) -> tuple[str | None, int
 
 def poll(read: Callable[[], T], settled: Callable[[T, float], bool], *, timeout: float,
          late: Callable[[T], VigilError], tick: Callable[[T, float], None] | None = None,
-         idle: Callable[[float], None] | None = None, interval: float = 0.05) -> T:
+         idle: Callable[[float], None] | None = None,
+         interval: float | Callable[[T], float] = 0.05) -> T:
     """The loop of every --wait: read, report (`tick`), stop once `settled`; past `timeout`
-    raise `late(last value)`. `idle(elapsed)` runs between reads (it may raise: no agent)."""
+    raise `late(last value)`. `idle(elapsed)` runs between reads (it may raise: no agent).
+    `interval`: the pause between reads, or what it is after a given value."""
     started = time.monotonic()
     while True:
         value = read()
@@ -257,4 +259,6 @@ def poll(read: Callable[[], T], settled: Callable[[T, float], bool], *, timeout:
             raise late(value)
         if idle is not None:
             idle(elapsed)
-        time.sleep(interval)
+        pause = interval(value) if callable(interval) else interval
+        if pause > 0:
+            time.sleep(pause)

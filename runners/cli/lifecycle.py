@@ -190,10 +190,19 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float,
                           f"{a['step']} ({a['last_error'] or 'no error yet'})",
                           "watch `vigil obligations`; the agent keeps working on it")
 
-    a = poll(lambda: quick.call("progress", kind="attempt", id=attempt_id, after=after),
-             lambda a, _: a["outcome"] is not None, timeout=timeout, late=late,
+    commits = [-1]  # the agent's count of commits its last answer carried (none: the store's)
+
+    def read() -> dict[str, Any]:
+        a = quick.call("progress", kind="attempt", id=attempt_id, after=after,
+                       changed_after=commits[0])
+        commits[0] = a.pop("commits", -1)
+        return a
+
+    # Through the agent, each read waits there for its next commit: no pause in between.
+    a = poll(read, lambda a, _: a["outcome"] is not None, timeout=timeout, late=late,
              tick=tick if steps else None,
-             idle=quick.no_agent_guard(f"attempt #{attempt_id} of {name}"))
+             idle=quick.no_agent_guard(f"attempt #{attempt_id} of {name}"),
+             interval=lambda _: 0.0 if commits[0] >= 0 else 0.05)
     drain = f", drain {a['drain_seconds']:.2f}s" if a["drain_seconds"] is not None else ""
     line = (("" if steps else f"host {name}: ") + f"attempt #{a['id']} {a['outcome']} (mode "
             f"{a['effective_mode']}, executed {str(a['executed']).lower()}{drain}): {a['reason']}")

@@ -34,6 +34,7 @@ log = logging.getLogger("vigil.control")
 READ_LANES = 3
 POLLS = frozenset({"progress", "last_event"})
 IDLE = 120.0  # seconds a connection may wait between two requests (the CLI polls faster)
+WAIT_BOUND = 1.0  # seconds a progress poll waits at most for the agent's next commit
 DRAIN = 10.0  # seconds spent reading the rest of a refused oversized line before closing
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
 _SOCKET_GONE = (errno.EBADF, errno.EINVAL, errno.ENOTSOCK)
@@ -61,6 +62,30 @@ def version() -> str:
         return "unknown"
 
 
+class Commits:
+    """A count of the agent's write commits and a wait for the next one: a `--wait`'s
+    progress poll (`changed_after`: the count its last answer carried) is answered once
+    the agent has committed something since, instead of the CLI reading every 50 ms while
+    the app starts beside the agent on the same cores."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = threading.Condition()
+
+    def committed(self, readonly: bool) -> None:
+        if readonly:
+            return
+        with self._changed:
+            self.count += 1
+            self._changed.notify_all()
+
+    def wait_past(self, seen: int, bound: float) -> int:
+        """The count once it is past `seen`, or after `bound` seconds."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.count > seen, bound)
+            return self.count
+
+
 class ControlServer:
     def __init__(self, ctx: Context, db: str | None, kick: Callable[[], None],
                  live: Callable[[], dict[str, Any]],
@@ -79,8 +104,17 @@ class ControlServer:
         self._reads = threading.BoundedSemaphore(READ_LANES)
         self._polls = threading.BoundedSemaphore(READ_LANES)
         self._starved_since: float | None = None  # out of fds since (monotonic), if it is
+        self.commits = Commits()
 
     def start(self) -> None:
+        told = self.ctx.store.on_success  # the store watch's, set before
+
+        def on_success(readonly: bool) -> None:
+            if told is not None:
+                told(readonly)
+            self.commits.committed(readonly)
+
+        self.ctx.store.on_success = on_success
         try:
             self.path.unlink()  # a dead agent's: this one holds the lock
         except FileNotFoundError:
@@ -210,6 +244,8 @@ class ControlServer:
         if db != self.db or (op != "hello" and not self.may_act()):
             return {"ok": False, "other_store": True}, False
         try:
+            seen = args.pop("changed_after", None) if op == "progress" else None
+            count = None if seen is None else self.commits.wait_past(seen, WAIT_BOUND)
             if op == "hello":
                 result = self.live()
             elif op in ops.INTENTS:
@@ -220,6 +256,8 @@ class ControlServer:
                     result = ops.run(self.ctx.store, self.ctx.state_dir, op, args)
             if op == "agent":
                 result.update(self.live())
+            if count is not None:  # taken before the read: a commit after it ends the next wait
+                result["commits"] = count
         except VigilError as exc:
             if op in ops.INTENTS:  # the operator reads the same line
                 log.info("request refused op=%s host=%s reason=%r", op, args.get("name"), exc.line())

@@ -27,7 +27,9 @@ SHAPES: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "deploy": {**_NAME, "build": ((str,), True), "cwd": ((str,), True),
                "mode": ((str,), False), "canary": ((bool,), False), "cause": ((str,), False),
                "converge": ((bool,), False)},
-    "progress": {"kind": ((str,), True), "id": ((int,), True), "after": ((int,), False)},
+    # changed_after: answered once the agent committed past that count (control.Commits)
+    "progress": {"kind": ((str,), True), "id": ((int,), True), "after": ((int,), False),
+                 "changed_after": ((int,), False)},
 }
 
 

@@ -75,6 +75,8 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
     (b"{\"op\": \"deploy\", \"args\": {\"name\": \"hello\"}}\n", "deploy needs args.build"),
     (b"{\"op\": \"progress\", \"args\": {\"kind\": \"attempt\"}}\n", "progress needs args.id"),
     (b"{\"op\": \"progress\", \"args\": {\"kind\": \"attempt\", \"id\": null}}\n", "args.id"),
+    (b"{\"op\": \"progress\", \"args\": {\"kind\": \"attempt\", \"id\": 1, "
+     b"\"changed_after\": \"x\"}}\n", "args.changed_after of progress must be int"),
     (b"{\"op\": \"status\", \"args\": [1]}\n", "args of status is not an object"),
     (b"{\"op\": \"nope\"}\n", "unknown op 'nope'"),
     (b"{\"op\": \"status\", \"db\": 5}\n", "db is neither"),

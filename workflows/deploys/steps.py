@@ -20,7 +20,7 @@ from models.states import (
     Outcome,
 )
 from models.store import emit, utcnow
-from models.tables import Attempt, Build, Generation, Host, Member, Wake
+from models.tables import Attempt, Build, Generation, Host, Listener, Member, Wake
 from models.transition import Unfenced, move, move_many
 from workflows.base.classify import BuildFailed, Cancelled, Stale
 from workflows.base.context import Context, Held, Poke
@@ -34,6 +34,7 @@ from workflows.generations.access import grant_socket
 from workflows.generations.create import launch, record
 from workflows.generations.ending import end_generation, ref_of
 from workflows.generations.known import note
+from workflows.generations.listeners import stored
 from workflows.generations.readiness import ready_problem
 from workflows.leases.lease import acquire, held_fence
 from workflows.lifecycle.members import drive_member
@@ -160,15 +161,16 @@ def publish(ctx: Context, a: Attempt) -> None:
 
 
 def spawn(ctx: Context, a: Attempt, host: Host, build: Build, gen: Generation) -> Generation:
-    def intent(s: Session) -> None:
+    def intent(s: Session) -> list[Listener]:
         gate(s, ctx, a)
         if s.execute(select(Build.published_at).where(Build.id == a.build_id)).scalar() is None:
             raise Stale("build not published")
         step_to(s, a, AttemptStep.spawning)
+        return stored(s, host.name)  # the listeners, read here rather than in a read of their own
 
-    ctx.store.write(intent)
+    listeners = ctx.store.write(intent)
     crashpoint(SPAWNING)
-    spawned = launch(ctx, host, build, gen)
+    spawned = launch(ctx, host, build, gen, listeners)
     crashpoint(EXECD)
 
     def recorded(s: Session) -> None:
@@ -208,13 +210,14 @@ def check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Gener
     return False
 
 
-def probe(ctx: Context, host: Host, gen: Generation) -> bool:
+def probe(ctx: Context, host: Host, gen: Generation, *, walk: bool = True) -> bool:
     """The successor's health (a worker: that it lives). Raises BuildFailed for the build's
-    own failure; True when a one-shot run already exited 0."""
+    own failure; True when a one-shot run already exited 0. `walk` False: the caller walks
+    the descendants (readiness.ready_problem)."""
     ref = ref_of(gen)
     clean = False
     if host.kind is HostKind.instance:
-        problem = ready_problem(ctx, host, gen)
+        problem = ready_problem(ctx, host, gen, walk=walk)
         if problem is not None:
             raise BuildFailed(problem)
         # before the switch makes it canonical

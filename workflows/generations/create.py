@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from models.states import GenState, HostKind, MemberRole
 from models.store import private_dirs, utcnow
-from models.tables import Build, Generation, Host, Member
+from models.tables import Build, Generation, Host, Listener, Member
 from models.transition import Fence, Unfenced, move
 from workflows.base.context import Context
 from workflows.base.ports import Spawned, SpawnError, SpawnSpec
@@ -44,16 +44,19 @@ def intend(s: Session, ctx: Context, host: Host, build_id: int, fence: int | Non
     return Generation(id=gid, socket=socket, **row)
 
 
-def launch(ctx: Context, host: Host, build: Build, gen: Generation) -> Spawned:
+def launch(ctx: Context, host: Host, build: Build, gen: Generation,
+           listeners: list[Listener] | None = None) -> Spawned:
     """Exec the build as `gen`: args, env and cwd from the host, output to its log, inside
     the containment the row names. Raises SpawnError when it did not start, whatever the
     port raised: a start that raises anything else would be retried forever, a new
-    generation row each time."""
+    generation row each time. `listeners`: the host's rows, when the caller read them in
+    the spawn's own intent (one transaction fewer before the exec)."""
     try:
         private_dirs(os.path.dirname(ctx.log_for(host.name, gen.id)))
         if gen.socket:
             prepare_socket_dir(ctx, host, gen.socket)
-        fds, names = fds_for(ctx, host, gen.fence) if host.kind is HostKind.instance else ((), ())
+        fds, names = (fds_for(ctx, host, gen.fence, listeners) if host.kind is HostKind.instance
+                      else ((), ()))
         notify = None
         if host.kind is HostKind.instance and mode(host) == "notify":
             if ctx.ready is None:

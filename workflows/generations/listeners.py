@@ -247,10 +247,13 @@ def reopen(s: Session, host: str) -> int:
 # -- the agent's side ----------------------------------------------------------------------
 
 
-def fds_for(ctx: Context, host: Host, fence: int | None) -> tuple[tuple[int, ...], tuple[str, ...]]:
+def fds_for(ctx: Context, host: Host, fence: int | None, rows: list[Listener] | None = None,
+            ) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """The host's listening sockets for a spawn, opened first if they are not yet (each
-    step written before it is taken). Raises SpawnError (never the build's fault)."""
-    rows = ctx.store.read(lambda s: stored(s, host.name))
+    step written before it is taken). Raises SpawnError (never the build's fault).
+    `rows`: the host's listener rows, when the caller has just read them."""
+    if rows is None:
+        rows = ctx.store.read(lambda s: stored(s, host.name))
     if not rows:
         return (), ()
     if ctx.listeners is None:

@@ -43,13 +43,16 @@ def probe_env(ctx: Context, host: Host, gen: Generation) -> dict[str, str]:
     return env
 
 
-def ready_problem(ctx: Context, host: Host, gen: Generation, timeout: float | None = None) -> str | None:
+def ready_problem(ctx: Context, host: Host, gen: Generation, timeout: float | None = None, *,
+                  walk: bool = True) -> str | None:
     """None once the generation is ready, else why not (the build's own failure). Its
-    leader's descendants are walked and recorded after the check, either way."""
+    leader's descendants are walked and recorded after the check, either way (`walk`
+    False: the caller walks, e.g. an overlap deploy after its switch's commit)."""
     try:
         return _ready_problem(ctx, host, gen, timeout)
     finally:
-        note(ctx, {gen.id: ref_of(gen)})
+        if walk:
+            note(ctx, {gen.id: ref_of(gen)})
 
 
 def _ready_problem(ctx: Context, host: Host, gen: Generation, timeout: float | None) -> str | None:

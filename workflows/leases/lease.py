@@ -185,6 +185,12 @@ def give_back(ctx: Context, limit: int = 256) -> int:
                 for r in kept])
         return len(rows), len(dropped)
 
+    if not ctx.store.read(lambda s: s.execute(select(_RELEASES.c.id).where(
+            _RELEASES.c.holder == ctx.agent_id, _RELEASES.c.next_attempt_at <= utcnow())
+            .limit(1)).first()):
+        # Every fresh round asks; mostly nothing is owed. A read does not take the write
+        # lock, which a deploy's admission, queued behind it, would wait for.
+        return 0
     taken, resolved = ctx.store.write(step)
     if resolved:
         crashpoint(RELEASE_DONE)
