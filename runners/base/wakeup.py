@@ -1,7 +1,10 @@
 """Wake-up across boxes: a round starts as soon as any box writes an intent.
 
-- PostgreSQL: the CLI sends `NOTIFY vigil` right after its intent commits (notify_boxes());
-  every agent LISTENs on a dedicated connection and kicks a round per notification.
+- PostgreSQL: the CLI notifies right after its intent commits (notify_boxes()): the channel
+  of each box the host is placed on (box_channel()), or the shared channel `vigil` for an
+  unplaced host, a rollout, or anything tied to no box. Every agent LISTENs on a dedicated
+  connection to its own box's channel and the shared one, and kicks a round per
+  notification: an intent costs a round on the boxes that may act on it, not on the fleet.
 - SQLite (one box): the CLI rings the doorbell socket; the agent also polls
   `PRAGMA data_version` on a connection of its own every second, which changes whenever
   another connection committed (a writer that did not ring, e.g. the sqlite3 shell).
@@ -9,34 +12,66 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from sqlalchemy import make_url, text
+from sqlalchemy import make_url, select, text
 
 from models.errors import BrokenInvariant
 from models.store import Store
+from models.tables import Host
+from workflows.leases.placement import boxes as placed_on
 
-CHANNEL = "vigil"
+CHANNEL = "vigil"  # shared: unplaced hosts, rollouts, config changes (and older vigils' NOTIFY)
 POLL = 1.0  # the CLI rings the doorbell; this only catches writers that do not
 log = logging.getLogger("vigil.wakeup")
 
 
-def notify_boxes(store: Store) -> None:
-    """A new intent: every box's agent on the store starts a round (PostgreSQL only; on
-    SQLite the doorbell rings the one agent)."""
-    if store.dialect == "postgresql":
-        store.write(lambda s: s.execute(text(f"NOTIFY {CHANNEL}")))
+def box_channel(box: str) -> str:
+    """The channel of one box's hosts: a hash of its name, so any box name makes a plain
+    lowercase identifier within PostgreSQL's 63 bytes (box names may hold '.' and '-')."""
+    return "vigil_box_" + hashlib.sha256(box.encode()).hexdigest()[:32]
 
 
-def start(store: Store, kick: Callable[[], None], stop: threading.Event,
+def channels_for(placements: Iterable[str | None]) -> set[str]:
+    """The channels to ring for hosts stored with these placements (hosts.box)."""
+    out: set[str] = set()
+    for stored in placements:
+        out |= {box_channel(b) for b in placed_on(stored)} or {CHANNEL}
+    return out
+
+
+def notify_boxes(store: Store, hosts: Iterable[str] | None = None) -> None:
+    """A new intent: the boxes that may act on it start a round (PostgreSQL only; on
+    SQLite the doorbell rings the one agent). `hosts`: the hosts the intent is for (their
+    placements are read in the same transaction); None: not tied to a box (the shared
+    channel). A host not found (removed meanwhile) rings the shared channel."""
+    if store.dialect != "postgresql":
+        return
+    names = sorted(set(hosts)) if hosts is not None else None
+
+    def ring(s: Any) -> None:
+        if names is None:
+            wanted = {CHANNEL}
+        else:
+            found = dict(s.execute(select(Host.name, Host.box).where(Host.name.in_(names))).all())
+            wanted = channels_for(found.values()) | ({CHANNEL} if len(found) < len(names) else set())
+        for ch in sorted(wanted):  # one transaction: delivered together at its commit
+            s.execute(text("SELECT pg_notify(:ch, '')"), {"ch": ch})
+
+    store.write(ring)
+
+
+def start(store: Store, box: str, kick: Callable[[], None], stop: threading.Event,
           on_error: Callable[[BaseException], bool] = lambda exc: False) -> threading.Thread | None:
-    """`on_error(exc)`: True when the store itself failed and the agent has said so (the
+    """`box`: this agent's id (it listens on that box's channel and the shared one).
+    `on_error(exc)`: True when the store itself failed and the agent has said so (the
     LISTEN loop then retries without a line of its own)."""
     if store.dialect == "postgresql":
         target = _listen
@@ -44,15 +79,16 @@ def start(store: Store, kick: Callable[[], None], stop: threading.Event,
         target = _data_version
     else:
         return None
-    t = threading.Thread(target=target, args=(store, kick, stop, on_error), name="wakeup",
+    t = threading.Thread(target=target, args=(store, box, kick, stop, on_error), name="wakeup",
                          daemon=True)
     t.start()
     return t
 
 
-def _listen(store: Store, kick: Callable[[], None], stop: threading.Event,
+def _listen(store: Store, box: str, kick: Callable[[], None], stop: threading.Event,
             on_error: Callable[[BaseException], bool]) -> None:
     import psycopg
+    from psycopg import sql
 
     # Direct to the server when the store is a pooler in transaction mode: a LISTEN made
     # through it would stay on a server session that goes back to the pool.
@@ -62,7 +98,8 @@ def _listen(store: Store, kick: Callable[[], None], stop: threading.Event,
         try:
             with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None,
                                  application_name=f"{store.app_name}-listen") as conn:
-                conn.execute(f"LISTEN {CHANNEL}")
+                for ch in (CHANNEL, box_channel(box)):  # the probe's comes last
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(ch)))
                 kick()  # anything written while we were not listening
                 probe = Probe(store, conn)
                 while not stop.is_set():
@@ -107,7 +144,7 @@ class Probe:
                     CHANNEL, self.url, self.WAIT)
 
 
-def _data_version(store: Store, kick: Callable[[], None], stop: threading.Event,
+def _data_version(store: Store, box: str, kick: Callable[[], None], stop: threading.Event,
                   on_error: Callable[[BaseException], bool]) -> None:
     path = store.engine.url.database
     if path is None:

@@ -170,7 +170,7 @@ class Quick:
 
         out = ops.run(self.env.store(), self.env.state_dir, op, args)
         if op in ops.INTENTS:
-            ring(self.env)
+            ring(self.env, [str(args["name"])])
         return out
 
     def no_agent_guard(self, what: str) -> Callable[[float], None]:
@@ -199,13 +199,15 @@ class Quick:
         return idle
 
 
-def ring(env: Env) -> None:
-    """A new intent is in the store: ring this box's agent, and every box's on PostgreSQL."""
+def ring(env: Env, hosts: list[str] | None = None) -> None:
+    """A new intent is in the store: ring this box's agent and, on PostgreSQL, the boxes the
+    `hosts` are placed on (None: every box, for what is tied to no box -- a rollout, a
+    config change, whose placement may have just moved)."""
     from runners.base.doorbell import ring as ring_doorbell
     from runners.base.wakeup import notify_boxes
 
     ring_doorbell(env.state_dir)
-    notify_boxes(env.store())
+    notify_boxes(env.store(), hosts)
 
 
 def echo_json(data: Any) -> None:

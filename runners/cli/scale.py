@@ -41,7 +41,7 @@ def scale(env: Env, name: str, instances: int, wait: bool, timeout: float) -> No
     from workflows.lifecycle.scale import request_scale
 
     done = env.store().write(lambda s: request_scale(s, name, instances))
-    ring(env)
+    ring(env, [name])
     click.echo(done.line())
     if not wait or done.was == done.now:
         return

@@ -171,8 +171,8 @@ class ControlServer:
                         if not self._send(conn, answer):
                             return
                     finally:
-                        if intent:
-                            notify_boxes(self.ctx.store)
+                        if intent is not None:  # the boxes it is placed on
+                            notify_boxes(self.ctx.store, intent)
                             self.kick()
         except OSError:  # timed out idle, reset: the client is gone
             return
@@ -201,14 +201,14 @@ class ControlServer:
         except OSError:
             return
 
-    def answer(self, line: bytes) -> tuple[dict[str, Any], bool]:
-        """(the reply, whether an intent was written)."""
+    def answer(self, line: bytes) -> tuple[dict[str, Any], list[str] | None]:
+        """(the reply, the hosts of the intent written: None when none was)."""
         try:
             op, args, db = parse(line)
         except NotARequest as exc:
-            return refusal(str(exc), "send what a vigil of the agent's version sends"), False
+            return refusal(str(exc), "send what a vigil of the agent's version sends"), None
         if db != self.db or (op != "hello" and not self.may_act()):
-            return {"ok": False, "other_store": True}, False
+            return {"ok": False, "other_store": True}, None
         try:
             if op == "hello":
                 result = self.live()
@@ -224,7 +224,7 @@ class ControlServer:
             if op in ops.INTENTS:  # the operator reads the same line
                 log.info("request refused op=%s host=%s reason=%r", op, args.get("name"), exc.line())
             return {"ok": False, "error": {"cause": exc.cause, "fix": exc.fix,
-                                           "exit_code": exc.exit_code}}, False
+                                           "exit_code": exc.exit_code}}, None
         except Exception as exc:
             from models.trouble import diagnose, explain
 
@@ -235,9 +235,9 @@ class ControlServer:
                                else None)
                 log.warning("control request op=%s: %s", op, said.line())
                 return {"ok": False, "error": {"cause": said.cause, "fix": said.fix,
-                                               "exit_code": said.exit_code}}, False
+                                               "exit_code": said.exit_code}}, None
             log.exception("control request op=%s failed", op)
             return {"ok": False, "error": {"cause": f"the agent failed on {op}: "
                                            f"{type(exc).__name__}: {exc}",
-                                           "fix": "see the agent's log", "exit_code": 1}}, False
-        return {"ok": True, "result": result}, op in ops.INTENTS
+                                           "fix": "see the agent's log", "exit_code": 1}}, None
+        return {"ok": True, "result": result}, [str(args["name"])] if op in ops.INTENTS else None
