@@ -1,10 +1,13 @@
 """Wake-up across boxes: a round starts as soon as any box writes an intent.
 
-- PostgreSQL: the CLI notifies right after its intent commits (notify_boxes()): the channel
-  of each box the host is placed on (box_channel()), or the shared channel `vigil` for an
-  unplaced host, a rollout, or anything tied to no box. Every agent LISTENs on a dedicated
-  connection to its own box's channel and the shared one, and kicks a round per
-  notification: an intent costs a round on the boxes that may act on it, not on the fleet.
+- PostgreSQL: an intent row rings, in its own transaction, the channel of each box its host
+  is placed on (box_channel()), or the shared channel `vigil` for an unplaced host or a
+  rollout: a trigger on each intent table does it (migration 0031), so every writer rings,
+  the CLI, an agent admitting a rollout's wave for other boxes' hosts, plain SQL. A change
+  tied to no intent row (a host's config, a rollout's pause) rings the shared channel
+  (notify_boxes()). Every agent LISTENs on a dedicated connection to its own box's channel
+  and the shared one, and kicks a round per notification: an intent costs a round on the
+  boxes that may act on it, not on the whole fleet.
 - SQLite (one box): the CLI rings the doorbell socket; the agent also polls
   `PRAGMA data_version` on a connection of its own every second, which changes whenever
   another connection committed (a writer that did not ring, e.g. the sqlite3 shell).
@@ -18,15 +21,13 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import make_url, select, text
+from sqlalchemy import make_url, text
 
 from models.errors import BrokenInvariant
 from models.store import Store
-from models.tables import Host
-from workflows.leases.placement import boxes as placed_on
 
 CHANNEL = "vigil"  # shared: unplaced hosts, rollouts, config changes (and older vigils' NOTIFY)
 POLL = 1.0  # the CLI rings the doorbell; this only catches writers that do not
@@ -35,37 +36,17 @@ log = logging.getLogger("vigil.wakeup")
 
 def box_channel(box: str) -> str:
     """The channel of one box's hosts: a hash of its name, so any box name makes a plain
-    lowercase identifier within PostgreSQL's 63 bytes (box names may hold '.' and '-')."""
+    lowercase identifier within PostgreSQL's 63 bytes (box names may hold '.' and '-').
+    Migration 0031's trigger computes the same in SQL (a test holds them equal)."""
     return "vigil_box_" + hashlib.sha256(box.encode()).hexdigest()[:32]
 
 
-def channels_for(placements: Iterable[str | None]) -> set[str]:
-    """The channels to ring for hosts stored with these placements (hosts.box)."""
-    out: set[str] = set()
-    for stored in placements:
-        out |= {box_channel(b) for b in placed_on(stored)} or {CHANNEL}
-    return out
-
-
-def notify_boxes(store: Store, hosts: Iterable[str] | None = None) -> None:
-    """A new intent: the boxes that may act on it start a round (PostgreSQL only; on
-    SQLite the doorbell rings the one agent). `hosts`: the hosts the intent is for (their
-    placements are read in the same transaction); None: not tied to a box (the shared
-    channel). A host not found (removed meanwhile) rings the shared channel."""
-    if store.dialect != "postgresql":
-        return
-    names = sorted(set(hosts)) if hosts is not None else None
-
-    def ring(s: Any) -> None:
-        if names is None:
-            wanted = {CHANNEL}
-        else:
-            found = dict(s.execute(select(Host.name, Host.box).where(Host.name.in_(names))).all())
-            wanted = channels_for(found.values()) | ({CHANNEL} if len(found) < len(names) else set())
-        for ch in sorted(wanted):  # one transaction: delivered together at its commit
-            s.execute(text("SELECT pg_notify(:ch, '')"), {"ch": ch})
-
-    store.write(ring)
+def notify_boxes(store: Store) -> None:
+    """A change tied to no box (a host's config, a rollout's pause): every box's agent on
+    the store starts a round (PostgreSQL only; on SQLite the doorbell rings the one agent).
+    An intent row needs no call: its table's trigger rings its host's boxes."""
+    if store.dialect == "postgresql":
+        store.write(lambda s: s.execute(text(f"NOTIFY {CHANNEL}")))
 
 
 def start(store: Store, box: str, kick: Callable[[], None], stop: threading.Event,

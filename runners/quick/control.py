@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 from models.errors import BrokenInvariant, VigilError
-from runners.base.wakeup import notify_boxes
 from runners.quick import ops
 from runners.quick.shapes import MAX_REQUEST, NotARequest, parse
 from workflows.base.context import Context
@@ -171,8 +170,7 @@ class ControlServer:
                         if not self._send(conn, answer):
                             return
                     finally:
-                        if intent is not None:  # the boxes it is placed on
-                            notify_boxes(self.ctx.store, intent)
+                        if intent:  # the boxes it is for: rung by the store (migration 0031)
                             self.kick()
         except OSError:  # timed out idle, reset: the client is gone
             return
@@ -201,14 +199,14 @@ class ControlServer:
         except OSError:
             return
 
-    def answer(self, line: bytes) -> tuple[dict[str, Any], list[str] | None]:
-        """(the reply, the hosts of the intent written: None when none was)."""
+    def answer(self, line: bytes) -> tuple[dict[str, Any], bool]:
+        """(the reply, whether an intent was written)."""
         try:
             op, args, db = parse(line)
         except NotARequest as exc:
-            return refusal(str(exc), "send what a vigil of the agent's version sends"), None
+            return refusal(str(exc), "send what a vigil of the agent's version sends"), False
         if db != self.db or (op != "hello" and not self.may_act()):
-            return {"ok": False, "other_store": True}, None
+            return {"ok": False, "other_store": True}, False
         try:
             if op == "hello":
                 result = self.live()
@@ -224,7 +222,7 @@ class ControlServer:
             if op in ops.INTENTS:  # the operator reads the same line
                 log.info("request refused op=%s host=%s reason=%r", op, args.get("name"), exc.line())
             return {"ok": False, "error": {"cause": exc.cause, "fix": exc.fix,
-                                           "exit_code": exc.exit_code}}, None
+                                           "exit_code": exc.exit_code}}, False
         except Exception as exc:
             from models.trouble import diagnose, explain
 
@@ -235,9 +233,9 @@ class ControlServer:
                                else None)
                 log.warning("control request op=%s: %s", op, said.line())
                 return {"ok": False, "error": {"cause": said.cause, "fix": said.fix,
-                                               "exit_code": said.exit_code}}, None
+                                               "exit_code": said.exit_code}}, False
             log.exception("control request op=%s failed", op)
             return {"ok": False, "error": {"cause": f"the agent failed on {op}: "
                                            f"{type(exc).__name__}: {exc}",
-                                           "fix": "see the agent's log", "exit_code": 1}}, None
-        return {"ok": True, "result": result}, [str(args["name"])] if op in ops.INTENTS else None
+                                           "fix": "see the agent's log", "exit_code": 1}}, False
+        return {"ok": True, "result": result}, op in ops.INTENTS

@@ -1,7 +1,8 @@
 """NOTIFY per box (issue 28 item 1): an intent for a host rings the channels of the boxes it is
 placed on, an unplaced host's (or a rollout's) the shared channel, so one intent costs a
-round on the boxes that may act on it, not on every box of the fleet. Heard here by real
-LISTEN sessions of the test's own, one per channel, beside the boxes' real agents."""
+round on the boxes that may act on it, not on every box of the fleet. The intent tables'
+trigger rings (migration 0031), so the CLI, an agent and plain SQL all do. Heard here by
+real LISTEN sessions of the test's own, one per channel, beside the boxes' real agents."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from psycopg import sql
 
-from runners.base.wakeup import CHANNEL, box_channel, channels_for
+from runners.base.wakeup import CHANNEL, box_channel
 from tests.conftest import HELLO, wait_for
 from tests.multibox.conftest import LEASE_TTL, Box
 from tests.multibox.test_multibox import serving
@@ -78,7 +79,53 @@ def test_box_channels_are_identifiers_for_any_box_name() -> None:
     chans = [box_channel(n) for n in names]
     assert len(set(chans)) == len(names) and CHANNEL not in chans
     assert all(len(c.encode()) <= 63 and c.isidentifier() and c == c.lower() for c in chans)
-    assert channels_for([None, f"{A},{B}"]) == {CHANNEL, box_channel(A), box_channel(B)}
+
+
+def test_plain_sql_intents_ring_every_box_of_their_placement(pg_url: str) -> None:
+    """No vigil process: rows written by hand ring as the CLI's do (the trigger's channel
+    names are box_channel()'s); a rollout, tied to no box, rings the shared channel; a row
+    rolled back rings nothing."""
+    heard = ears(pg_url)
+    eng = sa.create_engine(pg_url, poolclass=sa.pool.NullPool)
+    try:
+        with eng.begin() as c:
+            c.execute(sa.text(
+                "INSERT INTO builds (id, path, digest, source, created_at) "
+                "VALUES (1, '/x', 'ab', '/x', now())"))
+            for name, box in (("both", f"{A},{B}"), ("loose", None)):
+                c.execute(sa.text(
+                    "INSERT INTO hosts (name, kind, build_id, args, env, drain_timeout, health_timeout, "
+                    "desired, box, created_at) "
+                    "VALUES (:n, 'instance', 1, '[]', '{}', 5, 5, 'down', :b, now())"), {"n": name, "b": box})
+        assert all(e.until_mark() == [] for e in heard.values())  # hosts alone ring nothing
+        stop = ("INSERT INTO stops (host, state, since, next_attempt_at, created_at, attempts) "
+                "VALUES (:h, 'queued', now(), now(), now(), 0)")
+        with eng.begin() as c:
+            c.execute(sa.text(stop), {"h": "both"})
+        assert heard[A].until_mark() == [""] and heard[B].until_mark() == [""]
+        assert heard["shared"].until_mark() == []
+        with eng.begin() as c:
+            c.execute(sa.text(stop), {"h": "loose"})
+        assert heard["shared"].until_mark() == [""]
+        assert heard[A].until_mark() == [] and heard[B].until_mark() == []
+        rollout = ("INSERT INTO rollouts (build_id, digest, mode, canary, waves, wave_count, wave, "
+                   "settled, max_failures, auto_revert, after_attempt, after_stop, state, "
+                   "created_at, since, next_attempt_at, attempts) VALUES (1, 'ab', 'overlap', "
+                   "false, '100%', 1, 0, 0, 0, false, 0, 0, 'running', now(), now(), now(), 0)")
+        with eng.connect() as c:  # rolled back: the row and its NOTIFY are gone together
+            with c.begin() as tx:
+                c.execute(sa.text(stop), {"h": "both"})
+                c.execute(sa.text(rollout))
+                tx.rollback()
+        assert all(e.until_mark() == [] for e in heard.values())
+        with eng.begin() as c:
+            c.execute(sa.text(rollout))
+        assert heard["shared"].until_mark() == [""]
+        assert heard[A].until_mark() == [] and heard[B].until_mark() == []
+    finally:
+        eng.dispose()
+        for e in heard.values():
+            e.conn.close()
 
 
 def test_an_intent_rings_its_boxes_only(fleet: dict[str, Box], pg_url: str) -> None:
