@@ -431,20 +431,35 @@ def main() -> None:
                     help="agents starting at once, at most (default 4)")
     ap.add_argument("--intents", type=float, default=0.0,
                     help="intents a second in a second sample (stop, wake; default 0: none)")
+    ap.add_argument("--private-server", action="store_true",
+                    help="a PostgreSQL of this run's own (bench/pgserver.py) with the max_connections "
+                         "the largest fleet needs and pg_stat_statements, instead of VIGIL_BENCH_PG")
     ap.add_argument("--quick", action="store_true", help="2 and 4 boxes x 3 hosts, 5 s: a smoke run")
     args = ap.parse_args()
     sizes = [int(b) for b in args.boxes.split(",")]
     if args.quick:
         sizes, args.hosts, args.sample, args.settle = [2, 4], 3, 5.0, 2.0
-    for b in sizes:  # every size checked before the first starts
-        headroom(ADMIN, b, args.pool_size if args.pooler else None)
-    load0 = loadavg()
-    rows = [r for b in sizes for r in run(ADMIN, b, args.hosts, args)]
+    pool = args.pool_size if args.pooler else None
+    server, admin = None, ADMIN
+    if args.private_server:
+        from pgserver import PgServer
+
+        server = PgServer(need(max(sizes), pool) + 10)
+        admin = server.start()
+    try:
+        for b in sizes:  # every size checked before the first starts
+            headroom(admin, b, pool)
+        load0 = loadavg()
+        rows = [r for b in sizes for r in run(admin, b, args.hosts, args)]
+        (sync,), = admin_sql(admin, "SELECT current_setting('synchronous_commit')")
+    finally:
+        if server is not None:
+            server.stop()
     via = f"through PgBouncer (transaction mode, pool {args.pool_size})" if args.pooler else "direct"
-    print(f"\n{args.hosts} hosts per box; store {via}; sample {args.sample:.0f}s each; "
+    where = "a private server" if server is not None else "VIGIL_BENCH_PG"
+    print(f"\n{args.hosts} hosts per box; store on {where}, {via}; sample {args.sample:.0f}s each; "
           f"loadavg start {load0}, end {loadavg()}")
     table(rows)
-    (sync,), = admin_sql(ADMIN, "SELECT current_setting('synchronous_commit')")
     fields = [f"{r['label'].replace(' ', '')}.xacts_per_box={r['rate']['xacts'] / r['boxes']:.2f}" for r in rows]
     fields += [f"{r['label'].replace(' ', '')}.rows_read_per_box="
                f"{(r['rate']['seq_tup_read'] + r['rate']['idx_tup_fetch']) / r['boxes']:.1f}" for r in rows]
