@@ -127,7 +127,7 @@ class Fleet:
     def start(self) -> None:
         """Every agent, at most `starting` of them not yet ready at any time."""
         env = {**os.environ, "VIGIL_DB": self.url, **self.agent_env}
-        deadline = time.monotonic() + 60 + 3 * self.boxes
+        self.deadlines: list[float] = []  # each agent's own, from its start: a loaded box is slow
         unready: list[int] = []
         for i, home in enumerate(self.homes):
             log = open(home / "agent.out", "ab")
@@ -136,9 +136,10 @@ class Fleet:
                  "--lease-ttl", str(self.ttl), "--log-level", "INFO"],
                 cwd=ROOT, env={**env, "VIGIL_HOME": str(home)}, stdout=log, stderr=log))
             log.close()
+            self.deadlines.append(time.monotonic() + 180)
             unready.append(i)
             while len(unready) >= (self.starting if i < self.boxes - 1 else 1):
-                unready = [j for j in unready if not self._ready(j, deadline)]
+                unready = [j for j in unready if not self._ready(j, self.deadlines[j])]
                 if unready:
                     time.sleep(0.2)
 
