@@ -319,10 +319,28 @@ class Intents(threading.Thread):
             store.dispose()
 
 
+def rounds(fleet: Fleet) -> int:
+    """Reconciler rounds run so far, summed over the agents (each one's control socket says
+    its own: `vigil agent status`); an intent that wakes every box shows as B rounds."""
+    from runners.quick.client import Client
+
+    db = fleet.agent_env.get("VIGIL_DB", fleet.url)
+    total = 0
+    for home in fleet.homes:
+        c = Client.connect(home, db)
+        if c is None:
+            raise RuntimeError(f"the agent of {home.name} does not answer on its control socket")
+        try:
+            total += int(c.call("hello", 10)["rounds"])
+        finally:
+            c.dispose()
+    return total
+
+
 def sample(fleet: Fleet, seconds: float, intents: float = 0.0) -> dict[str, Any]:
     pids = [p.pid for p in fleet.agents]
     time.sleep(1.5)  # backends flush their counters at most once a second
-    c0, cpu0, one0, t0 = counters(fleet), cpu_s(pids), cpu_s(pids[:1]), time.monotonic()
+    r0, c0, cpu0, one0, t0 = rounds(fleet), counters(fleet), cpu_s(pids), cpu_s(pids[:1]), time.monotonic()
     writer = Intents(fleet, intents) if intents > 0 else None
     if writer is not None:
         writer.start()
@@ -333,9 +351,10 @@ def sample(fleet: Fleet, seconds: float, intents: float = 0.0) -> dict[str, Any]
         if writer.error is not None:
             raise RuntimeError(f"writing intents failed: {writer.error!r}")
     time.sleep(1.5)
-    c1, cpu1, one1 = counters(fleet), cpu_s(pids), cpu_s(pids[:1])
+    c1, cpu1, one1, r1 = counters(fleet), cpu_s(pids), cpu_s(pids[:1]), rounds(fleet)
     wall = time.monotonic() - t0
     rate = {k: (c1[k] - c0[k]) / wall for k in c1 if k in c0}
+    rate["rounds"] = (r1 - r0) / wall
     return {"rate": rate, "agents_cpu": (cpu1 - cpu0) / wall, "one_cpu": (one1 - one0) / wall,
             "conns": connections(fleet), "intents": writer.written / wall if writer else 0.0}
 
@@ -390,6 +409,7 @@ def table(rows: list[dict[str, Any]]) -> None:
         ("rows written/s", lambda r: fig(r, "n_tup_ins") + fig(r, "n_tup_upd") + fig(r, "n_tup_del")),
         ("connections", lambda r: float(sum(r["conns"].values()))),
         ("agents CPU %", lambda r: r["agents_cpu"] * 100),
+        ("rounds/s", lambda r: fig(r, "rounds")),
     ]
     print(f"{'figure':<16}" + "".join(f"{r['label']:>16}{'per box':>10}" for r in rows))
     for name, get in cols:
@@ -408,9 +428,12 @@ def table(rows: list[dict[str, Any]]) -> None:
     quiet = {r["boxes"]: r for r in rows if not r["intents"]}
     for r in rows:
         if r["intents"]:
-            extra = read(r) - read(quiet[r["boxes"]])
-            print(f"{r['label']}: {r['intents']:.2f} intents/s written; rows read per intent, "
-                  f"fleet-wide: {extra / r['intents']:,.0f} ({extra / r['intents'] / r['boxes']:,.1f} per box)")
+            q = quiet[r["boxes"]]
+            extra = read(r) - read(q)
+            woke = (r["rate"]["rounds"] - q["rate"]["rounds"]) / r["intents"]
+            print(f"{r['label']}: {r['intents']:.2f} intents/s written; per intent, fleet-wide: "
+                  f"{woke:.1f} rounds (of {r['boxes']} agents), {extra / r['intents']:,.0f} rows read "
+                  f"(the difference from the quiet sample: noisy where the quiet reads vary more)")
     for r in rows:
         print(f"{r['label']} connections by purpose: " +
               ", ".join(f"{k} {v} ({v / r['boxes']:.1f}/box)" for k, v in sorted(r["conns"].items())))
