@@ -5,9 +5,10 @@ build that `exec`s `sleep`) placed on it and on the next box (so every host is
 contestable, as in a fleet that fails over: each agent renews, self-fences and looks for
 orphans). Per B, from a fresh database:
 
-  start  every agent at once, each waits for `ready`; then the B x H hosts and their wakes
-         are written in one transaction (in-process, what `vigil host add --box` and
-         `vigil wake` write) and the doorbell NOTIFY rung
+  start  the agents staggered (at most --starting of them starting at once: 50 or 100 agents
+         starting together on 2 cores time out), each up to `ready`; then the B x H hosts
+         and their wakes are written in one transaction (in-process, what `vigil host add
+         --box` and `vigil wake` write) and every box rung
   quiet  every host has a current generation and nothing is open; then --settle seconds
   sample for --sample seconds, deltas of the database's own counters:
          transactions/s (pg_stat_database xact_commit + xact_rollback), statements/s
@@ -17,11 +18,19 @@ orphans). Per B, from a fresh database:
          to the database by purpose (pg_stat_activity, by application_name
          `vigil-<box>-<purpose>`); the CPU of every agent process (psutil), the first
          box's agent alone and the mean over all
+  intents (--intents R > 0) the same sample again while R intents a second are written, a
+         stop then a wake of one host after another across the boxes, each as the CLI of
+         this tree writes and rings it (in-process: runners.quick.ops and, where this tree's
+         CLI still sends it, the NOTIFY to every box); printed beside the quiet sample, with
+         the rows read per intent fleet-wide (the difference over R)
 Each figure is also printed per box (divided by B), so growth per box shows as the per-box
 column rising with B: O(this box) reads keep it flat, O(fleet) reads make it grow with B.
 
 The server must hold B agents' connections (`SHOW max_connections`): the script says how
-many it needs and stops, before anything starts, when the server has fewer free. Every
+many it needs and stops, before anything starts, when the server has fewer free. With
+--pooler the agents' store connections go through a PgBouncer of this run's own in
+transaction mode (bench/pgbouncer.py, --pool-size server sessions) and only each agent's
+LISTEN session goes to the server direct (VIGIL_LISTEN_DB): B + pool size + 4 connections. Every
 process it started is ended by its pid: agents, their helpers (by the locks they hold) and
 every worker (by the pid and start time its generation recorded); the database is dropped.
 """
@@ -35,6 +44,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -50,8 +60,11 @@ from common import ROOT, cpu_s, durability, inherited_sync, loadavg, vigil_pids 
 sys.path.insert(0, str(ROOT))
 from models import schema  # noqa: E402
 from models.store import AGENT_CONNECTIONS, Store  # noqa: E402
+from runners.base.wakeup import notify_boxes  # noqa: E402
 
 ADMIN = os.environ.get("VIGIL_BENCH_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
+LISTEN_SESSIONS = 1  # per agent, direct to the server even behind the pooler
+
 TABLE_COUNTERS = ("seq_scan", "seq_tup_read", "idx_scan", "idx_tup_fetch",
                   "n_tup_ins", "n_tup_upd", "n_tup_del")
 
@@ -66,22 +79,30 @@ def admin_sql(admin: str, sql: str) -> list[Any]:
         eng.dispose()
 
 
-def headroom(admin: str, boxes: int) -> None:
+def need(boxes: int, pool: int | None) -> int:
+    """Server connections the fleet may hold: each agent's budget (models/store.py) direct;
+    through the pooler its LISTEN session and the pooler's own sessions. 4: this script."""
+    return (boxes * AGENT_CONNECTIONS if pool is None else boxes * LISTEN_SESSIONS + pool) + 4
+
+
+def headroom(admin: str, boxes: int, pool: int | None = None) -> None:
     """Stop before anything starts when the server cannot hold the fleet's connections."""
     (limit,), = admin_sql(admin, "SELECT current_setting('max_connections')::int")
     (reserved,), = admin_sql(admin, "SELECT current_setting('superuser_reserved_connections')::int")
     (used,), = admin_sql(admin, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
-    need = boxes * AGENT_CONNECTIONS + 4  # each agent's budget (models/store.py), and this script
+    wanted = need(boxes, pool)
     free = limit - reserved - used
-    if need > free:
-        sys.exit(f"fleet.py: {boxes} boxes need up to {need} connections, the server has {free} free "
+    if wanted > free:
+        sys.exit(f"fleet.py: {boxes} boxes need up to {wanted} connections, the server has {free} free "
                  f"(max_connections {limit}, {used} in use); run fewer boxes, or point "
                  "VIGIL_BENCH_PG at a server with a larger max_connections")
 
 
 class Fleet:
-    def __init__(self, admin: str, boxes: int, hosts: int, ttl: float) -> None:
+    def __init__(self, admin: str, boxes: int, hosts: int, ttl: float, starting: int = 4) -> None:
         self.admin, self.boxes, self.hosts, self.ttl = admin, boxes, hosts, ttl
+        self.starting = starting  # agents starting at once, at most
+        self.agent_env: dict[str, str] = {}  # VIGIL_DB and VIGIL_LISTEN_DB behind a pooler
         self.tmp = Path(tempfile.mkdtemp(prefix="vgfleet", dir="/tmp"))
         self.name = f"vigil_fleet_{uuid.uuid4().hex[:12]}"
         self.url = sa.make_url(admin).set(database=self.name).render_as_string(hide_password=False)
@@ -104,7 +125,10 @@ class Fleet:
             (home / "builds").symlink_to(shared)
 
     def start(self) -> None:
-        env = {**os.environ, "VIGIL_DB": self.url}
+        """Every agent, at most `starting` of them not yet ready at any time."""
+        env = {**os.environ, "VIGIL_DB": self.url, **self.agent_env}
+        self.deadlines: list[float] = []  # each agent's own, from its start: a loaded box is slow
+        unready: list[int] = []
         for i, home in enumerate(self.homes):
             log = open(home / "agent.out", "ab")
             self.agents.append(subprocess.Popen(
@@ -112,18 +136,25 @@ class Fleet:
                  "--lease-ttl", str(self.ttl), "--log-level", "INFO"],
                 cwd=ROOT, env={**env, "VIGIL_HOME": str(home)}, stdout=log, stderr=log))
             log.close()
-        deadline = time.monotonic() + 60 + 3 * self.boxes
-        for home, p in zip(self.homes, self.agents, strict=True):
-            while b"logger=vigil.agent ready" not in (home / "agent.out").read_bytes():
-                if p.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"agent of {home.name} not ready; see {home / 'agent.out'}")
-                time.sleep(0.2)
+            self.deadlines.append(time.monotonic() + 180)
+            unready.append(i)
+            while len(unready) >= (self.starting if i < self.boxes - 1 else 1):
+                unready = [j for j in unready if not self._ready(j, self.deadlines[j])]
+                if unready:
+                    time.sleep(0.2)
+
+    def _ready(self, i: int, deadline: float) -> bool:
+        home, p = self.homes[i], self.agents[i]
+        if b"logger=vigil.agent ready" in (home / "agent.out").read_bytes():
+            return True
+        if p.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"agent of {home.name} not ready; see {home / 'agent.out'}")
+        return False
 
     def place(self) -> None:
         """B x H worker hosts, each placed on its box and the next, all woken."""
         from models.states import HostKind
         from runners.backend.files import stage_build
-        from runners.base.wakeup import notify_boxes
         from workflows.config.hosts import add_host
         from workflows.lifecycle.wake import request_wake
 
@@ -254,69 +285,157 @@ def connections(fleet: Fleet) -> dict[str, int]:
     return out
 
 
-def sample(fleet: Fleet, seconds: float) -> dict[str, Any]:
+class Intents(threading.Thread):
+    """R intents a second while it runs: a stop, then a wake, of one host after another
+    (box b's host w<b>-0, b in turn), each written and rung as this tree's CLI does."""
+
+    def __init__(self, fleet: Fleet, rate: float) -> None:
+        super().__init__(name="intents", daemon=True)
+        self.fleet, self.rate, self.done = fleet, rate, threading.Event()
+        self.written = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from runners.cli import common
+        from runners.quick import ops
+
+        # A tree whose CLI rings every box after an intent (main before migration 0031);
+        # with 0031 the intent row's trigger rings its host's boxes and the CLI nothing more.
+        every_box = not hasattr(common, "ring_doorbell")
+        store = Store(self.fleet.url)
+        home = self.fleet.homes[0]  # no agent reads this dir's doorbell: in-process, as `direct`
+        t0 = time.monotonic()
+        try:
+            while not self.done.wait(max(0.0, t0 + self.written / self.rate - time.monotonic())):
+                k = self.written
+                host = f"w{(k // 2) % self.fleet.boxes}-0"
+                ops.run(store, home, "stop" if k % 2 == 0 else "wake", {"name": host})
+                if every_box:
+                    notify_boxes(store)
+                self.written += 1
+        except BaseException as exc:  # said by sample(), which stops the run
+            self.error = exc
+        finally:
+            store.dispose()
+
+
+def rounds(fleet: Fleet) -> int:
+    """Reconciler rounds run so far, summed over the agents (each one's control socket says
+    its own: `vigil agent status`); an intent that wakes every box shows as B rounds."""
+    from runners.quick.client import Client
+
+    db = fleet.agent_env.get("VIGIL_DB", fleet.url)
+    total = 0
+    for home in fleet.homes:
+        c = Client.connect(home, db)
+        if c is None:
+            raise RuntimeError(f"the agent of {home.name} does not answer on its control socket")
+        try:
+            total += int(c.call("hello", 10)["rounds"])
+        finally:
+            c.dispose()
+    return total
+
+
+def sample(fleet: Fleet, seconds: float, intents: float = 0.0) -> dict[str, Any]:
     pids = [p.pid for p in fleet.agents]
     time.sleep(1.5)  # backends flush their counters at most once a second
-    c0, cpu0, one0, t0 = counters(fleet), cpu_s(pids), cpu_s(pids[:1]), time.monotonic()
+    r0, c0, cpu0, one0, t0 = rounds(fleet), counters(fleet), cpu_s(pids), cpu_s(pids[:1]), time.monotonic()
+    writer = Intents(fleet, intents) if intents > 0 else None
+    if writer is not None:
+        writer.start()
     time.sleep(seconds)
+    if writer is not None:
+        writer.done.set()
+        writer.join(30)
+        if writer.error is not None:
+            raise RuntimeError(f"writing intents failed: {writer.error!r}")
     time.sleep(1.5)
-    c1, cpu1, one1 = counters(fleet), cpu_s(pids), cpu_s(pids[:1])
+    c1, cpu1, one1, r1 = counters(fleet), cpu_s(pids), cpu_s(pids[:1]), rounds(fleet)
     wall = time.monotonic() - t0
     rate = {k: (c1[k] - c0[k]) / wall for k in c1 if k in c0}
+    rate["rounds"] = (r1 - r0) / wall
     return {"rate": rate, "agents_cpu": (cpu1 - cpu0) / wall, "one_cpu": (one1 - one0) / wall,
-            "conns": connections(fleet)}
+            "conns": connections(fleet), "intents": writer.written / wall if writer else 0.0}
 
 
-def run(admin: str, boxes: int, hosts: int, args: argparse.Namespace) -> dict[str, Any]:
-    headroom(admin, boxes)
-    fleet = Fleet(admin, boxes, hosts, args.ttl)
+def run(admin: str, boxes: int, hosts: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The quiet sample, and with --intents the same while intents are written."""
+    headroom(admin, boxes, args.pool_size if args.pooler else None)
+    fleet = Fleet(admin, boxes, hosts, args.ttl, args.starting)
+    bouncer = None
     try:
         fleet.create()
+        if args.pooler:
+            from pgbouncer import PgBouncer
+
+            bouncer = PgBouncer(fleet.url, pool_size=args.pool_size)
+            fleet.agent_env = {"VIGIL_DB": bouncer.start(), "VIGIL_LISTEN_DB": fleet.url}
         t0 = time.monotonic()
         fleet.start()
         started = time.monotonic() - t0
         fleet.place()
         woken = fleet.wait_quiet(args.settle)
         held = fleet.held()
-        s = sample(fleet, args.sample)
+        out = [{"boxes": boxes, "hosts": hosts, "peak": fleet.peak, "label": f"B={boxes}",
+                **sample(fleet, args.sample)}]
+        if args.intents > 0:
+            out.append({**out[0], "label": f"B={boxes} +{args.intents:g}/s",
+                        **sample(fleet, args.sample, args.intents)})
         print(f"B={boxes}: agents ready in {started:.1f}s, {boxes * hosts} hosts up in {woken:.1f}s; "
-              f"leases held per box min {min(held)} max {max(held)}; connections {s['conns']}", flush=True)
+              f"leases held per box min {min(held)} max {max(held)}; connections {out[0]['conns']}; "
+              f"load {loadavg()}", flush=True)
         print(f"B={boxes}: connections at most while waking: {fleet.peak}", flush=True)
-        return {"boxes": boxes, "hosts": hosts, "peak": fleet.peak, **s}
+        return out
     finally:
         fleet.close()
+        if bouncer is not None:
+            bouncer.stop()
 
 
 def table(rows: list[dict[str, Any]]) -> None:
     def fig(r: dict[str, Any], key: str) -> float | None:
         return r["rate"].get(key)
 
+    def read(r: dict[str, Any]) -> float:
+        return r["rate"]["seq_tup_read"] + r["rate"]["idx_tup_fetch"]
+
     cols: list[tuple[str, Any]] = [
         ("xacts/s", lambda r: fig(r, "xacts")),
         ("stmts/s", lambda r: fig(r, "statements")),
-        ("rows read/s", lambda r: fig(r, "seq_tup_read") + fig(r, "idx_tup_fetch")),
+        ("rows read/s", read),
         ("  seq", lambda r: fig(r, "seq_tup_read")),
         ("  idx", lambda r: fig(r, "idx_tup_fetch")),
         ("rows written/s", lambda r: fig(r, "n_tup_ins") + fig(r, "n_tup_upd") + fig(r, "n_tup_del")),
         ("connections", lambda r: float(sum(r["conns"].values()))),
         ("agents CPU %", lambda r: r["agents_cpu"] * 100),
+        ("rounds/s", lambda r: fig(r, "rounds")),
     ]
-    head = f"{'figure':<16}" + "".join(f"{'B=' + str(r['boxes']):>12}{'per box':>10}" for r in rows)
-    print(head)
+    print(f"{'figure':<16}" + "".join(f"{r['label']:>16}{'per box':>10}" for r in rows))
     for name, get in cols:
         line = f"{name:<16}"
         for r in rows:
             v = get(r)
-            line += f"{'n/a':>12}{'n/a':>10}" if v is None else f"{v:>12,.1f}{v / r['boxes']:>10,.2f}"
+            line += f"{'n/a':>16}{'n/a':>10}" if v is None else f"{v:>16,.1f}{v / r['boxes']:>10,.2f}"
         print(line)
-    print(f"{'one agent CPU %':<16}" + "".join(f"{r['one_cpu'] * 100:>12.2f}{'':>10}" for r in rows))
+    print(f"{'one agent CPU %':<16}" + "".join(f"{r['one_cpu'] * 100:>16.2f}{'':>10}" for r in rows))
     for r in rows:  # where the rows are read: the tables that grow with the fleet show here
-        top = sorted(((v, k) for k, v in r["rate"].items() if k[:4] in ("seq:", "idx:") and v > 0),
-                     reverse=True)[:6]
-        print(f"B={r['boxes']} rows read/s per box by table: " +
-              ", ".join(f"{k} {v / r['boxes']:.1f}" for v, k in top))
+        tables = sorted({k[4:] for k in r["rate"] if k[:4] in ("seq:", "idx:")})
+        by = sorted(((r["rate"][f"seq:{n}"] + r["rate"][f"idx:{n}"], n) for n in tables), reverse=True)
+        print(f"{r['label']} rows read/s per box by table (seq+idx): " + ", ".join(
+            f"{n} {v / r['boxes']:.1f} ({r['rate'][f'seq:{n}'] / r['boxes']:.1f}+"
+            f"{r['rate'][f'idx:{n}'] / r['boxes']:.1f})" for v, n in by if v > 0))
+    quiet = {r["boxes"]: r for r in rows if not r["intents"]}
     for r in rows:
-        print(f"B={r['boxes']} connections by purpose: " +
+        if r["intents"]:
+            q = quiet[r["boxes"]]
+            extra = read(r) - read(q)
+            woke = (r["rate"]["rounds"] - q["rate"]["rounds"]) / r["intents"]
+            print(f"{r['label']}: {r['intents']:.2f} intents/s written; per intent, fleet-wide: "
+                  f"{woke:.1f} rounds (of {r['boxes']} agents), {extra / r['intents']:,.0f} rows read "
+                  f"(the difference from the quiet sample: noisy where the quiet reads vary more)")
+    for r in rows:
+        print(f"{r['label']} connections by purpose: " +
               ", ".join(f"{k} {v} ({v / r['boxes']:.1f}/box)" for k, v in sorted(r["conns"].items())))
 
 
@@ -327,23 +446,51 @@ def main() -> None:
     ap.add_argument("--sample", type=float, default=30.0, help="seconds sampled per fleet size")
     ap.add_argument("--settle", type=float, default=10.0, help="seconds quiet before the sample")
     ap.add_argument("--ttl", type=float, default=30.0, help="--lease-ttl of every agent")
+    ap.add_argument("--pooler", action="store_true",
+                    help="the agents through a PgBouncer of this run's own, transaction mode "
+                         "(bench/pgbouncer.py), their LISTEN sessions direct")
+    ap.add_argument("--pool-size", type=int, default=20,
+                    help="with --pooler: its server sessions (default_pool_size, default 20)")
+    ap.add_argument("--starting", type=int, default=4,
+                    help="agents starting at once, at most (default 4)")
+    ap.add_argument("--intents", type=float, default=0.0,
+                    help="intents a second in a second sample (stop, wake; default 0: none)")
+    ap.add_argument("--private-server", action="store_true",
+                    help="a PostgreSQL of this run's own (bench/pgserver.py) with the max_connections "
+                         "the largest fleet needs and pg_stat_statements, instead of VIGIL_BENCH_PG")
     ap.add_argument("--quick", action="store_true", help="2 and 4 boxes x 3 hosts, 5 s: a smoke run")
     args = ap.parse_args()
     sizes = [int(b) for b in args.boxes.split(",")]
     if args.quick:
         sizes, args.hosts, args.sample, args.settle = [2, 4], 3, 5.0, 2.0
-    for b in sizes:  # every size checked before the first starts
-        headroom(ADMIN, b)
-    load0 = loadavg()
-    rows = [run(ADMIN, b, args.hosts, args) for b in sizes]
-    print(f"\n{args.hosts} hosts per box; sample {args.sample:.0f}s each; loadavg start {load0}, end {loadavg()}")
+    pool = args.pool_size if args.pooler else None
+    server, admin = None, ADMIN
+    if args.private_server:
+        from pgserver import PgServer
+
+        server = PgServer(need(max(sizes), pool) + 10)
+        admin = server.start()
+    try:
+        for b in sizes:  # every size checked before the first starts
+            headroom(admin, b, pool)
+        load0 = loadavg()
+        rows = [r for b in sizes for r in run(admin, b, args.hosts, args)]
+        (sync,), = admin_sql(admin, "SELECT current_setting('synchronous_commit')")
+    finally:
+        if server is not None:
+            server.stop()
+    via = f"through PgBouncer (transaction mode, pool {args.pool_size})" if args.pooler else "direct"
+    where = "a private server" if server is not None else "VIGIL_BENCH_PG"
+    print(f"\n{args.hosts} hosts per box; store on {where}, {via}; sample {args.sample:.0f}s each; "
+          f"loadavg start {load0}, end {loadavg()}")
     table(rows)
-    (sync,), = admin_sql(ADMIN, "SELECT current_setting('synchronous_commit')")
-    fields = [f"B{r['boxes']}.xacts_per_box={r['rate']['xacts'] / r['boxes']:.2f}" for r in rows]
-    fields += [f"B{r['boxes']}.rows_read_per_box="
+    fields = [f"{r['label'].replace(' ', '')}.xacts_per_box={r['rate']['xacts'] / r['boxes']:.2f}" for r in rows]
+    fields += [f"{r['label'].replace(' ', '')}.rows_read_per_box="
                f"{(r['rate']['seq_tup_read'] + r['rate']['idx_tup_fetch']) / r['boxes']:.1f}" for r in rows]
-    fields += [f"B{r['boxes']}.conns_per_box={sum(r['conns'].values()) / r['boxes']:.2f}" for r in rows]
-    print("result: fleet " + " ".join(fields) + f" {durability('vigil', 'postgresql', sync)} {inherited_sync()}")
+    fields += [f"B{r['boxes']}.conns_per_box={sum(r['conns'].values()) / r['boxes']:.2f}"
+               for r in rows if not r["intents"]]
+    print("result: fleet " + " ".join(fields) + f" pooler={'yes' if args.pooler else 'no'} "
+          f"{durability('vigil', 'postgresql', sync)} {inherited_sync()} load={loadavg().replace(' ', '/')}")
 
 
 if __name__ == "__main__":

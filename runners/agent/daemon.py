@@ -203,7 +203,7 @@ class AgentDaemon(StartStop, Sweeps):
         self._doorbell(reconciler)
         control = ControlServer(self.ctx, self.db, reconciler.kick, self.live, self.may_act)
         control.start()
-        wakeup.start(self.ctx.store, reconciler.kick, self.stop, self.watch.trouble)
+        wakeup.start(self.ctx.store, self.ctx.agent_id, reconciler.kick, self.stop, self.watch.trouble)
         scheduler.start()
         threading.Thread(target=self._sweep_loop, args=[reconciler], name="sweep",
                          daemon=True).start()

@@ -1,7 +1,13 @@
 """Wake-up across boxes: a round starts as soon as any box writes an intent.
 
-- PostgreSQL: the CLI sends `NOTIFY vigil` right after its intent commits (notify_boxes());
-  every agent LISTENs on a dedicated connection and kicks a round per notification.
+- PostgreSQL: an intent row rings, in its own transaction, the channel of each box its host
+  is placed on (box_channel()), or the shared channel `vigil` for an unplaced host or a
+  rollout: a trigger on each intent table does it (migration 0031), so every writer rings,
+  the CLI, an agent admitting a rollout's wave for other boxes' hosts, plain SQL. A change
+  tied to no intent row (a host's config, a rollout's pause) rings the shared channel
+  (notify_boxes()). Every agent LISTENs on a dedicated connection to its own box's channel
+  and the shared one, and kicks a round per notification: an intent costs a round on the
+  boxes that may act on it, not on the whole fleet.
 - SQLite (one box): the CLI rings the doorbell socket; the agent also polls
   `PRAGMA data_version` on a connection of its own every second, which changes whenever
   another connection committed (a writer that did not ring, e.g. the sqlite3 shell).
@@ -13,6 +19,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import sqlite3
@@ -26,21 +33,30 @@ from sqlalchemy import make_url, text
 from models.errors import BrokenInvariant
 from models.store import Store
 
-CHANNEL = "vigil"
+CHANNEL = "vigil"  # shared: unplaced hosts, rollouts, config changes (and older vigils' NOTIFY)
 POLL = 1.0  # the CLI rings the doorbell; this only catches writers that do not
 log = logging.getLogger("vigil.wakeup")
 
 
+def box_channel(box: str) -> str:
+    """The channel of one box's hosts: a hash of its name, so any box name makes a plain
+    lowercase identifier within PostgreSQL's 63 bytes (box names may hold '.' and '-').
+    Migration 0031's trigger computes the same in SQL (a test holds them equal)."""
+    return "vigil_box_" + hashlib.sha256(box.encode()).hexdigest()[:32]
+
+
 def notify_boxes(store: Store) -> None:
-    """A new intent: every box's agent on the store starts a round (PostgreSQL only; on
-    SQLite the doorbell rings the one agent)."""
+    """A change tied to no box (a host's config, a rollout's pause): every box's agent on
+    the store starts a round (PostgreSQL only; on SQLite the doorbell rings the one agent).
+    An intent row needs no call: its table's trigger rings its host's boxes."""
     if store.dialect == "postgresql":
         store.write(lambda s: s.execute(text(f"NOTIFY {CHANNEL}")))
 
 
-def start(store: Store, kick: Callable[[], None], stop: threading.Event,
+def start(store: Store, box: str, kick: Callable[[], None], stop: threading.Event,
           on_error: Callable[[BaseException], bool] = lambda exc: False) -> threading.Thread | None:
-    """`on_error(exc)`: True when the store itself failed and the agent has said so (the
+    """`box`: this agent's id (it listens on that box's channel and the shared one).
+    `on_error(exc)`: True when the store itself failed and the agent has said so (the
     LISTEN loop then retries without a line of its own)."""
     if store.dialect == "postgresql":
         target: Callable[..., None] = _listen
@@ -48,15 +64,16 @@ def start(store: Store, kick: Callable[[], None], stop: threading.Event,
         target = functools.partial(_data_version, own=OwnWrites(store))  # counted from now
     else:
         return None
-    t = threading.Thread(target=target, args=(store, kick, stop, on_error), name="wakeup",
+    t = threading.Thread(target=target, args=(store, box, kick, stop, on_error), name="wakeup",
                          daemon=True)
     t.start()
     return t
 
 
-def _listen(store: Store, kick: Callable[[], None], stop: threading.Event,
+def _listen(store: Store, box: str, kick: Callable[[], None], stop: threading.Event,
             on_error: Callable[[BaseException], bool]) -> None:
     import psycopg
+    from psycopg import sql
 
     # Direct to the server when the store is a pooler in transaction mode: a LISTEN made
     # through it would stay on a server session that goes back to the pool.
@@ -66,7 +83,8 @@ def _listen(store: Store, kick: Callable[[], None], stop: threading.Event,
         try:
             with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None,
                                  application_name=f"{store.app_name}-listen") as conn:
-                conn.execute(f"LISTEN {CHANNEL}")
+                for ch in (CHANNEL, box_channel(box)):  # the probe's comes last
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(ch)))
                 kick()  # anything written while we were not listening
                 probe = Probe(store, conn)
                 while not stop.is_set():
@@ -132,7 +150,7 @@ def _open_obligation(conn: sqlite3.Connection) -> bool:
     return conn.execute("SELECT 1 FROM pending_obligations LIMIT 1").fetchone() is not None
 
 
-def _data_version(store: Store, kick: Callable[[], None], stop: threading.Event,
+def _data_version(store: Store, box: str, kick: Callable[[], None], stop: threading.Event,
                   on_error: Callable[[BaseException], bool], own: OwnWrites) -> None:
     path = store.engine.url.database
     if path is None:

@@ -169,8 +169,8 @@ class Quick:
         from runners.quick import ops
 
         out = ops.run(self.env.store(), self.env.state_dir, op, args)
-        if op in ops.INTENTS:
-            ring(self.env)
+        if op in ops.INTENTS:  # this box's agent; the boxes it is for: rung by the store
+            ring_doorbell(self.env.state_dir)
         return out
 
     def no_agent_guard(self, what: str) -> Callable[[float], None]:
@@ -199,9 +199,17 @@ class Quick:
         return idle
 
 
+def ring_doorbell(state_dir: Path) -> None:
+    """A new intent row is in the store: ring this box's agent. On PostgreSQL the row's own
+    trigger rang the boxes its host is placed on (migration 0031, runners/base/wakeup.py)."""
+    from runners.base.doorbell import ring as ring_agent
+
+    ring_agent(state_dir)
+
+
 def ring(env: Env) -> None:
-    """A new intent is in the store: ring this box's agent, and every box's on PostgreSQL."""
-    from runners.base.doorbell import ring as ring_doorbell
+    """A change tied to no box (a rollout's pause, a host's config, whose placement may
+    have just moved): ring this box's agent and, on PostgreSQL, every box's."""
     from runners.base.wakeup import notify_boxes
 
     ring_doorbell(env.state_dir)

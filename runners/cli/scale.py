@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from models.errors import VigilError
-from runners.cli.common import SECONDS, Env, poll, ring
+from runners.cli.common import SECONDS, Env, poll, ring_doorbell
 
 
 def _settled(env: Env, name: str, n: int) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def scale(env: Env, name: str, instances: int, wait: bool, timeout: float) -> No
     from workflows.lifecycle.scale import request_scale
 
     done = env.store().write(lambda s: request_scale(s, name, instances))
-    ring(env)
+    ring_doorbell(env.state_dir)  # its wakes and stops rang their boxes
     click.echo(done.line())
     if not wait or done.was == done.now:
         return

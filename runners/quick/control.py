@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 from models.errors import BrokenInvariant, VigilError
-from runners.base.wakeup import notify_boxes
 from runners.quick import ops
 from runners.quick.shapes import MAX_REQUEST, NotARequest, parse
 from workflows.base.context import Context
@@ -205,8 +204,7 @@ class ControlServer:
                         if not self._send(conn, answer):
                             return
                     finally:
-                        if intent:
-                            notify_boxes(self.ctx.store)
+                        if intent:  # the boxes it is for: rung by the store (migration 0031)
                             self.kick()
         except OSError:  # timed out idle, reset: the client is gone
             return

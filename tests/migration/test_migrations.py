@@ -420,6 +420,11 @@ def seed_0026(conn: Connection) -> None:
     raw_insert(conn, "slot_streaks", {"host": "pair", "slot": 2, "streak": 3})
 
 
+def seed_0031(conn: Connection) -> None:
+    """A restore of seed_0024's host of instances (0031: its insert rings on PostgreSQL)."""
+    raw_insert(conn, "restores", {"id": 31, "host": "pair", "fence": 1, **retry_cols(1)})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -446,6 +451,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0025": seed_0025,
     "0028": seed_0028,
     "0026": seed_0026,
+    "0031": seed_0031,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
