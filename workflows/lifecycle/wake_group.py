@@ -3,8 +3,8 @@ intent (leased, its generation row spawning, its build published), then each is 
 turn, then one commit records every pid and makes each current; one walk of their
 descendants follows. What each wake writes, and the guard of every move (expected state,
 the wake's lease fence), is what workflows/lifecycle/wake.py writes for one: only the
-commits are shared. Each wake's part of a shared commit sits in a savepoint of its own, so
-a wake whose step fails writes nothing and the others commit.
+commits are shared. When a wake's part of a shared commit fails, the commit is run again
+with a savepoint for each part, so that wake writes nothing and the others commit.
 
 Write-ahead holds for each wake: its intent is committed before any process is spawned
 (every intent of the group is, in fact); a crash between the spawns leaves some wakes
@@ -14,7 +14,7 @@ spawned and some not, each in `spawning`, which recovery settles as it does for 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,7 +46,7 @@ Outcome = Result | Exception
 def drive_wakes(ctx: Context, ids: list[int]) -> dict[int, Outcome]:
     """Advance several wakes as far as each can go now; what each ended as, or raised."""
     out: dict[int, Outcome] = {}
-    started = ctx.store.write(lambda s: _intents(s, ctx, ids))
+    started = shared(ctx, [(wake_id, _intent_part(ctx, wake_id)) for wake_id in ids])
     going: list[Launch] = []
     for wake_id in ids:
         got = started[wake_id]
@@ -81,20 +81,40 @@ def own_part(s: Session) -> Iterator[None]:
         raise
 
 
-def _intents(s: Session, ctx: Context, ids: list[int]) -> dict[int, Any]:
-    """Every start's first commit (workflows/lifecycle/wake.py `intent`), each in a
-    savepoint: per wake (intent, coalesced, elsewhere), or what it raised."""
-    out: dict[int, tuple[Intent | Result, bool, bool] | Exception] = {}
-    for wake_id in ids:
+def shared(ctx: Context, parts: list[tuple[int, Callable[[Session], Any]]]) -> dict[int, Any]:
+    """Each wake's part of one commit, by wake id: what it returned, or what it raised. All
+    in one transaction when none fails (the usual case); when one does, the transaction is
+    rolled back and run again with a savepoint for each part, so only the failed ones
+    write nothing."""
+    try:
+        return ctx.store.write(lambda s: {key: part(s) for key, part in parts})
+    except Exception:  # noqa: S110 - a part (or the store) failed: each part on its own
+        pass
+
+    def each(s: Session) -> dict[int, Any]:
+        out: dict[int, Any] = {}
+        for key, part in parts:
+            try:
+                with own_part(s):
+                    out[key] = part(s)
+            except Exception as exc:
+                out[key] = exc
+        return out
+
+    return ctx.store.write(each)
+
+
+def _intent_part(ctx: Context, wake_id: int) -> Callable[[Session], Any]:
+    """One start's first commit (workflows/lifecycle/wake.py `intent`): (intent, coalesced,
+    elsewhere)."""
+
+    def part(s: Session) -> tuple[Intent | Result, bool, bool]:
         coalesced: list[int] = []
         elsewhere: list[bool] = []
-        try:
-            with own_part(s):
-                it = intent(s, ctx, wake_id, coalesced, elsewhere)
-            out[wake_id] = (it, bool(coalesced), bool(elsewhere))
-        except Exception as exc:
-            out[wake_id] = exc
-    return out
+        it = intent(s, ctx, wake_id, coalesced, elsewhere)
+        return it, bool(coalesced), bool(elsewhere)
+
+    return part
 
 
 def _spawn_all(ctx: Context, going: list[Launch], out: dict[int, Outcome]
@@ -118,25 +138,17 @@ def _spawn_all(ctx: Context, going: list[Launch], out: dict[int, Outcome]
 
 def _make_current(ctx: Context, ready: list[tuple[Launch, Spawned]],
                   out: dict[int, Outcome]) -> None:
-    """One commit: each spawned worker's pid recorded and current (a savepoint each), the
-    waiting wakes told once; then one walk of all their descendants."""
-
-    def step(s: Session) -> dict[int, Exception]:
-        failed: dict[int, Exception] = {}
-        for go, spawned in ready:
-            try:
-                with own_part(s):
-                    recorded_current(s, go.wake, go.gen, go.build, spawned, go.ours)
-            except Exception as exc:
-                failed[go.wake.id] = exc
-        wake_waiters(s)
-        return failed
-
+    """One commit: each spawned worker's pid recorded and current, the waiting wakes told
+    once; then one walk of all their descendants."""
+    parts = [(go.wake.id, lambda s, go=go, spawned=spawned: recorded_current(
+        s, go.wake, go.gen, go.build, spawned, go.ours)) for go, spawned in ready]
+    parts.append((0, wake_waiters))  # no wake has id 0
     try:
-        failed = ctx.store.write(step)
+        written = shared(ctx, parts)
     except Exception as exc:  # the commit failed: each is found spawning and reaped
         out.update({go.wake.id: exc for go, _ in ready})
         return
+    failed = {k: v for k, v in written.items() if isinstance(v, Exception) and k}
     done = [go for go, _ in ready if go.wake.id not in failed]
     out.update(failed)
     for go in done:
