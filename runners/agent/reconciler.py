@@ -46,7 +46,9 @@ def _slots(rows: list[Due]) -> int:
 
 class Reconciler:
     """One due row per host per round, rotating which host goes first, at most
-    `max_hosts` hosts in flight.
+    `max_hosts` drives in flight: a drive is one row, or up to GROUP worker wakes started
+    together (workflows/lifecycle/wake_group.py: their intents and their pids each one
+    commit), which is what lets a wake of a thousand workers share its fsyncs.
 
     A round reads its rows in one query, up to `snapshot` hosts (one row each), and hands
     them out as slots free up: a drive that ends takes the next host of the same round
