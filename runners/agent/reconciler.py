@@ -226,10 +226,11 @@ class Reconciler:
             busy = set(self.inflight)
         when = next_due(self.ctx, busy)
         if when is not None:
-            at = when.replace(tzinfo=UTC)
-            if at > datetime.now(UTC):
-                self.scheduler.add_job(self.kick, "date", run_date=at, id="due",
-                                       replace_existing=True, misfire_grace_time=None)
+            # A row that fell due while this round ran (a short backoff on a loaded box) is
+            # due at once: a wake-up in the past would never come.
+            at = max(when.replace(tzinfo=UTC), datetime.now(UTC) + timedelta(seconds=0.02))
+            self.scheduler.add_job(self.kick, "date", run_date=at, id="due",
+                                   replace_existing=True, misfire_grace_time=None)
 
     def _drain(self) -> None:
         """Store-only rows go in groups, one transaction per batch (workflows/obligations)."""
