@@ -16,15 +16,39 @@ from models.store import utcnow
 from runners.base.storewatch import StoreWatch
 from workflows.base.context import Context, Result
 from workflows.engine.claim import claim
-from workflows.engine.obligations import Due, backoff, drain_batches, due, next_due, run_one
+from workflows.engine.obligations import (
+    KINDS,
+    Due,
+    backoff,
+    drain_batches,
+    due,
+    next_due,
+    run_group,
+    run_one,
+)
+from workflows.lifecycle.wake_group import GROUP
 from workflows.generations.listeners import collect as collect_listeners
 
 log = logging.getLogger("vigil.agent")
 
 
+def _drives(rows: list[Due]) -> list[list[Due]]:
+    """The drives of claimed rows: one row each, but rows of a grouped kind (worker
+    wakes: nothing slow between their intent and their current) go GROUP to a drive."""
+    single = [[d] for d in rows if not d.grouped]
+    grouped = [d for d in rows if d.grouped]
+    return single + [grouped[i:i + GROUP] for i in range(0, len(grouped), GROUP)]
+
+
+def _slots(rows: list[Due]) -> int:
+    return len(_drives(rows))
+
+
 class Reconciler:
     """One due row per host per round, rotating which host goes first, at most
-    `max_hosts` hosts in flight.
+    `max_hosts` drives in flight: a drive is one row, or up to GROUP worker wakes started
+    together (workflows/lifecycle/wake_group.py: their intents and their pids each one
+    commit), which is what lets a wake of a thousand workers share its fsyncs.
 
     A round reads its rows in one query, up to `snapshot` hosts (one row each), and hands
     them out as slots free up: a drive that ends takes the next host of the same round
@@ -38,7 +62,8 @@ class Reconciler:
         self.max_hosts = max_hosts
         self.snapshot = max(snapshot, max_hosts)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_hosts, thread_name_prefix="drive")
-        self.inflight: set[str] = set()
+        self.inflight: set[str] = set()  # hosts of the drives in flight
+        self.drives = 0  # drives in flight (a group of wakes is one)
         self.cursor = ""
         self.backlog: list[Due] = []  # the current round's rows not handed out yet
         self._lock = threading.Lock()
@@ -147,12 +172,12 @@ class Reconciler:
         host in flight), topped up from the store when it cannot fill the free slots."""
         with self._lock:
             busy = set(self.inflight)
+            free = self.max_hosts - self.drives
             fresh, self._fresh = self._fresh, False
             if fresh:
                 self.backlog = []
             backlog = [d for d in self.backlog if d.host not in busy]
-        free = self.max_hosts - len(busy)
-        if free > 0 and len(backlog) < free:
+        if free > 0 and len(backlog) < free * GROUP:  # a slot may take a group of rows
             # Rotate: hosts after the cursor go first, so no host is always last.
             skip = busy | {d.host for d in backlog}
             backlog += due(self.ctx, utcnow(), skip=skip, after=self.cursor,
@@ -160,16 +185,17 @@ class Reconciler:
         return fresh, backlog
 
     def _hand_out(self, backlog: list[Due]) -> int:
-        """Drive the backlog's rows while slots are free; how many of its rows were taken."""
+        """Drive the backlog's rows while slots are free; how many of its rows were taken.
+        A slot drives one row, or up to GROUP rows of a grouped kind (worker wakes)."""
         taken = 0
         while True:
-            admitted = []
+            admitted: list[Due] = []
             for d in backlog[taken:]:
                 with self._lock:
                     if d.host in self.inflight:
                         taken += 1
                         continue
-                    if len(self.inflight) >= self.max_hosts:
+                    if self.drives + _slots([*admitted, d]) > self.max_hosts:
                         break
                     self.inflight.add(d.host)
                 taken += 1
@@ -178,10 +204,12 @@ class Reconciler:
                 self.cursor = d.host
                 admitted.append(d)
             won = self._claim(admitted) if admitted else []
+            for work in _drives(won or []):
+                with self._lock:
+                    self.drives += 1
+                self.pool.submit(self._drive, work)
             for d in admitted:
-                if won is not None and d in won:
-                    self.pool.submit(self._drive, d)
-                else:
+                if won is None or d not in won:
                     with self._lock:
                         self.inflight.discard(d.host)
             # Rows another agent claimed first free their slot for the next host of the round.
@@ -198,10 +226,11 @@ class Reconciler:
             busy = set(self.inflight)
         when = next_due(self.ctx, busy)
         if when is not None:
-            at = when.replace(tzinfo=UTC)
-            if at > datetime.now(UTC):
-                self.scheduler.add_job(self.kick, "date", run_date=at, id="due",
-                                       replace_existing=True, misfire_grace_time=None)
+            # A row that fell due while this round ran (a short backoff on a loaded box) is
+            # due at once: a wake-up in the past would never come.
+            at = max(when.replace(tzinfo=UTC), datetime.now(UTC) + timedelta(seconds=0.02))
+            self.scheduler.add_job(self.kick, "date", run_date=at, id="due",
+                                   replace_existing=True, misfire_grace_time=None)
 
     def _drain(self) -> None:
         """Store-only rows go in groups, one transaction per batch (workflows/obligations)."""
@@ -226,24 +255,36 @@ class Reconciler:
                 log.exception("claiming %d row(s) failed; the next round tries again", len(admitted))
             return None
 
-    def _drive(self, d: Due) -> None:
+    def _drive(self, work: list[Due]) -> None:
         try:
-            result, error = run_one(self.ctx, d)
-            if result is Result.progress:
-                self.on_progress()
-            level = logging.WARNING if result is Result.poked else logging.INFO  # held: ordinary
-            log.log(level, "drive kind=%s id=%s host=%s result=%s%s", d.kind, d.id, d.host,
-                    result.value, f" error={error!r}" if error else "")
-        except Exception as exc:
-            if self._store_failed(exc):  # the spell is said once; which drives it cut short here
-                log.info("drive kind=%s id=%s host=%s result=cut_short: the store failed",
-                         d.kind, d.id, d.host)
+            if len(work) == 1:
+                results = [run_one(self.ctx, work[0])]
             else:
-                log.exception("drive kind=%s id=%s host=%s crashed", d.kind, d.id, d.host)
+                group = KINDS[work[0].kind].drive_group
+                assert group is not None  # _drives groups only such kinds
+                results = run_group(self.ctx, work, group)
+            for d, (result, error) in zip(work, results, strict=True):
+                self._said(d, result, error)
+        except Exception as exc:
+            for d in work:
+                if self._store_failed(exc):  # the spell is said once; which drives it cut short here
+                    log.info("drive kind=%s id=%s host=%s result=cut_short: the store failed",
+                             d.kind, d.id, d.host)
+                else:
+                    log.exception("drive kind=%s id=%s host=%s crashed", d.kind, d.id, d.host)
         finally:
             with self._lock:
-                self.inflight.discard(d.host)
+                self.drives -= 1
+                for d in work:
+                    self.inflight.discard(d.host)
             self.kick(fresh=False)
+
+    def _said(self, d: Due, result: Result, error: str | None) -> None:
+        if result is Result.progress:
+            self.on_progress()
+        level = logging.WARNING if result is Result.poked else logging.INFO  # held: ordinary
+        log.log(level, "drive kind=%s id=%s host=%s result=%s%s", d.kind, d.id, d.host,
+                result.value, f" error={error!r}" if error else "")
 
     def shutdown(self) -> None:
         self._kicked.set()  # shutting_down is set: the loop ends

@@ -6,7 +6,8 @@ app) can leave both: it writes its pid into another cgroup's `cgroup.procs` and 
 with an empty environment. Neither the cgroup nor the marker scan finds it then. What
 still names it is its parentage: until its parent exits it is a child of a process of the
 generation, whatever cgroup or environment it has. So the agent walks the leader's
-descendants (by ppid, in one read of the process table) at spawn, after the health check,
+descendants (each process's children files, /proc/<pid>/task/<tid>/children; by ppid, in
+one read of the process table, where the kernel has none) at spawn, after the health check,
 at every ongoing probe and at the liveness backstop, and the workflows write what it sees
 (pid + start time) to `known_processes`. The proof counts a recorded pid whose start time
 still matches and that is not a zombie as a live process of the generation, and the kill
@@ -34,6 +35,7 @@ orphans of a previous agent would still go to PID 1; not done.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import psutil
 
@@ -69,6 +71,38 @@ def _parents() -> dict[int, int]:
     return out
 
 
+def _children(pid: int) -> list[int] | None:
+    """The direct children of `pid`, from every thread's /proc/<pid>/task/<tid>/children (a
+    child is listed under the thread that forked it): two or three reads, not one per
+    process on the box. None: this kernel has no such file (CONFIG_PROC_CHILDREN off)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return []  # gone meanwhile
+    except OSError:
+        return None
+    out: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            if os.path.isdir(f"/proc/{pid}/task/{tid}"):
+                return None  # the thread is there, its children file is not
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+    return out
+
+
+def _by_scan() -> Callable[[int], list[int]]:
+    """Children by ppid, from one read of every process's stat (the kernel has no
+    children files): built once per walk, shared by every leader of it."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _parents().items():
+        children.setdefault(ppid, []).append(pid)
+    return lambda pid: children.get(pid, [])
+
+
 def walk(refs: list[ProcRef]) -> dict[str, list[tuple[int, float]]]:
     """Live descendants (pid, start time) of each live leader, by generation uuid. A
     child is never older than its parent: an older process at a child's pid is another."""
@@ -81,20 +115,23 @@ def walk(refs: list[ProcRef]) -> dict[str, list[tuple[int, float]]]:
             leaders[r.generation_uuid] = (r.pid, st[0])
     if not leaders:
         return {}
-    children: dict[int, list[int]] = {}
-    for pid, ppid in _parents().items():
-        children.setdefault(ppid, []).append(pid)
+    scan: Callable[[int], list[int]] | None = None
     found: dict[str, list[tuple[int, float]]] = {}
     for uuid, (leader, born) in leaders.items():
         seen: list[tuple[int, float]] = []
-        todo = list(children.get(leader, ()))
+        todo = [leader]
         while todo:
             pid = todo.pop()
-            st = _alive(pid)
-            if st is None or st[0] < born - CTIME_TOLERANCE:
-                continue
-            seen.append((pid, st[0]))
-            todo += children.get(pid, ())
+            kids = None if scan is not None else _children(pid)
+            if kids is None:
+                scan = scan or _by_scan()
+                kids = scan(pid)
+            for kid in kids:
+                st = _alive(kid)
+                if st is None or st[0] < born - CTIME_TOLERANCE:
+                    continue
+                seen.append((kid, st[0]))
+                todo.append(kid)
         if seen:
             found[uuid] = seen
     return found

@@ -355,9 +355,10 @@ class RecordingPool:
         self.pool = rec.pool
         self.rounds: dict[int, list[str]] = {}
 
-    def submit(self, fn: Callable[[Due], None], d: Due) -> Any:
-        self.rounds.setdefault(self.rec.rounds, []).append(d.host)
-        return self.pool.submit(fn, d)
+    def submit(self, fn: Callable[[list[Due]], None], work: list[Due]) -> Any:
+        """`work`: one drive's rows (one, or a group of worker wakes)."""
+        self.rounds.setdefault(self.rec.rounds, []).extend(d.host for d in work)
+        return self.pool.submit(fn, work)
 
     def shutdown(self, **kw: Any) -> None:
         self.pool.shutdown(**kw)

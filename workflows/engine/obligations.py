@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import String, cast, exists, func, literal, or_, select, union_all, update
 from sqlalchemy.orm import Session
 
-from models.states import OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE
+from models.states import OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE, HostKind
 from models.store import utcnow
 from models.tables import (
     Attempt,
@@ -35,6 +35,7 @@ from workflows.leases.lease import drive_release, give_back
 from workflows.lifecycle.members import drive_member, drive_restore
 from workflows.lifecycle.stop import drive_stop
 from workflows.lifecycle.wake import drive_wake
+from workflows.lifecycle.wake_group import drive_wakes
 from workflows.notices.deliver import drive_delivery
 from workflows.rollouts.driver import drive_rollout
 
@@ -54,6 +55,10 @@ class Kind:
     # The name the round paces the row under (one row per name per round, at most 8 names
     # in flight), when it is not the row's host: a rollout belongs to no host.
     label: Any = None
+    # Rows driven together, up to a group's size in one drive (SQL: true for such a row),
+    # by `drive_group(ctx, ids)`: a worker's wake, whose start has nothing slow to check.
+    grouped: Any = None
+    drive_group: Callable[[Context, list[int]], dict[int, Result | Exception]] | None = None
 
     @property
     def host(self) -> Any:
@@ -64,7 +69,9 @@ KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
         Kind("stop", Stop, Stop.id, Stop.state.in_(OPEN_STOP), drive_stop),
-        Kind("wake", Wake, Wake.id, Wake.state.in_(OPEN_WAKE), drive_wake),
+        Kind("wake", Wake, Wake.id, Wake.state.in_(OPEN_WAKE), drive_wake,
+             grouped=exists().where(Host.name == Wake.host, Host.kind == HostKind.worker,
+                                    Host.one_shot.is_(False)), drive_group=drive_wakes),
         Kind("member", Member, Member.generation_id, None, drive_member),
         Kind("attempt", Attempt, Attempt.id, Attempt.outcome.is_(None), drive_attempt),
         Kind("restore", Restore, Restore.id, None, drive_restore),
@@ -89,6 +96,7 @@ class Due:
     attempts: int | None = None  # as read with the row (None: not known, read it)
     last_error: str | None = None
     sane: bool = False  # its host passed the sanity check when the round read it
+    grouped: bool = False  # it may be driven in a group of its kind (Kind.grouped)
 
 
 def _open_rows(ctx: Context, *, per_host: bool = False, due_by: datetime | None = None) -> Any:
@@ -104,7 +112,8 @@ def _open_rows(ctx: Context, *, per_host: bool = False, due_by: datetime | None 
     for k in KINDS.values():
         q = select(literal(k.name, String).label("kind"), k.key.label("id"),
                    k.host.label("host"), k.model.next_attempt_at.label("at"),
-                   k.model.attempts.label("attempts"), k.model.last_error.label("last_error"))
+                   k.model.attempts.label("attempts"), k.model.last_error.label("last_error"),
+                   (k.grouped if k.grouped is not None else literal(False)).label("grouped"))
         if k.open is not None:
             q = q.where(k.open)
         if due_by is not None:
@@ -144,8 +153,8 @@ def due(ctx: Context, now: datetime, *, skip: Collection[str] = (), after: str |
             where.append(rows.c.host.not_in(list(skip)))
         rank = func.row_number().over(partition_by=rows.c.host, order_by=(rows.c.at, rows.c.id))
         ranked = select(rows, rank.label("rank")).where(*where).subquery()
-        stmt = select(ranked.c.kind, ranked.c.id, ranked.c.host, ranked.c.at,
-                      ranked.c.attempts, ranked.c.last_error).where(ranked.c.rank == 1)
+        stmt = select(ranked.c.kind, ranked.c.id, ranked.c.host, ranked.c.at, ranked.c.attempts,
+                      ranked.c.last_error, ranked.c.grouped).where(ranked.c.rank == 1)
         if after is not None:
             stmt = stmt.order_by(ranked.c.host <= after, ranked.c.host)
         else:
@@ -156,8 +165,8 @@ def due(ctx: Context, now: datetime, *, skip: Collection[str] = (), after: str |
         # The sanity check (workflows/base/sanity.py) for the whole round in one query, instead
         # of a read per drive; a host that fails it is checked again, and refused, by its drive.
         bad = impossible_hosts(s, {r.host for r in found})
-        return [Due(r.kind, r.id, r.host, r.at, r.attempts, r.last_error, r.host not in bad)
-                for r in found]
+        return [Due(r.kind, r.id, r.host, r.at, r.attempts, r.last_error, r.host not in bad,
+                    bool(r.grouped)) for r in found]
 
     return ctx.store.read(q)
 
@@ -197,44 +206,83 @@ def drain_batches(ctx: Context, limit: int = 256, rounds: int = 16) -> tuple[int
 def run_one(ctx: Context, item: Due) -> tuple[Result, str | None]:
     """Drive one row and persist its pacing. Never raises for the row's own trouble."""
     kind = KINDS[item.kind]
-    until = None
     try:
         if not item.sane:
             refuse_if_impossible(ctx, kind.model, kind.key, item.id, item.host)
-        result, error = kind.drive(ctx, item.id), None
-    except Until as exc:  # due again at a time of the row's own, not after a backoff
-        result, error, until = Result.waiting, str(exc), exc.at
-    except Held as exc:
-        result, error = Result.held, str(exc)
-    except Poke as exc:
-        result, error = Result.poked, str(exc)
-    except Exception as exc:  # a step lost a race or the store failed: retry later
-        trouble = diagnose(exc)
-        if trouble is not None and refine(trouble, ctx.store.url).whole_store:
-            # Not this row's trouble: the store is full, gone, locked or damaged, so no
-            # pacing could be written either. The agent backs off as a whole.
-            raise
-        result, error = Result.poked, f"{type(exc).__name__}: {exc}"
-    now = utcnow()
-    if until is not None:
-        values = {"attempts": 0, "last_error": error, "next_attempt_at": until}
-    elif result in (Result.poked, Result.held):
-        tried = item.attempts if item.attempts is not None else _attempts(ctx, kind, item.id)
-        values = {"attempts": kind.model.attempts + 1, "last_error": error,
-                  "next_attempt_at": now + timedelta(seconds=backoff(tried + 1))}
-    elif result is Result.progress:
-        if item.attempts == 0 and item.last_error is None and ctx.store.dialect == "sqlite":
-            # Nothing to reset: it was due, and it still is. (On PostgreSQL the claim pushed
-            # its due time ahead, workflows/engine/claim.py: that must be undone.)
-            return result, error
-        values = {"attempts": 0, "last_error": None, "next_attempt_at": now}
-    else:
-        return result, error
+        outcome: Result | Exception = kind.drive(ctx, item.id)
+    except Exception as exc:
+        outcome = exc
+    return pace(ctx, [(item, outcome)])[0]
+
+
+def run_group(ctx: Context, items: list[Due],
+              drive: Callable[[Context, list[int]], dict[int, Result | Exception]]
+              ) -> list[tuple[Result, str | None]]:
+    """Drive rows of one kind together (`drive` takes their ids: grouped worker wakes),
+    then persist each row's pacing as run_one would, in one transaction."""
+    kind = KINDS[items[0].kind]
+    refused: dict[int, Exception] = {}
+    for item in items:
+        if not item.sane:
+            try:
+                refuse_if_impossible(ctx, kind.model, kind.key, item.id, item.host)
+            except Exception as exc:
+                refused[item.id] = exc
     try:
-        ctx.store.write(lambda s: s.execute(update(kind.model).where(kind.key == item.id).values(**values)))
-    except Exception as exc:  # pacing is advisory; the row stays open and due
-        error = f"{error}; pacing not written: {exc}"
-    return result, error
+        got = drive(ctx, [d.id for d in items if d.id not in refused]) if len(refused) < len(items) else {}
+    except Exception as exc:  # the group's own commit failed: every row of it is retried
+        got = {d.id: exc for d in items}
+    return pace(ctx, [(d, refused.get(d.id) or got.get(d.id, Result.progress)) for d in items])
+
+
+def _classify(outcome: Result | Exception, url: str) -> tuple[Result, str | None, datetime | None]:
+    """A drive's outcome as (result, error, due again at): its own trouble is a result; a
+    failure of the whole store is raised (no pacing could be written either)."""
+    if isinstance(outcome, Result):
+        return outcome, None, None
+    if isinstance(outcome, Until):  # due again at a time of the row's own, not after a backoff
+        return Result.waiting, str(outcome), outcome.at
+    if isinstance(outcome, Held):
+        return Result.held, str(outcome), None
+    if isinstance(outcome, Poke):
+        return Result.poked, str(outcome), None
+    trouble = diagnose(outcome)  # a step lost a race or the store failed: retry later
+    if trouble is not None and refine(trouble, url).whole_store:
+        # Not this row's trouble: the store is full, gone, locked or damaged. The agent
+        # backs off as a whole.
+        raise outcome
+    return Result.poked, f"{type(outcome).__name__}: {outcome}", None
+
+
+def pace(ctx: Context, done: list[tuple[Due, Result | Exception]]) -> list[tuple[Result, str | None]]:
+    """Each row's result and error, its pacing written (one transaction for all of them)."""
+    now, out, writes = utcnow(), [], []
+    for item, outcome in done:
+        kind = KINDS[item.kind]
+        result, error, until = _classify(outcome, ctx.store.url)
+        out.append((result, error))
+        if until is not None:
+            values = {"attempts": 0, "last_error": error, "next_attempt_at": until}
+        elif result in (Result.poked, Result.held):
+            tried = item.attempts if item.attempts is not None else _attempts(ctx, kind, item.id)
+            values = {"attempts": kind.model.attempts + 1, "last_error": error,
+                      "next_attempt_at": now + timedelta(seconds=backoff(tried + 1))}
+        elif result is Result.progress:
+            if item.attempts == 0 and item.last_error is None and ctx.store.dialect == "sqlite":
+                # Nothing to reset: it was due, and it still is. (On PostgreSQL the claim pushed
+                # its due time ahead, workflows/engine/claim.py: that must be undone.)
+                continue
+            values = {"attempts": 0, "last_error": None, "next_attempt_at": now}
+        else:
+            continue
+        writes.append((kind, item.id, values))
+    if writes:
+        try:
+            ctx.store.write(lambda s: [s.execute(update(k.model).where(k.key == key).values(**v))
+                                       for k, key, v in writes])
+        except Exception as exc:  # pacing is advisory; the rows stay open and due
+            out = [(r, f"{e}; pacing not written: {exc}") for r, e in out]
+    return out
 
 
 def _attempts(ctx: Context, kind: Kind, key: int) -> int:

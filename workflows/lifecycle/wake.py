@@ -27,7 +27,7 @@ from workflows.base.queue import enqueue_slots, enqueue_wake
 from workflows.base.waivers import BY_STATE, OPERATOR
 from workflows.builds.staged import mark_published, staged_problem
 from workflows.generations.access import grant_socket
-from workflows.generations.create import intend, launch, record
+from workflows.generations.create import intend, launch
 from workflows.generations.ending import ref_of
 from workflows.generations.known import note
 from workflows.generations.readiness import ready_problem
@@ -41,6 +41,7 @@ from workflows.lifecycle.failed_wake import (
     to_reaping,
 )
 from workflows.lifecycle.order import go_on, hold, names_of, unready, wake_waiters
+from workflows.lifecycle.wake_steps import always_on, current, recorded, recorded_current
 from workflows.lifecycle.workers import (
     COALESCED,
     clean_wake,
@@ -172,7 +173,7 @@ def drive_wake(ctx: Context, wake_id: int) -> Result:
 
 
 @dataclass
-class _Intent:
+class Intent:
     wake: Wake  # as written (leased, or spawning with its generation)
     fresh: bool  # it was queued: this commit leased it
     host: Host | None = None
@@ -197,12 +198,33 @@ def _start(ctx: Context, wake_id: int) -> Result | None:
     is in a state no start begins from (the caller looks at it)."""
     coalesced: list[int] = []
     elsewhere: list[bool] = []
-    it = ctx.store.write(lambda s: _intent(s, ctx, wake_id, coalesced, elsewhere))
+    it = ctx.store.write(lambda s: intent(s, ctx, wake_id, coalesced, elsewhere))
+    go = after_intent(ctx, it, bool(coalesced), bool(elsewhere))
+    if not isinstance(go, Launch):
+        return go
+    spawned = spawn(ctx, go)
+    return spawned if isinstance(spawned, Result) else _launched(ctx, go, spawned)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A start whose intent is committed: what its spawn needs."""
+    wake: Wake
+    host: Host
+    build: Build
+    gen: Generation
+    ours: Fence  # every move of this start, and its generation's
+
+
+def after_intent(ctx: Context, it: Intent | Result, coalesced: bool,
+                 elsewhere: bool) -> Launch | Result | None:
+    """The crash points and outcome of a start's first commit: a Launch when its
+    generation's intent is written and nothing stands in the way of the spawn."""
     if coalesced:
         crashpoint(COALESCED)
     if elsewhere:
         return None
-    if not isinstance(it, _Intent):
+    if not isinstance(it, Intent):
         return it
     if it.waiting:
         crashpoint(WAITING)
@@ -216,12 +238,11 @@ def _start(ctx: Context, wake_id: int) -> Result | None:
     w, host, build, gen = it.wake, it.host, it.build, it.gen
     if host is None or build is None or gen is None or w.fence is None:
         raise BrokenInvariant("the start's intent is incomplete")
-    ours = Fence(w.host, ctx.agent_id, w.fence)  # every move of this start, and its generation's
-    return _launch(ctx, w, host, build, gen, ours)
+    return Launch(w, host, build, gen, Fence(w.host, ctx.agent_id, w.fence))
 
 
-def _intent(s: Session, ctx: Context, wake_id: int, coalesced: list[int],
-            elsewhere: list[bool]) -> _Intent | Result:
+def intent(s: Session, ctx: Context, wake_id: int, coalesced: list[int],
+            elsewhere: list[bool]) -> Intent | Result:
     """The start's first commit: the wake read and checked, leased if it was queued, and
     (no leftover, a build that can run) its generation's intent written."""
     w = _wake(s, wake_id)
@@ -239,7 +260,7 @@ def _intent(s: Session, ctx: Context, wake_id: int, coalesced: list[int],
     if fresh:
         taken = _take_lease(s, ctx, w, seen, coalesced)
         if taken is Result.waiting:
-            return _Intent(w, fresh, waiting=True)
+            return Intent(w, fresh, waiting=True)
         if isinstance(taken, Result):
             return taken
         fence = taken
@@ -254,7 +275,7 @@ def _intent(s: Session, ctx: Context, wake_id: int, coalesced: list[int],
         if not fresh:
             raise Poke(why)
         _lease(s, ctx, w, fence)
-        return _Intent(w, fresh, why_not=why)
+        return Intent(w, fresh, why_not=why)
     host, build = s.execute(_HOST_BUILD, {"pinned": w.build_id, "name": w.host}).one()
     refusal = staged_problem(ctx, build.path, build.digest,
                              executable=host.kind is HostKind.worker,
@@ -262,7 +283,7 @@ def _intent(s: Session, ctx: Context, wake_id: int, coalesced: list[int],
     if refusal is not None:
         if fresh:
             _lease(s, ctx, w, fence)
-        return _Intent(w, fresh, host, build, refusal=refusal)
+        return Intent(w, fresh, host, build, refusal=refusal)
     g = intend(s, ctx, host, build.id, fence, slot=w.slot)
     # Publish before exec: the build is referenced in the store before any of it runs.
     mark_published(s, build.id, seen=build)
@@ -271,7 +292,7 @@ def _intent(s: Session, ctx: Context, wake_id: int, coalesced: list[int],
         values.update(fence=fence, attempts=0)
     move(s, Wake, w.id, values, f"wake #{w.id} {w.state.value} -> spawning",
          fence=Fence(w.host, ctx.agent_id, fence), col="state", frm=w.state)
-    return _Intent(w, fresh, host, build, g)
+    return Intent(w, fresh, host, build, g)
 
 
 def _take_lease(s: Session, ctx: Context, w: Wake, seen: Any,
@@ -306,28 +327,40 @@ def _take_lease(s: Session, ctx: Context, w: Wake, seen: Any,
     return acquire(s, ctx, w.host, Holding(lease, seen.fence_seq, seen.box))
 
 
-def _launch(ctx: Context, w: Wake, host: Host, build: Build, gen: Generation,
-            ours: Fence) -> Result:
-    """Exec the build and record its pid; a worker with nothing to check is current in
-    that same commit, anything else is settled (checked, then made current)."""
+def spawn(ctx: Context, go: Launch) -> Spawned | Result:
+    """Exec the build of a start whose intent is committed; a spawn that fails fails it."""
     crashpoint(INTENT)
     try:
-        spawned = launch(ctx, host, build, gen)
+        spawned = launch(ctx, go.host, go.build, go.gen)
     except SpawnError as exc:  # it did not start
-        return fail_start(ctx, w, gen, WakeState.spawning, GenState.spawning, f"spawn failed: {exc}")
+        return fail_start(ctx, go.wake, go.gen, WakeState.spawning, GenState.spawning,
+                          f"spawn failed: {exc}")
     crashpoint(SPAWNED)
-    gen.pid, gen.create_time = spawned.pid, spawned.create_time
+    go.gen.pid, go.gen.create_time = spawned.pid, spawned.create_time
+    return spawned
+
+
+def _launched(ctx: Context, go: Launch, spawned: Spawned) -> Result:
+    """Record the pid; a worker with nothing to check is current in that same commit,
+    anything else is settled (checked, then made current)."""
+    w, host, build, gen, ours = go.wake, go.host, go.build, go.gen, go.ours
     ref = ref_of(gen)
     if always_on(host, gen) and ctx.proc.leader_alive(ref):
-        ctx.store.write(lambda s: _recorded_current(s, w, gen, build, spawned, ours))
+        ctx.store.write(lambda s: (recorded_current(s, w, gen, build, spawned, ours), wake_waiters(s)))
         crashpoint(RECORDED)
         crashpoint(CURRENT)
         note(ctx, {gen.id: ref})  # the walk at spawn (an instance's next one is at health)
         return Result.progress
-    ctx.store.write(lambda s: _recorded(s, w, gen, spawned, ours))
+    return settle_started(ctx, go, spawned)
+
+
+def settle_started(ctx: Context, go: Launch, spawned: Spawned) -> Result:
+    """A started generation that is not current at once: pid recorded, then checked."""
+    w, gen, ours = go.wake, go.gen, go.ours
+    ctx.store.write(lambda s: recorded(s, w, gen, spawned, ours))
     crashpoint(RECORDED)
-    note(ctx, {gen.id: ref})
-    return _settle(ctx, w, host, build, gen, spawned, ours)
+    note(ctx, {gen.id: ref_of(gen)})
+    return _settle(ctx, w, go.host, go.build, gen, spawned, ours)
 
 
 def _settle(ctx: Context, w: Wake, host: Host, build: Build, gen: Generation, spawned: Spawned,
@@ -350,49 +383,8 @@ def _settle(ctx: Context, w: Wake, host: Host, build: Build, gen: Generation, sp
     if problem is not None:
         return fail_start(ctx, w, gen, WakeState.checking, GenState.running, problem)
 
-    ctx.store.write(lambda s: _current(s, w, gen, build, spawned, ours))
+    ctx.store.write(lambda s: current(s, w, gen, build, spawned, ours))
     crashpoint(CURRENT)
     if gen.socket:
         ctx.files.point_link(ctx.link_for(w.host), gen.socket)
     return Result.progress
-
-
-def _recorded(s: Session, w: Wake, gen: Generation, spawned: Spawned, ours: Fence) -> None:
-    record(s, gen, spawned, ours)
-    move(s, Wake, w.id,
-         {"state": WakeState.checking}, f"wake #{w.id} spawning -> checking",
-         fence=ours, col="state", frm=WakeState.spawning)
-
-
-def _current(s: Session, w: Wake, gen: Generation, build: Build, spawned: Spawned,
-             ours: Fence) -> None:
-    move(s, Generation, gen.id,
-         {"state": GenState.current, "current_at": utcnow()},
-         f"generation g{gen.id} running -> current", fence=ours, col="state",
-         frm=GenState.running)
-    move(s, Wake, w.id,
-         {"state": WakeState.done, "ended_at": utcnow()},
-         f"wake #{w.id} checking -> done", fence=ours, col="state",
-         frm=WakeState.checking)
-    emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
-    wake_waiters(s)
-
-
-def _recorded_current(s: Session, w: Wake, gen: Generation, build: Build, spawned: Spawned,
-                      ours: Fence) -> None:
-    # A worker has no health check: its pid and its being current go in one commit,
-    # one move each for the generation and the wake.
-    move(s, Generation, gen.id,
-         {"state": GenState.current, "pid": spawned.pid, "create_time": spawned.create_time,
-          "current_at": utcnow()},
-         f"generation g{gen.id} spawning -> current", fence=ours, col="state",
-         frm=GenState.spawning)
-    move(s, Wake, w.id, {"state": WakeState.done, "ended_at": utcnow()},
-         f"wake #{w.id} spawning -> done", fence=ours, col="state", frm=WakeState.spawning)
-    emit(s, "woke", w.host, gen.id, pid=spawned.pid, build=build.digest[:12])
-    wake_waiters(s)
-
-
-def always_on(host: Host, gen: Generation) -> bool:
-    """A worker that is not a one-shot: nothing to check beyond its leader being alive."""
-    return host.kind is HostKind.worker and not host.one_shot
