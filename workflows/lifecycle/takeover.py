@@ -3,8 +3,8 @@ agent's box lease expired (workflows/leases/box.py), or, for a lease from before
 0029, its own expiry passed.
 
 A dead box's hosts are spread over the live boxes each is placed on by one deterministic
-rule every survivor computes alike (spread()): no two survivors race for a host, and one
-does not take everything. Each survivor takes its share in one transaction of a few
+rule every survivor computes alike from the host's name (owner(): rendezvous hashing): no
+two survivors race for a host, and one does not take everything. Each survivor takes its share in one transaction of a few
 set-based statements (the lease CAS for all of them, then each kind of row they left open,
 settled for all at once) and rings its reconciler as soon as it commits, so every taken
 host's wake starts at once. A host whose assigned box does not take it within a lease's
@@ -29,6 +29,7 @@ it is ended first anyway (kill and proof); on a real second box the check finds 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -91,24 +92,24 @@ def _lapsed(s: Session, ctx: Context, now: Any) -> list[Any]:
     return list(s.execute(union_all(dead, old)).all())
 
 
+def owner(host: str, boxes: set[str] | frozenset[str]) -> str:
+    """The box of `boxes` that takes `host` over: the highest hash of (box, host)
+    (rendezvous hashing). Every survivor computes it alike from the host's name alone, so
+    the deal does not depend on which hosts were taken already; a dead box's hosts spread
+    evenly over the survivors, and only a dead box's hosts move."""
+    return max(sorted(boxes), key=lambda b: hashlib.blake2b(
+        f"{b}\0{host}".encode(), digest_size=8).digest())
+
+
 def spread(rows: list[Any], live: set[str], me: str, overdue: Any) -> list[Any]:
-    """This box's share of the lapsed leases: hosts in name order, each group placed on the
-    same live boxes dealt round-robin over them (sorted), so every survivor with the same
-    view deals alike. A lease lapsed before `overdue` goes to whoever is placed."""
+    """This box's share of the lapsed leases: each host to owner() among the live boxes it
+    is placed on. A lease lapsed before `overdue` goes to whoever is placed (its owner by
+    the deal has not taken it in a lease's length)."""
     if me not in live:
         return []  # this box's own lease first: it renews before it takes anything
-    dealt: dict[tuple[str, ...], int] = {}
-    mine = []
-    for r in sorted(rows, key=lambda r: r.host):
-        placed = placement.boxes(r.box)
-        if me not in placed:
-            continue
-        to = tuple(sorted(placed & live))
-        n = dealt.get(to, 0)
-        dealt[to] = n + 1
-        if to[n % len(to)] == me or r.lapsed_at <= overdue:
-            mine.append(r)
-    return mine
+    return [r for r in sorted(rows, key=lambda r: r.host)
+            if me in placement.boxes(r.box)
+            and (owner(r.host, placement.boxes(r.box) & live) == me or r.lapsed_at <= overdue)]
 
 
 def plan(s: Session, ctx: Context, keep_too: bool = True) -> list[Any]:
