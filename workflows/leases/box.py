@@ -90,22 +90,27 @@ def hold(s: Session, ctx: Context, due_only: bool = False) -> tuple[int, bool]:
 
 
 def adopt(s: Session, ctx: Context, epoch: int, now: Any) -> list[str]:
-    """The host leases still this agent's under an older epoch, made valid at `epoch`:
-    `keep` hosts whose lease lapsed re-taken with a new fence, the others as they are.
+    """The host leases still this agent's under an older epoch, made valid at `epoch`, set
+    based: `keep` hosts whose lease lapsed re-taken with a new fence from their counters
+    (what was in flight under the old one is refused and retried), the others as they are.
     Returns the re-taken hosts."""
-    from workflows.leases.lease import acquire, lease_of  # lease.py builds on this module
-
-    lapsed = list(s.execute(select(_L.host).join(Host.__table__, _H.name == _L.host).where(
-        _L.holder == ctx.agent_id, _L.epoch != epoch, _H.on_store_loss == placement.KEEP,
-        or_(_L.epoch != 0, _L.expires_at <= now))).scalars())
-    for host in lapsed:
-        old = lease_of(s, host)
-        fence = acquire(s, ctx, host)
-        emit(s, "lease_retaken", host, old_fence=old.fence if old else None, fence=fence,
-             why="the store could not be reached past the box lease's expiry; the app was kept")
+    lapsed = dict(s.execute(select(_L.host, _L.fence).join(Host.__table__, _H.name == _L.host)
+                            .where(_L.holder == ctx.agent_id, _L.epoch != epoch,
+                                   _H.on_store_loss == placement.KEEP,
+                                   or_(_L.epoch != 0, _L.expires_at <= now))).all())
+    if lapsed:
+        s.execute(update(Host).where(Host.name.in_(lapsed)).values(fence_seq=Host.fence_seq + 1))
+        counter = select(_H.fence_seq).where(_H.name == _L.host).scalar_subquery()
+        retaken = s.execute(update(Lease.__table__).where(
+            _L.host.in_(lapsed), _L.holder == ctx.agent_id).values(
+            fence=counter, epoch=epoch, acquired_at=now).returning(_L.host, _L.fence)).all()
+        for host, fence in sorted(retaken):
+            emit(s, "lease_retaken", host, old_fence=lapsed[host], fence=fence,
+                 why="the store could not be reached past the box lease's expiry; the app "
+                     "was kept")
     s.execute(update(Lease).where(Lease.holder == ctx.agent_id, Lease.epoch != epoch)
               .values(epoch=epoch))
-    return lapsed
+    return sorted(lapsed)
 
 
 def renew(s: Session, ctx: Context, due_only: bool = False) -> int:
