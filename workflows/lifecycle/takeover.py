@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -76,20 +77,38 @@ _NOT_EXECUTED = (AttemptStep.admitted, AttemptStep.raised, AttemptStep.published
 _L, _H, _B = Lease.__table__.c, Host.__table__.c, BoxLease.__table__.c
 
 
-def _lapsed(s: Session, ctx: Context, now: Any) -> list[Any]:
+@dataclass(frozen=True)
+class Lapsed:
+    """A lease another agent let lapse, with its host's placement."""
+
+    host: str
+    holder: str
+    fence: int
+    epoch: int
+    lapsed_at: Any
+    box: str | None
+    on_store_loss: str
+
+
+def _lapsed(s: Session, ctx: Context, now: Any) -> list[Lapsed]:
     """The leases another agent let lapse: those of a box whose box lease expired (read by
     the expiry index, then each dead box's leases by holder), and those from before 0029
-    past their own expiry. Never a scan of the fleet's leases."""
-    cols = (_L.host, _L.holder, _L.fence, _L.epoch, _H.box, _H.on_store_loss)
+    past their own expiry. Never a scan of the fleet's leases or hosts: the hosts of what
+    was found are read by name after (a join let the planner scan every host)."""
+    cols = (_L.host, _L.holder, _L.fence, _L.epoch)
     dead = (select(*cols, _B.expires_at.label("lapsed_at"))
-            .select_from(BoxLease.__table__.join(Lease.__table__, _L.holder == _B.box)
-                         .join(Host.__table__, _H.name == _L.host))
+            .select_from(BoxLease.__table__.join(Lease.__table__, _L.holder == _B.box))
             .where(_B.expires_at <= now, _B.box != ctx.agent_id))
     old = (select(*cols, _L.expires_at.label("lapsed_at"))
-           .select_from(Lease.__table__.join(Host.__table__, _H.name == _L.host))
            .where(_L.epoch == 0, _L.expires_at <= now, _L.holder != ctx.agent_id,
                   ~exists().where(_B.box == _L.holder)))
-    return list(s.execute(union_all(dead, old)).all())
+    rows = s.execute(union_all(dead, old)).all()
+    if not rows:
+        return []
+    placed = {name: (box, loss) for name, box, loss in s.execute(
+        select(_H.name, _H.box, _H.on_store_loss).where(_H.name.in_([r.host for r in rows])))}
+    return [Lapsed(r.host, r.holder, r.fence, r.epoch, r.lapsed_at, *placed[r.host])
+            for r in rows if r.host in placed]
 
 
 def owner(host: str, boxes: set[str] | frozenset[str]) -> str:
