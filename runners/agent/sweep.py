@@ -17,8 +17,8 @@ from runners.agent.chores import Chores
 from runners.agent.exits import ExitWatcher
 from runners.agent.reconciler import Reconciler
 from runners.agent.trust import StoreTrust
-from workflows.engine.history import Keep, prune
 from workflows.base.crash import crashpoint
+from workflows.engine.history import Keep, prune
 from workflows.leases import box
 from workflows.lifecycle.members import retire_dead_currents
 from workflows.lifecycle.probe import Prober

@@ -197,7 +197,7 @@ def _take(s: Session, ctx: Context, rows: list[Any]) -> set[str]:
         ~box.live(Lease.__table__, now))
         .values(holder=ctx.agent_id, epoch=epoch, fence=counter, acquired_at=now,
                 expires_at=box_expires).returning(_L.host, _L.fence)).all()
-    fences = dict(got)
+    fences: dict[str, int] = {host: fence for host, fence in got}
     groups: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         if r.host in fences:
