@@ -94,10 +94,11 @@ def adopt(s: Session, ctx: Context, epoch: int, now: Any) -> list[str]:
     based: `keep` hosts whose lease lapsed re-taken with a new fence from their counters
     (what was in flight under the old one is refused and retried), the others as they are.
     Returns the re-taken hosts."""
-    lapsed: dict[str, int] = dict(s.execute(select(_L.host, _L.fence).join(Host.__table__, _H.name == _L.host)
-                            .where(_L.holder == ctx.agent_id, _L.epoch != epoch,
-                                   _H.on_store_loss == placement.KEEP,
-                                   or_(_L.epoch != 0, _L.expires_at <= now))).tuples())
+    # (A Result has keys(): dict() of one reads it as a mapping.)
+    lapsed: dict[str, int] = {host: fence for host, fence in s.execute(
+        select(_L.host, _L.fence).join(Host.__table__, _H.name == _L.host).where(
+            _L.holder == ctx.agent_id, _L.epoch != epoch, _H.on_store_loss == placement.KEEP,
+            or_(_L.epoch != 0, _L.expires_at <= now)))}
     if lapsed:
         s.execute(update(Host).where(Host.name.in_(lapsed)).values(fence_seq=Host.fence_seq + 1))
         counter = select(_H.fence_seq).where(_H.name == _L.host).scalar_subquery()
