@@ -138,8 +138,13 @@ def kill_box(fleet: Fleet, i: int, eng: sa.Engine, names: list[str]) -> tuple[fl
 
 
 def last_expiry(eng: sa.Engine, box: str) -> float:
+    """When the box's hosts lapse: its box lease's expiry (migration 0029), else (a tree
+    from before it) the latest expiry of its host leases."""
     with eng.connect() as c:
-        at = c.execute(sa.text("SELECT max(expires_at) FROM leases WHERE holder = :b"), {"b": box}).scalar()
+        boxed = sa.inspect(c).has_table("box_leases")
+        at = c.execute(sa.text("SELECT expires_at FROM box_leases WHERE box = :b" if boxed else
+                               "SELECT max(expires_at) FROM leases WHERE holder = :b"),
+                       {"b": box}).scalar()
     return at.replace(tzinfo=UTC).timestamp()
 
 

@@ -277,16 +277,35 @@ class SlotStreak(Base):
 
 
 class Lease(Base):
+    """A host's ownership: written on acquire, release and takeover only. Valid while its
+    holder's box lease is live at `epoch` (migration 0029); a lease of epoch 0 (written
+    before it) is judged by its own `expires_at` until its holder adopts it."""
+
     __tablename__ = "leases"
     # A box's own leases by expiry, and the expired ones: the reads on a clock stay
-    # O(this box) (migration 0022).
+    # O(this box) (migration 0022); the leases from before 0029 by expiry (0029).
     __table_args__ = (Index("ix_leases_holder_expires_at", "holder", "expires_at"),
-                      Index("ix_leases_expires_at", "expires_at"))
+                      Index("ix_leases_expires_at", "expires_at"),
+                      Index("ix_leases_epoch_expires_at", "epoch", "expires_at"))
     host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), primary_key=True)
     holder: Mapped[str] = mapped_column(String(64))
     fence: Mapped[int] = mapped_column(Integer)
     acquired_at: Mapped[datetime] = mapped_column(DateTime)
+    # Epoch 0: the expiry itself; else the holder's box lease expiry when it was taken
+    # (what it was valid until then; the box lease's own row says how long now).
     expires_at: Mapped[datetime] = mapped_column(DateTime)
+    epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+class BoxLease(Base):
+    """One box's (agent's) lease on its hosts (migration 0029): renewed by one UPDATE every
+    few seconds, by the store's clock; `epoch` grows each time the box takes it anew (after
+    it expired), which invalidates every host lease taken under an older one."""
+
+    __tablename__ = "box_leases"
+    box: Mapped[str] = mapped_column(String(64), primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime, index=True)
 
 
 class Wake(RetryColumns, Base):

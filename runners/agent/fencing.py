@@ -3,7 +3,8 @@ spawn guard. The killing itself is the fence keeper's (runners/keepers/fencekeep
 
 Timing (TTL = `--lease-ttl`, default 30 s):
 
-- renewal every TTL/6 (5 s), on a thread of its own, so a busy scheduler cannot delay it;
+- renewal every TTL/6 (5 s), on a thread of its own, so a busy scheduler cannot delay it:
+  one UPDATE of this box's lease row (workflows/leases/box.py), whatever its hosts;
 - each renewal that commits moves the self-fence deadline to `t0 + TTL - margin`, with t0
   read on the monotonic clock *before* the renewal was sent (so the deadline never lies
   past the expiry the store records) and margin = TTL/3 (10 s);
@@ -18,7 +19,7 @@ Timing (TTL = `--lease-ttl`, default 30 s):
 
 A host `--on-store-loss keep` is not fenced: the keeper leaves it running past the deadline
 and the spawn guard lets it start. When a renewal goes through again, its lease, if still
-this agent's, is re-taken with a new fence (workflows/leases/lease.py: retake_lapsed) and
+this agent's, is re-taken with a new fence (workflows/leases/box.py: adopt) and
 the app runs on untouched; if another box holds it now (that box reached the store while
 this one could not), this box kills its copy at once (fence_lost), the other box's being
 the host's generation. Another box takes a `keep` host over only once its own renewals
@@ -164,9 +165,11 @@ class FenceGuard:
                             self.deadline - time.monotonic(), exc)
             return
         watched = self.guarded + self.kept
-        gone = {g["host"] for g in watched} - held
+        # Every watched host is checked against the leases as they are now, not only those
+        # the renewal no longer returned: a renewal stopped (SIGSTOP) after its commit and
+        # before this read saw them still held, and the next one would no longer watch them.
         (guarded, kept), taken = self.ctx.store.read(
-            lambda s: (self._contestable(s), self._taken(s, gone)))
+            lambda s: (self._contestable(s), self._taken(s, {g["host"] for g in watched})))
         lost = [g for g in watched if g["host"] in taken]
         with self._lock:
             self.deadline = t0 + self.timing.ttl - self.timing.margin

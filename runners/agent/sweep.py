@@ -17,8 +17,9 @@ from runners.agent.chores import Chores
 from runners.agent.exits import ExitWatcher
 from runners.agent.reconciler import Reconciler
 from runners.agent.trust import StoreTrust
+from workflows.base.crash import crashpoint
 from workflows.engine.history import Keep, prune
-from workflows.leases.lease import renew_in
+from workflows.leases import box
 from workflows.lifecycle.members import retire_dead_currents
 from workflows.lifecycle.probe import Prober
 from workflows.lifecycle.takeover import take_over
@@ -77,19 +78,21 @@ class Sweeps(StoreTrust):
             return
         # Hosts placed here whose owner's lease expired; `keep` hosts once this box has
         # reached the store for a lease's length (their owner renews first after an outage).
+        # The reconciler is rung as soon as the takeover commits: the wakes start at once.
         guard = self.fence_guard
-        if take_over(self.ctx, keep_too=guard is not None
-                     and guard.steady_for() >= self.ctx.lease_ttl):
-            reconciler.kick()
+        take_over(self.ctx, keep_too=guard is not None
+                  and guard.steady_for() >= self.ctx.lease_ttl, on_taken=reconciler.kick)
         self._beat()
 
     def _beat(self) -> None:
         def beat(s):  # type: ignore[no-untyped-def]
-            renew_in(s, self.ctx)
+            fresh = box.hold(s, self.ctx, due_only=True)[1]  # one row: this box's lease
             s.execute(update(AgentRow).where(AgentRow.id == self.ctx.agent_id)
                       .values(heartbeat_at=utcnow()))
+            return fresh
 
-        self.ctx.store.write(beat)
+        if self.ctx.store.write(beat):
+            crashpoint(box.TAKEN)
         self._last_beat = time.monotonic()
         self.chores.tick()  # every TTL/6 at most: one row the whole fleet shares
 

@@ -415,6 +415,18 @@ def seed_0028(conn: Connection) -> None:
                                 "expires_at": T0})
 
 
+def seed_0029(conn: Connection) -> None:
+    """A box lease, and a host lease taken under its epoch (0029: box_leases)."""
+    raw_insert(conn, "box_leases", {"box": "box2", "epoch": 4, "expires_at": T0})
+    raw_insert(conn, "hosts", {"name": "boxed", "kind": "worker", "build_id": 1,
+                               "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "down",
+                               "raised": False, "fence_seq": 2, "box": "box1,box2",
+                               "created_at": T0, "limit_core": None})
+    raw_insert(conn, "leases", {"host": "boxed", "holder": "box2", "fence": 2, "epoch": 4,
+                                "acquired_at": T0, "expires_at": T0})
+
+
 def seed_0026(conn: Connection) -> None:
     """A restart streak of slot 2 of seed_0024's host of instances (0026: slot_streaks)."""
     raw_insert(conn, "slot_streaks", {"host": "pair", "slot": 2, "streak": 3})
@@ -452,10 +464,11 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0028": seed_0028,
     "0026": seed_0026,
     "0031": seed_0031,
+    "0029": seed_0029,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
-LATER_TABLES = {"chores", "slot_streaks", "apscheduler_jobs", "listeners", "known_processes", "rollouts", "rollout_targets",
+LATER_TABLES = {"box_leases", "chores", "slot_streaks", "apscheduler_jobs", "listeners", "known_processes", "rollouts", "rollout_targets",
                 "held_builds", "notifiers", "notify_on", "deliveries", "delivery_tries"}
 SEEDED_KINDS_0001 = {("wake", "web", 1), ("stop", "web", 1), ("release", "web", None),
                      ("restore", "web", None), ("attempt", "web", 1), ("member", "web", 2)}
@@ -608,6 +621,11 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         # 0025: an undelivered notification is an open obligation, paced as its notifier.
         assert ("notification", "notify pager", 1) in open_kinds
         assert conn.execute(text("SELECT outcome FROM delivery_tries WHERE id = 250")).scalar() is None
+        # 0029: a lease from before it has epoch 0 (judged by its own expiry); the box
+        # lease and the host lease taken under its epoch are kept.
+        assert conn.execute(text("SELECT epoch FROM leases WHERE host = 'leased'")).scalar() == 0
+        assert tuple(conn.execute(text("SELECT b.epoch, l.fence FROM box_leases b JOIN leases l"
+                                       " ON l.holder = b.box AND l.epoch = b.epoch")).one()) == (4, 2)
     with pytest.raises(IntegrityError), engine.begin() as conn:
         conn.execute(text("UPDATE hosts SET on_store_loss = 'maybe' WHERE name = 'web'"))
 

@@ -28,7 +28,7 @@ from sqlalchemy import select
 
 from models.states import LIVE_GEN, GenState
 from models.store import Store, utcnow
-from models.tables import Event, Generation, Lease
+from models.tables import BoxLease, Event, Generation, Lease
 from tests.conftest import HELLO, pid_dead, wait_for
 from tests.faults.test_store_outage import Proxy
 from tests.multibox.conftest import Box, app_procs
@@ -79,7 +79,9 @@ def current(real: Store) -> dict[str, tuple[str, int, int]]:
 
 
 def lease(real: Store, host: str) -> Any:
-    return real.read(lambda s: s.execute(select(Lease.holder, Lease.fence, Lease.expires_at)
+    """The host's holder, fence, and when it lapses: its holder's box lease's expiry."""
+    return real.read(lambda s: s.execute(select(Lease.holder, Lease.fence, BoxLease.expires_at)
+                                         .join(BoxLease, BoxLease.box == Lease.holder)
                                          .where(Lease.host == host)).one())
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import psutil
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 
 from models.states import (
     LIVE_GEN,
@@ -54,6 +54,7 @@ from models.states import (
 from models.store import emit, utcnow
 from models.tables import (
     Attempt,
+    BoxLease,
     Build,
     Chore,
     Delivery,
@@ -334,9 +335,18 @@ def orphan_target(v: Vigil) -> None:
 
     def step(s):  # type: ignore[no-untyped-def]
         s.execute(update(Host).where(Host.name == TARGET).values(box=f"gone,{me}"))
-        s.execute(update(Lease).where(Lease.host == TARGET).values(holder="gone", expires_at=past))
+        s.execute(update(Lease).where(Lease.host == TARGET).values(holder="gone", epoch=7))
+        s.execute(insert(BoxLease).values(box="gone", epoch=7, expires_at=past))
 
     v.store.write(step)
+
+
+def expire_box_lease(v: Vigil) -> None:
+    """This box's lease expired a minute ago (its agent was away, say): its next renewal
+    takes it anew at the next epoch and adopts the host leases nobody took meanwhile."""
+    me = (v.state_dir / "agent-id").read_text().strip()
+    v.store.write(lambda s: s.execute(update(BoxLease).where(BoxLease.box == me).values(
+        expires_at=utcnow() - timedelta(seconds=60))))
 
 
 # double_fork leaves a grandchild in its own session that ignores SIGTERM: ending such a
@@ -558,6 +568,21 @@ def chores_held(v: Vigil) -> None:
     assert v.agent_log().count(b"runs the store-wide chores") >= 2  # setup, and after the crash
 
 
+# The box lease (workflows/leases/box.py): it expired under a running agent, whose next
+# renewal takes it at a new epoch and adopts its hosts; the agent dies right after that
+# commits. The next agent finds its box lease live at that epoch and its apps untouched.
+def box_lease_retaken(v: Vigil) -> None:
+    box = (v.state_dir / "agent-id").read_text().strip()
+    (row,) = rows(v, BoxLease, BoxLease.box == box)
+    assert row.epoch >= 2, row.epoch
+    assert b"crash point=boxlease.taken" in v.agent_log()
+    assert {lease.epoch for lease in rows(v, Lease)} == {row.epoch}
+
+
+BOX_LEASE = Flow("box-lease", expire_box_lease, end="awake", pre_awake=True, target_fate="kept",
+                 verify=box_lease_retaken)
+
+
 CHORES = Flow("chores", None, end="awake", pre_awake=True, target_fate="kept",
               verify=chores_held)
 
@@ -643,6 +668,7 @@ SCENARIOS: dict[str, Scenario] = {
     "rollout.revert_settled": Scenario(ROLLOUT_REVERT),
     # a delivery to a notifier's command
     "chores.taken": Scenario(CHORES),
+    "boxlease.taken": Scenario(BOX_LEASE),
     "notify.begun": Scenario(NOTIFY),
     "notify.sent": Scenario(NOTIFY),
     "notify.recorded": Scenario(NOTIFY),
@@ -689,6 +715,7 @@ VARIANTS: dict[str, Scenario] = {
 # first adoption instead, and the clean agent after them is armed past its adoptions: it
 # must reach nothing, which proves the entry here right.
 ADOPTION_ONLY = {
+    "boxlease.taken",  # the hosts were adopted at the new epoch; the next agent renews it
     "chores.taken",  # the app was only adopted; the restarted agent renews its own chores
     "recover.adopted",  # adoption was what it was doing
     "wake.current",  # the wake is done but for the link, which adoption repoints

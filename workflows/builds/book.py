@@ -95,3 +95,11 @@ def nudge(s: Session, host: str) -> None:
     """Rollouts with a target of `host` in flight are due now: for the paths that end
     attempts of a host in bulk (a stop, a takeover)."""
     s.execute(_NUDGE, {"host": host, "now": utcnow()})
+
+
+def nudge_many(s: Session, hosts: list[str]) -> None:
+    """nudge() of several hosts in one statement (a takeover of a whole box)."""
+    if hosts:
+        s.execute(update(_R).where(_R.c.state.in_(OPEN_ROLLOUT), _R.c.id.in_(
+            select(_T.rollout_id).where(_T.host.in_(hosts), _T.state.in_(IN_FLIGHT))))
+            .values(next_attempt_at=utcnow(), attempts=0))

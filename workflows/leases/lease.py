@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, exists, insert, or_, select, update
+from sqlalchemy import and_, bindparam, delete, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE
-from models.store import emit, store_clock, store_now, utcnow
+from models.store import emit, store_now, utcnow
 from models.tables import (
     Attempt,
+    BoxLease,
     Event,
     Generation,
     Host,
@@ -29,7 +30,7 @@ from workflows.base.context import Context, Held, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import lease_of
 from workflows.base.pacing import backoff
-from workflows.leases import placement
+from workflows.leases import box, placement
 
 # Moves that carry no lease fence, each with the reason it needs none.
 COUNTER = Unfenced("the fence counter itself")
@@ -43,6 +44,12 @@ RELEASE_DONE = define("release.done", "the lease row and the owed release are de
 _H = Host.__table__.c
 _COUNTER_OF = select(_H.fence_seq, _H.box).where(_H.name == bindparam("host"))
 _NEW_LEASE = insert(Lease.__table__)
+_L = Lease.__table__.c
+# Until when another agent's lease of the host is valid (None: not valid, or no lease).
+_VALID_UNTIL = select(func.coalesce(BoxLease.__table__.c.expires_at, _L.expires_at)).select_from(
+    Lease.__table__.outerjoin(BoxLease.__table__, and_(
+        BoxLease.__table__.c.box == _L.holder, BoxLease.__table__.c.epoch == _L.epoch))).where(
+    _L.host == bindparam("host"), box.live(Lease.__table__, bindparam("now")))
 
 
 @dataclass(frozen=True)
@@ -56,9 +63,11 @@ class Holding:
 
 
 def acquire(s: Session, ctx: Context, host: str, known: Holding | None = None) -> int:
-    """Take (or re-take) the host's lease with a new fence, inside the caller's transaction.
-    Any owed release naming an older fence becomes stale: the fence moved on. Expiry is
-    written and judged by the store's clock (store_now), never by this box's."""
+    """Take (or re-take) the host's lease with a new fence, inside the caller's transaction,
+    under this box's live box lease epoch (taken first if it is not live). Any owed release
+    naming an older fence becomes stale: the fence moved on. Another agent's lease is taken
+    only while it is not valid (its holder's box lease expired or moved to a newer epoch),
+    judged by the store's clock (store_now), never by this box's."""
     now = store_now(s)
     if known is None:
         lease = lease_of(s, host)
@@ -68,29 +77,30 @@ def acquire(s: Session, ctx: Context, host: str, known: Holding | None = None) -
     if not placement.may_hold(placed, ctx.agent_id):
         raise Poke(f"host {host} is placed on {placed}, not on this box ({ctx.agent_id})")
     other = lease if lease is not None and lease.holder != ctx.agent_id else None
-    taking = other is not None
-    if other is not None and other.expires_at > now:
-        raise Poke(f"lease of {host} is held by agent {other.holder} until {other.expires_at}")
-    if other is not None and not placement.may_take_over(placed, ctx.agent_id):
-        raise Poke(f"lease of {host} expired with agent {other.holder}; only a box the host is "
-                   "placed on takes it over (`vigil host add ... --box BOX`)")
+    if other is not None:
+        until = s.execute(_VALID_UNTIL, {"host": host, "now": now}).scalar()
+        if until is not None:
+            raise Poke(f"lease of {host} is held by agent {other.holder} until {until}")
+        if not placement.may_take_over(placed, ctx.agent_id):
+            raise Poke(f"lease of {host} expired with agent {other.holder}; only a box the host "
+                       "is placed on takes it over (`vigil host add ... --box BOX`)")
+    epoch, box_expires = box.my_epoch(s, ctx, now)
     move(s, Host, {"name": host, "fence_seq": seq}, {"fence_seq": seq + 1},
          f"fence counter of {host}", fence=COUNTER)
     fence = seq + 1
-    expires = now + timedelta(seconds=ctx.lease_ttl)
+    values = {"holder": ctx.agent_id, "fence": fence, "acquired_at": now,
+              "expires_at": box_expires, "epoch": epoch}
     if lease is None:
-        s.execute(_NEW_LEASE, {"host": host, "holder": ctx.agent_id, "fence": fence,
-                               "acquired_at": now, "expires_at": expires})
+        s.execute(_NEW_LEASE, {"host": host, **values})
+    elif other is not None:
+        # Taken from another agent only while still not valid: a renewal of its box lease
+        # that commits first wins (the row lock makes this UPDATE re-read the lease).
+        move(s, Lease, [Lease.host == host, Lease.holder == other.holder,
+                        Lease.fence == other.fence, ~box.live(Lease.__table__, now)],
+             values, f"lease of {host}", fence=THE_LEASE)
     else:
-        # Taken from another agent only while still expired: a renewal that commits first
-        # wins (the row lock makes this UPDATE re-read the expiry).
-        values = {"holder": ctx.agent_id, "fence": fence, "acquired_at": now, "expires_at": expires}
-        if taking:
-            move(s, Lease, [Lease.host == host, Lease.fence == lease.fence, Lease.expires_at <= now],
-                 values, f"lease of {host}", fence=THE_LEASE)
-        else:
-            move(s, Lease, {"host": host, "fence": lease.fence}, values, f"lease of {host}",
-                 fence=THE_LEASE)
+        move(s, Lease, {"host": host, "fence": lease.fence}, values, f"lease of {host}",
+             fence=THE_LEASE)
     emit(s, "leased", host, fence=fence)
     return fence
 
@@ -237,51 +247,29 @@ def drive_release(ctx: Context, release_id: int) -> Result:
     return result
 
 
-def retake_lapsed(s: Session, ctx: Context, now: Any) -> list[str]:
-    """The `keep` hosts whose lease expired in this agent's hands (the store could not be
-    reached; their apps were left running) and that no box took meanwhile: re-taken here
-    with a new fence, so whatever this agent had in flight under the old one before the
-    store went away is refused (it is retried under the new one), and the app runs on.
-    (A `fence` host's lapsed lease is renewed as it is: its app was killed at its deadline.)"""
-    lapsed = s.execute(select(Lease.host).join(Host, Host.name == Lease.host).where(
-        Lease.holder == ctx.agent_id, Lease.expires_at <= now,
-        Host.on_store_loss == placement.KEEP)).scalars().all()
-    for host in lapsed:
-        old = lease_of(s, host)
-        fence = acquire(s, ctx, host)
-        emit(s, "lease_retaken", host, old_fence=old.fence if old else None, fence=fence,
-             why="the store could not be reached past the lease's expiry; the app was kept")
-    return list(lapsed)
-
-
 def renew_in(s: Session, ctx: Context) -> int:
-    """Push the expiry of every lease this agent holds that is past half its length, in
-    the caller's transaction; returns how many. The sweep runs every second: pushing every
-    lease each time rewrote every lease row every second (10,000 a second with 10,000 hosts)."""
-    now = store_clock(s)
-    retake_lapsed(s, ctx, now)
-    expires = now + timedelta(seconds=ctx.lease_ttl)
-    half = now + timedelta(seconds=ctx.lease_ttl / 2)
-    result = s.execute(update(Lease).where(Lease.holder == ctx.agent_id, Lease.expires_at < half)
-                       .values(expires_at=expires))
-    return affected(result)
+    """Renew this box's lease past half its length, in the caller's transaction (one
+    UPDATE of one row, whatever the number of hosts; none while under half): its epoch."""
+    return box.renew(s, ctx, due_only=True)
 
 
 def renew(ctx: Context) -> int:
-    return ctx.store.write(lambda s: renew_in(s, ctx))
+    """Renew (or take anew) this box's lease in a transaction of its own: its epoch."""
+    return box.renew_box(ctx)[0]
 
 
 def renew_held(ctx: Context) -> set[str]:
-    """Like renew(), and say which hosts this agent still holds (the others are lost)."""
+    """Renew this box's lease (one UPDATE) and say which hosts it still holds at its epoch
+    (the others are lost: another box took them over while its lease had expired)."""
 
-    def step(s: Session) -> set[str]:
-        now = store_clock(s)
-        retake_lapsed(s, ctx, now)
-        expires = now + timedelta(seconds=ctx.lease_ttl)
-        return set(s.execute(update(Lease).where(Lease.holder == ctx.agent_id)
-                             .values(expires_at=expires).returning(Lease.host)).scalars())
+    def step(s: Session) -> tuple[set[str], bool]:
+        epoch, fresh = box.hold(s, ctx)
+        return box.held_hosts(s, ctx, epoch), fresh
 
-    return ctx.store.write(step)
+    held, fresh = ctx.store.write(step)
+    if fresh:
+        crashpoint(box.TAKEN)
+    return held
 
 
 def release_owed(ctx: Context, host: str) -> None:
