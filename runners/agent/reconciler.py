@@ -26,8 +26,8 @@ from workflows.engine.obligations import (
     run_group,
     run_one,
 )
-from workflows.lifecycle.wake_group import GROUP
 from workflows.generations.listeners import collect as collect_listeners
+from workflows.lifecycle.wake_group import GROUP
 
 log = logging.getLogger("vigil.agent")
 

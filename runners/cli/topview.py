@@ -129,7 +129,8 @@ def read(store: Store, state_dir: Path, db: str | None, offset: int, fit: int | 
 def fitted(rows: list[dict[str, Any]], fit: int) -> list[dict[str, Any]]:
     """The rows whose lines fit `fit` screen lines: a host of instances takes one line and
     one more for each slot; the first row is always kept."""
-    kept, used = [], 0
+    kept: list[dict[str, Any]] = []
+    used = 0
     for r in rows:
         used += 1 + len(r.get("slots") or ())
         if kept and used > fit:

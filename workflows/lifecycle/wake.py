@@ -346,7 +346,11 @@ def _launched(ctx: Context, go: Launch, spawned: Spawned) -> Result:
     w, host, build, gen, ours = go.wake, go.host, go.build, go.gen, go.ours
     ref = ref_of(gen)
     if always_on(host, gen) and ctx.proc.leader_alive(ref):
-        ctx.store.write(lambda s: (recorded_current(s, w, gen, build, spawned, ours), wake_waiters(s)))
+        def commit(s: Session) -> None:
+            recorded_current(s, w, gen, build, spawned, ours)
+            wake_waiters(s)
+
+        ctx.store.write(commit)
         crashpoint(RECORDED)
         crashpoint(CURRENT)
         note(ctx, {gen.id: ref})  # the walk at spawn (an instance's next one is at health)

@@ -14,6 +14,7 @@ spawned and some not, each in `spawning`, which recovery settles as it does for 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -136,12 +137,16 @@ def _spawn_all(ctx: Context, going: list[Launch], out: dict[int, Outcome]
     return ready
 
 
+def _recorded_current(go: Launch, spawned: Spawned, s: Session) -> None:
+    recorded_current(s, go.wake, go.gen, go.build, spawned, go.ours)
+
+
 def _make_current(ctx: Context, ready: list[tuple[Launch, Spawned]],
                   out: dict[int, Outcome]) -> None:
     """One commit: each spawned worker's pid recorded and current, the waiting wakes told
     once; then one walk of all their descendants."""
-    parts = [(go.wake.id, lambda s, go=go, spawned=spawned: recorded_current(
-        s, go.wake, go.gen, go.build, spawned, go.ours)) for go, spawned in ready]
+    parts: list[tuple[int, Callable[[Session], Any]]] = [
+        (go.wake.id, functools.partial(_recorded_current, go, spawned)) for go, spawned in ready]
     parts.append((0, wake_waiters))  # no wake has id 0
     try:
         written = shared(ctx, parts)
