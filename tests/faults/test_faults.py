@@ -537,10 +537,10 @@ class CommitFails:
 
 # (scenario, the step whose commit fails, what the obligation does after it)
 COMMITS = [
-    ("wake", "calls _intent"),  # a queued wake: its lease and the intent, one commit
-    ("wake", "calls _recorded"),
-    ("wake", "calls _current"),
-    ("wake", "run_one.<locals>.<lambda>"),
+    ("wake", "calls intent"),  # a queued wake: its lease and the intent, one commit
+    ("wake", "calls recorded"),
+    ("wake", "calls current"),
+    ("wake", "pace.<locals>.<lambda>"),
     ("wake_bad", "fail_start.<locals>.step"),
     ("wake_bad", "prove_failed.<locals>.step"),
     ("stop", "_signal.<locals>.step"),
@@ -576,7 +576,7 @@ def test_one_failed_commit_is_retried_and_nothing_is_lost(
     aid = None
     if scenario in ("wake", "wake_bad"):
         wid = box.store.write(lambda s: request_wake(s, HOST)).id
-        if target == "run_one.<locals>.<lambda>":
+        if target == "pace.<locals>.<lambda>":
             # Pacing is written when there is something to write: a retried row's progress
             # resets its attempts (a first try that progresses leaves the row as it is).
             box.store.write(lambda s: s.execute(update(Wake).where(Wake.id == wid).values(
@@ -613,7 +613,7 @@ def test_one_failed_commit_is_retried_and_nothing_is_lost(
         # Nothing was written: the dead leader's generation is still current; the next
         # sweep retires it.
         assert box.currents()[HOST].id == old.id and not alive(old)
-    elif target != "run_one.<locals>.<lambda>":
+    elif target != "pace.<locals>.<lambda>":
         assert box.open_rows(), "the obligation the failed commit hit must stay open"
         if aid is not None:
             a = row(box, "attempt", aid)
