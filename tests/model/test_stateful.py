@@ -45,12 +45,13 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 import workflows.engine.obligations  # noqa: F401  (registers every crash point)
 import workflows.engine.recovery  # noqa: F401
 from models.states import Cause, Mode
 from models.store import utcnow
-from models.tables import Attempt, Build, Host, Lease
+from models.tables import Attempt, BoxLease, Build, Host, Lease
 from runners.backend.files import LocalFiles
 from runners.cli.check import run_checks
 from tests.conftest import drop_db, on_postgresql, pid_dead, wait_for
@@ -58,6 +59,7 @@ from tests.model.apps import write_app
 from tests.model.box import Box, CrashTrap, template_db
 from workflows.base import crash as crash_mod
 from workflows.deploys.request import request_deploy
+from workflows.leases.box import live
 from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.wake import request_wake
 
@@ -368,12 +370,18 @@ class VigilMachine(RuleBasedStateMachine):
         """Time passes: every backoff runs out, and maybe every lease's expiry too (the agent
         stalled longer than its TTL); the safety sweep runs (and may crash) and renews them."""
         self.box.advance_time()
-        if past_lease_ttl:
+        if past_lease_ttl:  # the box's lease lapses, and with it every host lease it holds
             past = utcnow() - timedelta(seconds=1)
-            self.box.store.write(lambda s: s.execute(update(Lease).values(expires_at=past)))
+
+            def lapse(s: Session) -> None:
+                s.execute(update(Lease).values(expires_at=past))
+                s.execute(update(BoxLease).values(expires_at=past))
+
+            self.box.store.write(lapse)
         self._run("advance_time", crash_at)
-        assert all(lease.expires_at > utcnow() for lease in self.box.store.read(
-            lambda s: s.execute(select(Lease)).scalars().all())), "the sweep renews every lease"
+        lapsed = self.box.store.read(lambda s: s.execute(select(Lease.host).where(
+            ~live(Lease.__table__, utcnow()))).scalars().all())
+        assert not lapsed, f"the sweep renews every lease: {lapsed} lapsed"
 
     # -- the invariant -----------------------------------------------------------------------
     @invariant()
