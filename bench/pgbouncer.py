@@ -22,6 +22,18 @@ BINARY = shutil.which("pgbouncer") or next(
     (p for p in ("/usr/sbin/pgbouncer",) if os.access(p, os.X_OK)), None)
 
 
+def answers(url: str) -> bool:
+    """The server at `url` (a PostgreSQL or a pooler in front of one) answers a query."""
+    eng = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with eng.connect() as c:
+            return bool(c.execute(sa.text("SELECT 1")).scalar() == 1)
+    except sa.exc.OperationalError:
+        return False
+    finally:
+        eng.dispose()
+
+
 class PgBouncer:
     def __init__(self, server_url: str, pool_size: int = 20, max_clients: int = 2000) -> None:
         if BINARY is None:
@@ -51,22 +63,12 @@ class PgBouncer:
             self.proc = subprocess.Popen([BINARY, str(self.home / "pgbouncer.ini")], stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 20
-        while not self._answers():
+        while not answers(self.url):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("pgbouncer did not start: "
                                    + (self.home / "pgbouncer.log").read_text()[-1500:])
             time.sleep(0.1)
         return self.url
-
-    def _answers(self) -> bool:
-        eng = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
-        try:
-            with eng.connect() as c:
-                return bool(c.execute(sa.text("SELECT 1")).scalar() == 1)
-        except sa.exc.OperationalError:
-            return False
-        finally:
-            eng.dispose()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -15,11 +15,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import sqlalchemy as sa
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pgbouncer import answers  # noqa: E402
 
 
 def _bindir() -> Path:
@@ -63,22 +65,12 @@ class PgServer:
             stdout=log, stderr=log, start_new_session=True)
         log.close()
         deadline = time.monotonic() + 30
-        while not self._answers():
+        while not answers(self.url):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the private PostgreSQL did not start: "
                                    + (self.home / "server.log").read_text()[-1500:])
             time.sleep(0.2)
         return self.url
-
-    def _answers(self) -> bool:
-        eng = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
-        try:
-            with eng.connect() as c:
-                return bool(c.execute(sa.text("SELECT 1")).scalar() == 1)
-        except sa.exc.OperationalError:
-            return False
-        finally:
-            eng.dispose()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

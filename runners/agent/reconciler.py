@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from models.errors import BrokenInvariant
 from models.store import utcnow
 from runners.base.storewatch import StoreWatch
 from workflows.base.context import Context, Result
@@ -261,7 +262,8 @@ class Reconciler:
                 results = [run_one(self.ctx, work[0])]
             else:
                 group = KINDS[work[0].kind].drive_group
-                assert group is not None  # _drives groups only such kinds
+                if group is None:  # _drives groups only kinds that have a group drive
+                    raise BrokenInvariant(f"{work[0].kind} rows grouped, but the kind has no group drive")
                 results = run_group(self.ctx, work, group)
             for d, (result, error) in zip(work, results, strict=True):
                 self._said(d, result, error)
