@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import loadavg, no_store, summary  # noqa: E402
-from recovery import one_run  # noqa: E402
+from recovery import one_run, room_for  # noqa: E402
 
 med = statistics.median
 
@@ -40,6 +40,7 @@ def python_pass(runs: int) -> float:
 
 def measure(n: int, runs: int, idle: float, peer: bool) -> dict[str, Any]:
     args = argparse.Namespace(hosts=n, idle=idle, peer=peer)
+    room_for(n)
     rows = [one_run(args, i) for i in range(runs)]
     out: dict[str, Any] = {"n": n, "runs": runs, "rows": rows, "load": loadavg()}
     for k in ("woken", "total", "startup", "recovery", "cpu", "rss", "pss", "sup_woken",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import signal
 import sqlite3
@@ -212,6 +213,19 @@ def end_workers(home: Path) -> int:
     return ended
 
 
+def room_for(hosts: int) -> None:
+    """The open-file limit the agent inherits, raised as an operator's LimitNOFILE= would when
+    this box's hard limit cannot hold the hosts (the agent needs 2 an app, the log keeper 1):
+    root may raise it (up to fs.nr_open); anyone else runs with the limit there is."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2 * hosts + 1024
+    if want <= hard or os.geteuid() != 0:
+        return
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, want))
+    print(f"open files: the hard limit raised from {hard} to {want} for {hosts} hosts "
+          "(as LimitNOFILE= would)", flush=True)
+
+
 def one_run(args: argparse.Namespace, i: int) -> dict[str, Any]:
     """A fresh state dir: the wake of N (and supervisord's of N), one kill -9 and recovery,
     the idle window; everything started is ended before it returns."""
@@ -276,6 +290,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.hosts, args.runs, args.idle = 20, 1, 3.0
+    room_for(args.hosts)
     load0 = loadavg()
     rows = [one_run(args, i) for i in range(args.runs)]
 

@@ -16,7 +16,10 @@ from workflows.base.context import Context
 from workflows.leases.placement import may_hold
 
 log = logging.getLogger("vigil.agent")
-FDS_PER_APP = 2  # the agent's pidfd of each leader, and its share of probes and control
+# The agent's pidfd of each leader and its copy of the log pipe's read end. The log keeper,
+# started with the agent's limit, holds one an app (its files are opened as they write:
+# runners/keepers/logkeeper.py), so the agent is the one that runs out first.
+FDS_PER_APP = 2
 SPARE = 64  # the store, the control socket, the doorbell, the helpers' sockets
 
 

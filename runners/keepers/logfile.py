@@ -47,6 +47,7 @@ the two renames of a rotation) is started afresh.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import sys
@@ -131,6 +132,11 @@ class Rotating:
         except OSError:  # the times are lost, never the output
             self.times = -1
 
+    def park(self) -> None:
+        """Its files closed while its pipe is quiet (the keeper holds a few open at once,
+        not two for every app); the next take opens them again, at the file's end."""
+        self.close()
+
     def close(self) -> None:
         self._write_pending()
         for fd in (self.fd, self.times):
@@ -192,7 +198,15 @@ class Rotating:
     def take(self, pipe: int) -> int:
         """Move what waits in the pipe (a non-blocking read end) into the file, in the
         kernel, up to CHUNK and never past the cap. How many bytes; 0 at EOF (every writer
-        has closed it); BlockingIOError when it is empty; OSError when the pipe fails."""
+        has closed it); BlockingIOError when it is empty; OSError when the pipe fails,
+        and EMFILE/ENFILE when its parked file cannot be opened again (nothing taken)."""
+        if self.fd < 0:
+            try:
+                self._open()
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    raise
+                return self._copy(pipe, CHUNK)  # the dir is gone: this output is lost
         while True:
             count = self._count(pipe)
             if count:
@@ -211,6 +225,10 @@ class Rotating:
         if n:
             self._stamp()
         return n
+
+    def discard(self, pipe: int) -> int:
+        """A chunk of the pipe read and dropped (no file can be opened for it)."""
+        return self._copy(pipe, CHUNK)
 
     def _copy(self, pipe: int, count: int) -> int:
         """The way without splice: read, then write what the file takes; what it does

@@ -22,7 +22,7 @@ def test_a_restarted_agent_takes_back_every_pipe(short_tmp: Path) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * HOSTS + 256)), hard))
     logs = short_tmp / "logs"
-    first = LogPipes(short_tmp)
+    first = again = LogPipes(short_tmp)
     writes = []
     try:
         for i in range(HOSTS):  # long host names: each list entry is ~150 bytes
@@ -35,10 +35,53 @@ def test_a_restarted_agent_takes_back_every_pipe(short_tmp: Path) -> None:
         last = logs / f"h{HOSTS - 1:04d}-{'x' * 50}" / "g1.log"
         wait_for(lambda: last.read_bytes() == b"still read\n", 10, what="the line written")
     finally:
-        for w in writes:
-            os.close(w)
-        pid = keeper_pid(short_tmp)
-        if pid and pid > 0:
-            os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: pid_dead(pid), 5, what="the keeper gone")
+        close_all(writes, first, again)
+        end_keeper(short_tmp)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_keeper_holds_more_apps_than_its_limit_holds_files(short_tmp: Path) -> None:
+    """A keeper under a limit of 1,024 open files writes for 400 apps: it holds a pipe an
+    app and the files of the few that wrote last (it held the log and its times open for
+    every app: 10,000 sleeping workers hit EMFILE at 6,650 under a limit of 20,000). Each
+    app writes twice, the second time after all the others, so its files were closed and
+    are opened again at their end."""
+    apps = 400
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert len(os.listdir("/proc/self/fd")) < 100  # room for the test's own 2 an app
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # the keeper started here inherits it
+    pipes = LogPipes(short_tmp)
+    writes: list[int] = []
+    files = [short_tmp / "logs" / f"h{i:03d}" / "g1.log" for i in range(apps)]
+    try:
+        for i, f in enumerate(files):
+            f.parent.mkdir(parents=True)
+            writes.append(pipes.open(f"{i:08d}", str(f), 1 << 20, 2))
+        for rnd in (b"first", b"second"):
+            for i, w in enumerate(writes):
+                os.write(w, b"%s %d\n" % (rnd, i))
+            wait_for(lambda lines=[b"%s %d\n" % (rnd, i) for i in range(apps)]: all(
+                f.read_bytes().endswith(x) for f, x in zip(files, lines, strict=True)),
+                20, what=f"the {rnd!r} lines")
+        assert all(f.read_bytes() == b"first %d\nsecond %d\n" % (i, i) for i, f in enumerate(files))
+        pid = keeper_pid(short_tmp)
+        assert pid and len(os.listdir(f"/proc/{pid}/fd")) < apps + 2 * 128 + 32
+    finally:
+        close_all(writes, pipes)
+        end_keeper(short_tmp)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def close_all(writes: list[int], *agents: LogPipes) -> None:
+    """The test's write ends and each agent side's copies of the read ends."""
+    for w in writes:
+        os.close(w)
+    for fd in {fd for agent in agents for fd, _ in agent.ends.values()}:
+        os.close(fd)
+
+
+def end_keeper(state_dir: Path) -> None:
+    pid = keeper_pid(state_dir)
+    if pid and pid > 0:
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: pid_dead(pid), 5, what="the keeper gone")
