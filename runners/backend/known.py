@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 import psutil
 
-from runners.base.pids import CTIME_TOLERANCE, pid_status
+from runners.base.pids import CTIME_TOLERANCE, pid_status, read_proc
 from workflows.base.ports import ProcRef
 
 
@@ -63,8 +63,7 @@ def _parents() -> dict[int, int]:
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
+            data = read_proc(f"/proc/{name}/stat", 4096)
             out[int(name)] = int(data[data.rindex(b")") + 2:].split()[1])
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
@@ -84,8 +83,7 @@ def _children(pid: int) -> list[int] | None:
     out: list[int] = []
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                out += [int(x) for x in f.read().split()]
+            out += [int(x) for x in read_proc(f"/proc/{pid}/task/{tid}/children").split()]
         except FileNotFoundError:
             if os.path.isdir(f"/proc/{pid}/task/{tid}"):
                 return None  # the thread is there, its children file is not

@@ -24,13 +24,28 @@ _STATES = {"R": psutil.STATUS_RUNNING, "S": psutil.STATUS_SLEEPING, "D": psutil.
            "I": psutil.STATUS_IDLE, "P": psutil.STATUS_PARKED}
 
 
+def read_proc(path: str, most: int | None = None) -> bytes:
+    """A /proc file's text by os.open and os.read (half the cost of open(): no buffered
+    file object, and the liveness backstop reads two of these for every host): read to
+    its end, or one read of at most `most` bytes (a stat line is a single record). OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if most is not None:
+            return os.read(fd, most)
+        parts = [os.read(fd, 1 << 16)]
+        while parts[-1]:
+            parts.append(os.read(fd, 1 << 16))
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
 def pid_status(pid: int) -> tuple[float, str] | None:
     """(create_time, status) or None when gone. One read of /proc/<pid>/stat, the start time
     computed as psutil does (start ticks / CLK_TCK + boot time): the liveness sweep checks
     every current generation every second, and psutil.Process costs several /proc reads."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        data = read_proc(f"/proc/{pid}/stat", 4096)  # about 300 bytes; comm is at most 64
         fields = data[data.rindex(b")") + 2:].split()  # after "pid (comm) "
         if not _BOOT:
             _BOOT.append(psutil.boot_time())
