@@ -55,7 +55,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's vigil, not an installed one
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, cpu_s, durability, inherited_sync, loadavg, vigil_pids  # noqa: E402
+from common import ROOT, cpu_s, drop_cgroups, durability, inherited_sync, loadavg, vigil_pids  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 from models import schema  # noqa: E402
@@ -241,6 +241,11 @@ class Fleet:
                     os.kill(pid, signal.SIGKILL)
             except (psutil.NoSuchProcess, ProcessLookupError):
                 pass
+        try:
+            drop_cgroups([d for (d,) in admin_sql(self.url, "SELECT cgroup FROM generations "
+                                                            "WHERE cgroup IS NOT NULL")])
+        except sa.exc.SQLAlchemyError:
+            pass
         if os.environ.get("FLEET_KEEP"):  # to look into a failed run: say where it is
             print(f"kept: database {self.name}, state dirs {self.tmp}", flush=True)
             return

@@ -48,6 +48,7 @@ from common import (  # noqa: E402
     PEERS,
     ROOT,
     cpu_s,
+    drop_cgroups,
     end,
     loadavg,
     memory_mb,
@@ -199,6 +200,7 @@ def end_workers(home: Path) -> int:
     con = db(home)
     rows = con.execute("SELECT pid, create_time FROM generations WHERE pid IS NOT NULL"
                        " AND ended_at IS NULL").fetchall()
+    dirs = [d for (d,) in con.execute("SELECT cgroup FROM generations WHERE cgroup IS NOT NULL")]
     con.close()
     ended = 0
     for pid, ctime in rows:
@@ -210,6 +212,7 @@ def end_workers(home: Path) -> int:
             ended += 1
         except (psutil.NoSuchProcess, ProcessLookupError):
             pass
+    drop_cgroups(dirs)
     return ended
 
 

@@ -238,6 +238,8 @@ class AgentDaemon(StartStop, Sweeps):
         if self.watcher is not None:
             scheduler.add_job(self.backstop, "interval", id="backstop", args=[reconciler],
                               seconds=max(BACKSTOP, self.scan_interval))
+        scheduler.add_job(self.release_leftovers, "date", id="leftovers",
+                          run_date=datetime.now(UTC))
         scheduler.add_job(self.prune_history, "interval", id="history", seconds=PRUNE_EVERY,
                           next_run_time=datetime.now(UTC) + timedelta(seconds=PRUNE_FIRST))
         watch = self.watch

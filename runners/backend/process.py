@@ -327,8 +327,9 @@ class ProcessBackend:
             names = os.listdir(self.base)
         except OSError:
             return []
-        return [os.path.join(self.base, n) for n in names if not n.startswith(".")
-                and os.path.isdir(os.path.join(self.base, n))]
+        # A generation's dir is named by its uuid; the base's own files (cgroup.procs, ...)
+        # have dots. No isdir of each: 79,000 leftovers cost 0.4 s of stat calls.
+        return [os.path.join(self.base, n) for n in names if len(n) == 36 and "." not in n]
 
     def release(self, ref: ProcRef) -> None:
         self._drop_cgroup(ref.cgroup)  # ENOENT: already gone; EBUSY etc.: leave it

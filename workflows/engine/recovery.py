@@ -35,7 +35,8 @@ def _refused(s: Session, name: str) -> None:
 def release_leftovers(ctx: Context) -> int:
     """Release the cgroups of proven generations still on disk: every proof commits, then
     releases, and a death in between leaves the (empty) dir. Bounded by the dirs present,
-    not by the history; a dir of a generation this store does not know is left alone."""
+    not by the history; a dir of a generation this store does not know is left alone. Run
+    once after start, beside the work (runners/agent/sweep.py), not before ready."""
     dirs = ctx.proc.containments()
     if not dirs:
         return 0
@@ -92,7 +93,6 @@ def recover(ctx: Context) -> dict[str, int]:
                 ctx.files.remove_link(ctx.link_for(g.host), only_if_target=g.socket)
         crashpoint(ADOPTED)
     adopted, retired = len(adopt), len(drop)
-    release_leftovers(ctx)
     # After the adoptions: a socket the holder lost is copied from a live generation.
     recover_listeners(ctx)
     # Hosts placed here whose owner's lease expired; not yet the `keep` ones (the sweep
