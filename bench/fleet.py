@@ -534,7 +534,10 @@ def main() -> None:
         for b in sizes:  # every size checked before the first starts
             headroom(admin, b, pool)
         load0 = loadavg()
-        rows = [r for b in sizes for r in run(admin, b, args.hosts, args)]
+        rows: list[dict[str, Any]] = []
+        for b in sizes:  # each size's table as it ends: a larger one that fails loses none
+            rows += run(admin, b, args.hosts, args)
+            table(rows)
         (sync,), = admin_sql(admin, "SELECT current_setting('synchronous_commit')")
     finally:
         if server is not None:

@@ -49,7 +49,7 @@ from workflows.engine.obligations import (
     next_due,
     run_one,
 )
-from workflows.engine.recovery import recover
+from workflows.engine.recovery import recover, release_leftovers
 from workflows.generations.ending import ref_of
 from workflows.leases.lease import renew
 from workflows.lifecycle.members import retire_dead_currents
@@ -198,6 +198,7 @@ class Box:
             self.ctx = self._context()
             try:
                 recover(self.ctx)
+                release_leftovers(self.ctx)  # the agent's job once after ready
                 return
             except Crash:
                 continue
