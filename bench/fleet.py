@@ -394,7 +394,7 @@ def run(admin: str, boxes: int, hosts: int, args: argparse.Namespace) -> list[di
         if args.takeover:
             dead = dead_box(fleet, args.ttl)
             out[0].update(dead)
-            print(f"B={boxes}: box0 killed (agent, helpers, apps): its {dead['taken']:.0f} hosts running "
+            print(f"B={boxes}: box{dead['box']:.0f} killed (agent, helpers, apps): its {dead['taken']:.0f} hosts running "
                   f"elsewhere after {dead['takeover_s']:.2f}s (goal <= TTL + 5 = {args.ttl + 5:g}s)",
                   flush=True)
         return out
@@ -420,33 +420,35 @@ def _running_on(eng: sa.Engine, sql: str, **params: Any) -> list[tuple[str, int]
 
 
 _HELD = ("SELECT g.host, g.pid, g.create_time FROM generations g JOIN leases l ON l.host = g.host "
-         "AND l.holder = g.agent_id WHERE g.state = 'current' AND g.agent_id {} 'box0'")
+         "AND l.holder = g.agent_id WHERE g.state = 'current' AND g.agent_id {} :box")
 
 
 def dead_box(fleet: Fleet, ttl: float) -> dict[str, float]:
-    """SIGKILL to box0's agent, helpers and apps at one instant; the seconds until every
-    host it held runs on another box (a current generation of that box, which holds its
-    lease, its process alive): issue 28's TTL + 5 s."""
+    """SIGKILL to the agent, helpers and apps of the box that holds the most hosts, at one
+    instant; the seconds until every host it held runs on another box (a current generation
+    of that box, which holds its lease, its process alive): issue 28's TTL + 5 s."""
+    i = max(range(fleet.boxes), key=lambda b: fleet.held()[b])
+    box = f"box{i}"
     eng = sa.create_engine(fleet.url, poolclass=sa.pool.NullPool)
     try:
-        held = _running_on(eng, _HELD.format("="))
+        held = _running_on(eng, _HELD.format("="), box=box)
         names = [h for h, _ in held]
-        pids = vigil_pids(fleet.homes[0]) + [pid for _, pid in held]
+        pids = vigil_pids(fleet.homes[i]) + [pid for _, pid in held]
         at = time.monotonic()
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        fleet.agents[0].wait(10)
+        fleet.agents[i].wait(10)
         deadline = at + 3 * ttl + 60
         elsewhere = _HELD.format("<>") + " AND g.host = ANY(:names)"
-        while len(_running_on(eng, elsewhere, names=names)) < len(names):
+        while len(_running_on(eng, elsewhere, box=box, names=names)) < len(names):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"box0's {len(names)} hosts not all running elsewhere after "
+                raise RuntimeError(f"{box}'s {len(names)} hosts not all running elsewhere after "
                                    f"{deadline - at:.0f}s")
             time.sleep(0.05)
-        return {"taken": len(names), "takeover_s": time.monotonic() - at}
+        return {"box": i, "taken": len(names), "takeover_s": time.monotonic() - at}
     finally:
         eng.dispose()
 
@@ -517,7 +519,7 @@ def main() -> None:
                     help="a PostgreSQL of this run's own (bench/pgserver.py) with the max_connections "
                          "the largest fleet needs and pg_stat_statements, instead of VIGIL_BENCH_PG")
     ap.add_argument("--takeover", action="store_true",
-                    help="after the samples, kill box0 and time its hosts running elsewhere")
+                    help="after the samples, kill the box holding most hosts and time them running elsewhere")
     ap.add_argument("--quick", action="store_true", help="2 and 4 boxes x 3 hosts, 5 s: a smoke run")
     args = ap.parse_args()
     sizes = [int(b) for b in args.boxes.split(",")]
