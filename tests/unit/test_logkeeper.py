@@ -41,22 +41,28 @@ def test_a_restarted_agent_takes_back_every_pipe(short_tmp: Path) -> None:
 
 
 def test_the_keeper_holds_more_apps_than_its_limit_holds_files(short_tmp: Path) -> None:
-    """A keeper under a limit of 1,024 open files writes for 400 apps: it holds a pipe an
-    app and the files of the few that wrote last (it held the log and its times open for
-    every app: 10,000 sleeping workers hit EMFILE at 6,650 under a limit of 20,000). Each
-    app writes twice, the second time after all the others, so its files were closed and
-    are opened again at their end."""
-    apps = 400
+    """A keeper started under a limit of L open files (1,024, or what this process already
+    holds) writes for L/2 apps: it holds a pipe an app and the files of the few that wrote
+    last (it held the log and its times open for every app, 3 an app: 10,000 sleeping
+    workers hit EMFILE at 6,650 under a limit of 20,000). Each app writes twice, the second
+    time after all the others, so its files were closed and are opened again at their end."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    assert len(os.listdir("/proc/self/fd")) < 100  # room for the test's own 2 an app
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # the keeper started here inherits it
+    limit = max(1024, len(os.listdir("/proc/self/fd")) + 16)  # the suite may hold many
+    apps = limit // 2  # 3 an app is 1.5 L; 1 an app and 128 files open is well under L
     pipes = LogPipes(short_tmp)
     writes: list[int] = []
-    files = [short_tmp / "logs" / f"h{i:03d}" / "g1.log" for i in range(apps)]
+    files = [short_tmp / "logs" / f"h{i:04d}" / "g1.log" for i in range(apps)]
     try:
         for i, f in enumerate(files):
             f.parent.mkdir(parents=True)
+            if i == 0:  # the keeper starts at the first pipe, with this limit
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
             writes.append(pipes.open(f"{i:08d}", str(f), 1 << 20, 2))
+            if i == 0:  # this process holds 2 an app: its own limit back
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        pid = keeper_pid(short_tmp)
+        with open(f"/proc/{pid}/limits") as lim:
+            assert f"Max open files            {limit}" in lim.read()
         for rnd in (b"first", b"second"):
             for i, w in enumerate(writes):
                 os.write(w, b"%s %d\n" % (rnd, i))
@@ -64,7 +70,6 @@ def test_the_keeper_holds_more_apps_than_its_limit_holds_files(short_tmp: Path) 
                 f.read_bytes().endswith(x) for f, x in zip(files, lines, strict=True)),
                 20, what=f"the {rnd!r} lines")
         assert all(f.read_bytes() == b"first %d\nsecond %d\n" % (i, i) for i, f in enumerate(files))
-        pid = keeper_pid(short_tmp)
         assert pid and len(os.listdir(f"/proc/{pid}/fd")) < apps + 2 * 128 + 32
     finally:
         close_all(writes, pipes)
