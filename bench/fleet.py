@@ -55,7 +55,16 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's vigil, not an installed one
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, cpu_s, drop_cgroups, durability, inherited_sync, loadavg, vigil_pids  # noqa: E402
+from common import (  # noqa: E402
+    ROOT,
+    cpu_s,
+    drop_cgroups,
+    durability,
+    inherited_sync,
+    kill_now,
+    loadavg,
+    vigil_pids,
+)
 
 sys.path.insert(0, str(ROOT))
 from models import schema  # noqa: E402
@@ -427,19 +436,15 @@ def dead_box(fleet: Fleet, ttl: float) -> dict[str, float]:
     """SIGKILL to the agent, helpers and apps of the box that holds the most hosts, at one
     instant; the seconds until every host it held runs on another box (a current generation
     of that box, which holds its lease, its process alive): issue 28's TTL + 5 s."""
-    i = max(range(fleet.boxes), key=lambda b: fleet.held()[b])
+    held_by = fleet.held()
+    i = max(range(fleet.boxes), key=held_by.__getitem__)
     box = f"box{i}"
     eng = sa.create_engine(fleet.url, poolclass=sa.pool.NullPool)
     try:
         held = _running_on(eng, _HELD.format("="), box=box)
         names = [h for h, _ in held]
         pids = vigil_pids(fleet.homes[i]) + [pid for _, pid in held]
-        at = time.monotonic()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        at = kill_now(pids)
         fleet.agents[i].wait(10)
         deadline = at + 3 * ttl + 60
         elsewhere = _HELD.format("<>") + " AND g.host = ANY(:names)"

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's vigil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, durability, inherited_sync, loadavg, summary, vigil_pids  # noqa: E402
+from common import ROOT, durability, inherited_sync, kill_now, loadavg, summary, vigil_pids  # noqa: E402
 from fleet import ADMIN, Fleet, admin_sql, headroom  # noqa: E402
 
 from models.store import Store  # noqa: E402
@@ -126,11 +125,7 @@ def kill_box(fleet: Fleet, i: int, eng: sa.Engine, names: list[str]) -> tuple[fl
     apps = [pid for _, pid, _ in running(eng, f"box{i}", names)]
     pids = vigil_pids(home) + apps
     at = time.time()
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_now(pids)
     for p in fleet.agents:
         if p.poll() is None and p.pid in pids:
             p.wait(10)
