@@ -47,6 +47,7 @@ import tempfile
 import threading
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,48 @@ class Fleet:
         finally:
             store.dispose()
 
+    def phantoms(self, n: int) -> None:
+        """n boxes only the store knows (ph0..): each a live box lease until the run ends
+        (its expiry a day away: no renewal to count), an agents row, and H hosts placed on
+        it and the next phantom, leased to it at its epoch, each with a current generation of
+        no process. Every table a real agent reads is then as large as B + n boxes' would
+        be, and the planner picks the plans of that size; the real agents never act on them
+        (placed elsewhere, held by a live box)."""
+        from models.states import Desired, GenState, HostKind
+        from models.store import store_now
+        from models.tables import Agent, BoxLease, Build, Generation, Host, Lease
+
+        if n <= 0:
+            return
+        store = Store(self.url)
+
+        def add(s: Any) -> None:
+            now = store_now(s)
+            build = s.execute(sa.select(Build.id).order_by(Build.id)).scalars().first()
+            names = [f"ph{p}" for p in range(n)]
+            s.execute(sa.insert(BoxLease), [{"box": b, "epoch": 1, "expires_at": now + timedelta(days=1)}
+                                            for b in names])
+            s.execute(sa.insert(Agent), [{"id": b, "box": b, "state_dir": "/nonexistent",
+                                          "started_at": now, "heartbeat_at": now} for b in names])
+            hosts = [(f"p{p}-{h}", names[p], ",".join(sorted({names[p], names[(p + 1) % n]})))
+                     for p in range(n) for h in range(self.hosts)]
+            s.execute(sa.insert(Host), [{"name": h, "kind": HostKind.worker, "build_id": build,
+                                         "desired": Desired.up, "box": placed, "created_at": now,
+                                         "fence_seq": 1} for h, _, placed in hosts])
+            s.execute(sa.insert(Lease), [{"host": h, "holder": b, "fence": 1, "acquired_at": now,
+                                          "expires_at": now + timedelta(days=1), "epoch": 1}
+                                         for h, b, _ in hosts])
+            s.execute(sa.insert(Generation), [{"uuid": str(uuid.uuid4()), "host": h, "build_id": build,
+                                               "state": GenState.current, "fence": 1, "agent_id": b,
+                                               "created_at": now, "current_at": now}
+                                              for h, b, _ in hosts])
+
+        try:
+            store.write(add)
+        finally:
+            store.dispose()
+        admin_sql(self.url, "ANALYZE")  # the planner's view of the large tables, as autovacuum's would be
+
     def wait_quiet(self, settle: float) -> float:
         t0 = time.monotonic()
         want = self.boxes * self.hosts
@@ -197,7 +240,8 @@ class Fleet:
         try:
             while True:
                 with eng.connect() as c:
-                    up = c.execute(sa.text("SELECT count(*) FROM generations WHERE state = 'current'")).scalar()
+                    up = c.execute(sa.text("SELECT count(*) FROM generations WHERE state = 'current' "
+                                          "AND agent_id NOT LIKE 'ph%'")).scalar()
                     left = c.execute(sa.text("SELECT count(*) FROM pending_obligations")).scalar()
                 now = connections(self)
                 for k, v in now.items():
@@ -271,6 +315,28 @@ def statements(url: str) -> int | None:
         return int(n)
     except sa.exc.SQLAlchemyError:  # not in shared_preload_libraries: no such view to read
         return None
+
+
+def by_statement(url: str) -> dict[int, tuple[float, float, str]]:
+    """queryid -> (calls, shared blocks touched, text), when pg_stat_statements is loaded."""
+    try:
+        rows = admin_sql(url, "SELECT queryid, calls, shared_blks_hit + shared_blks_read, query "
+                              "FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database "
+                              "WHERE datname = current_database()) AND queryid IS NOT NULL")
+    except sa.exc.SQLAlchemyError:
+        return {}
+    return {int(q): (float(c), float(b), text) for q, c, b, text in rows}
+
+
+def heaviest(before: dict[int, tuple[float, float, str]], after: dict[int, tuple[float, float, str]],
+             wall: float, n: int = 6) -> list[tuple[float, float, str]]:
+    """The n statements that touched the most shared blocks in the sample: (blocks/s, calls/s, text)."""
+    out = []
+    for q, (calls, blocks, text) in after.items():
+        c0, b0, _ = before.get(q, (0.0, 0.0, ""))
+        if blocks > b0:
+            out.append(((blocks - b0) / wall, (calls - c0) / wall, " ".join(text.split())))
+    return sorted(out, reverse=True)[:n]
 
 
 def counters(fleet: Fleet) -> dict[str, float]:
@@ -355,6 +421,7 @@ def sample(fleet: Fleet, seconds: float, intents: float = 0.0) -> dict[str, Any]
     pids = [p.pid for p in fleet.agents]
     time.sleep(1.5)  # backends flush their counters at most once a second
     r0, c0, cpu0, one0, t0 = rounds(fleet), counters(fleet), cpu_s(pids), cpu_s(pids[:1]), time.monotonic()
+    q0 = by_statement(fleet.url)  # after counters(): it loads pg_stat_statements into the database
     writer = Intents(fleet, intents) if intents > 0 else None
     if writer is not None:
         writer.start()
@@ -367,13 +434,16 @@ def sample(fleet: Fleet, seconds: float, intents: float = 0.0) -> dict[str, Any]
     time.sleep(1.5)
     c1, cpu1, one1, r1 = counters(fleet), cpu_s(pids), cpu_s(pids[:1]), rounds(fleet)
     wall = time.monotonic() - t0
+    top = heaviest(q0, by_statement(fleet.url), wall)
     rate = {k: (c1[k] - c0[k]) / wall for k in c1 if k in c0}
     rate["rounds"] = (r1 - r0) / wall
     return {"rate": rate, "agents_cpu": (cpu1 - cpu0) / wall, "one_cpu": (one1 - one0) / wall,
-            "conns": connections(fleet), "intents": writer.written / wall if writer else 0.0}
+            "conns": connections(fleet), "intents": writer.written / wall if writer else 0.0,
+            "top": top}
 
 
-def run(admin: str, boxes: int, hosts: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+def run(admin: str, boxes: int, hosts: int, args: argparse.Namespace,
+        phantoms: int = 0) -> list[dict[str, Any]]:
     """The quiet sample, and with --intents the same while intents are written."""
     headroom(admin, boxes, args.pool_size if args.pooler else None)
     fleet = Fleet(admin, boxes, hosts, args.ttl, args.starting)
@@ -389,12 +459,13 @@ def run(admin: str, boxes: int, hosts: int, args: argparse.Namespace) -> list[di
         fleet.start()
         started = time.monotonic() - t0
         fleet.place()
+        fleet.phantoms(phantoms)
         woken = fleet.wait_quiet(args.settle)
         held = fleet.held()
-        out = [{"boxes": boxes, "hosts": hosts, "peak": fleet.peak, "label": f"B={boxes}",
+        out = [{"boxes": boxes, "phantoms": phantoms, "hosts": hosts, "peak": fleet.peak, "label": f"B={boxes}" + (f"+{phantoms}ph" if phantoms else ""),
                 **sample(fleet, args.sample)}]
         if args.intents > 0:
-            out.append({**out[0], "label": f"B={boxes} +{args.intents:g}/s",
+            out.append({**out[0], "label": f"B={boxes} +{args.intents:g}/s" + (f"+{phantoms}ph" if phantoms else ""),
                         **sample(fleet, args.sample, args.intents)})
         print(f"B={boxes}: agents ready in {started:.1f}s, {boxes * hosts} hosts up in {woken:.1f}s; "
               f"leases held per box min {min(held)} max {max(held)}; connections {out[0]['conns']}; "
@@ -490,15 +561,19 @@ def table(rows: list[dict[str, Any]]) -> None:
         print(f"{r['label']} rows read/s per box by table (seq+idx): " + ", ".join(
             f"{n} {v / r['boxes']:.1f} ({r['rate'][f'seq:{n}'] / r['boxes']:.1f}+"
             f"{r['rate'][f'idx:{n}'] / r['boxes']:.1f})" for v, n in by if v > 0))
-    quiet = {r["boxes"]: r for r in rows if not r["intents"]}
+    quiet = {(r["boxes"], r["phantoms"]): r for r in rows if not r["intents"]}
     for r in rows:
         if r["intents"]:
-            q = quiet[r["boxes"]]
+            q = quiet[(r["boxes"], r["phantoms"])]
             extra = read(r) - read(q)
             woke = (r["rate"]["rounds"] - q["rate"]["rounds"]) / r["intents"]
             print(f"{r['label']}: {r['intents']:.2f} intents/s written; per intent, fleet-wide: "
                   f"{woke:.1f} rounds (of {r['boxes']} agents), {extra / r['intents']:,.0f} rows read "
                   f"(the difference from the quiet sample: noisy where the quiet reads vary more)")
+    for r in rows:  # the statements behind the reads (shared blocks: 8 KiB pages, hit or read)
+        for blocks, calls, text in r.get("top", []):
+            print(f"{r['label']} heaviest: {blocks / r['boxes']:8.1f} blocks/s/box {calls / r['boxes']:6.2f} "
+                  f"calls/s/box  {text[:150]}")
     for r in rows:
         print(f"{r['label']} connections by purpose: " +
               ", ".join(f"{k} {v} ({v / r['boxes']:.1f}/box)" for k, v in sorted(r["conns"].items())))
@@ -525,6 +600,10 @@ def main() -> None:
                          "the largest fleet needs and pg_stat_statements, instead of VIGIL_BENCH_PG")
     ap.add_argument("--takeover", action="store_true",
                     help="after the samples, kill the box holding most hosts and time them running elsewhere")
+    ap.add_argument("--phantoms", default="0",
+                    help="boxes only the store knows, each with --hosts hosts leased and current "
+                         "(no process): the store of a fleet of B + PHANTOMS boxes under B real agents "
+                         "(comma-separated: each with each fleet size; default 0)")
     ap.add_argument("--quick", action="store_true", help="2 and 4 boxes x 3 hosts, 5 s: a smoke run")
     args = ap.parse_args()
     sizes = [int(b) for b in args.boxes.split(",")]
@@ -543,8 +622,9 @@ def main() -> None:
         load0 = loadavg()
         rows: list[dict[str, Any]] = []
         for b in sizes:  # each size's table as it ends: a larger one that fails loses none
-            rows += run(admin, b, args.hosts, args)
-            table(rows)
+            for ph in [int(p) for p in args.phantoms.split(",")]:
+                rows += run(admin, b, args.hosts, args, ph)
+                table(rows)
         (sync,), = admin_sql(admin, "SELECT current_setting('synchronous_commit')")
     finally:
         if server is not None:

@@ -107,6 +107,9 @@ class Build(Base):
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime)  # file removed by gc
 
 
+ORDERED = "start_after <> '[]'"  # a host with a start order (ix_hosts_ordered's predicate)
+
+
 class Host(Base):
     __tablename__ = "hosts"
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
@@ -173,7 +176,11 @@ class Host(Base):
     __table_args__ = (CheckConstraint(" AND ".join(
         sql_check(c, nullable=c == "max_run") for c in DURATIONS), name="durations"),
         CheckConstraint(sql_check("health_interval", nullable=True), name="health_interval"),
-        CheckConstraint("on_store_loss IN ('fence', 'keep')", name="on_store_loss"))
+        CheckConstraint("on_store_loss IN ('fence', 'keep')", name="on_store_loss"),
+        # The hosts that have a start order, which are few: who names a host reads these
+        # (workflows/lifecycle/order.py dependents; migration 0030).
+        Index("ix_hosts_ordered", "name", sqlite_where=text(ORDERED),
+              postgresql_where=text(ORDERED)))
 
 
 class Listener(Base):

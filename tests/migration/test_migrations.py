@@ -437,6 +437,15 @@ def seed_0031(conn: Connection) -> None:
     raw_insert(conn, "restores", {"id": 31, "host": "pair", "fence": 1, **retry_cols(1)})
 
 
+def seed_0030(conn: Connection) -> None:
+    """A host with a start order naming seed_0029's host (0030: ix_hosts_ordered)."""
+    raw_insert(conn, "hosts", {"name": "after-boxed", "kind": "worker", "build_id": 1,
+                               "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "down",
+                               "raised": False, "fence_seq": 0, "box": None,
+                               "created_at": T0, "limit_core": None, "start_after": '["boxed"]'})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -465,6 +474,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0026": seed_0026,
     "0031": seed_0031,
     "0029": seed_0029,
+    "0030": seed_0030,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
@@ -626,6 +636,9 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         assert conn.execute(text("SELECT epoch FROM leases WHERE host = 'leased'")).scalar() == 0
         assert tuple(conn.execute(text("SELECT b.epoch, l.fence FROM box_leases b JOIN leases l"
                                        " ON l.holder = b.box AND l.epoch = b.epoch")).one()) == (4, 2)
+        # 0030: the hosts with a start order, by the partial index's own predicate.
+        assert conn.execute(text("SELECT name FROM hosts WHERE start_after <> '[]' ORDER BY name")).scalars().all() \
+            == ["after-boxed", "after-web"]
     with pytest.raises(IntegrityError), engine.begin() as conn:
         conn.execute(text("UPDATE hosts SET on_store_loss = 'maybe' WHERE name = 'web'"))
 
