@@ -161,8 +161,9 @@ class Fleet:
             raise RuntimeError(f"agent of {home.name} not ready; see {home / 'agent.out'}")
         return False
 
-    def place(self) -> None:
-        """B x H worker hosts, each placed on its box and the next, all woken."""
+    def place(self, boxes: range | None = None) -> None:
+        """H worker hosts of each of `boxes` (default: all B), each placed on its box and the
+        next, all woken."""
         from models.states import HostKind
         from runners.backend.files import stage_build
         from workflows.config.hosts import add_host
@@ -175,7 +176,7 @@ class Fleet:
         store = Store(self.url)
 
         def add(s: Any) -> None:
-            for b in range(self.boxes):
+            for b in boxes if boxes is not None else range(self.boxes):
                 placed = ",".join(sorted({f"box{b}", f"box{(b + 1) % self.boxes}"}))
                 for h in range(self.hosts):
                     name = f"w{b}-{h}"
@@ -232,9 +233,21 @@ class Fleet:
             store.dispose()
         admin_sql(self.url, "ANALYZE")  # the planner's view of the large tables, as autovacuum's would be
 
-    def wait_quiet(self, settle: float) -> float:
+    def wake_in_waves(self, per_wave: int, settle: float) -> float:
+        """The boxes' hosts placed and woken `per_wave` boxes at a time, each wave once the
+        one before runs (all at once starts B x H apps and their transactions together,
+        which 100 agents on 2 cores do not survive); then quiet as wait_quiet."""
         t0 = time.monotonic()
-        want = self.boxes * self.hosts
+        for first in range(0, self.boxes, per_wave):
+            last = min(self.boxes, first + per_wave)
+            self.place(range(first, last))
+            self.wait_quiet(0.0, want=last * self.hosts)
+        self.wait_quiet(settle)
+        return time.monotonic() - t0 - settle
+
+    def wait_quiet(self, settle: float, want: int | None = None) -> float:
+        t0 = time.monotonic()
+        want = self.boxes * self.hosts if want is None else want
         deadline = t0 + 60 + want * 0.2
         eng = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
         try:
@@ -458,9 +471,13 @@ def run(admin: str, boxes: int, hosts: int, args: argparse.Namespace,
         t0 = time.monotonic()
         fleet.start()
         started = time.monotonic() - t0
-        fleet.place()
-        fleet.phantoms(phantoms)
-        woken = fleet.wait_quiet(args.settle)
+        if args.wave:
+            woken = fleet.wake_in_waves(args.wave, args.settle)
+            fleet.phantoms(phantoms)
+        else:
+            fleet.place()
+            fleet.phantoms(phantoms)
+            woken = fleet.wait_quiet(args.settle)
         held = fleet.held()
         out = [{"boxes": boxes, "phantoms": phantoms, "hosts": hosts, "peak": fleet.peak, "label": f"B={boxes}" + (f"+{phantoms}ph" if phantoms else ""),
                 **sample(fleet, args.sample)}]
@@ -600,6 +617,9 @@ def main() -> None:
                          "the largest fleet needs and pg_stat_statements, instead of VIGIL_BENCH_PG")
     ap.add_argument("--takeover", action="store_true",
                     help="after the samples, kill the box holding most hosts and time them running elsewhere")
+    ap.add_argument("--wave", type=int, default=0,
+                    help="place and wake the hosts this many boxes at a time, each wave once the "
+                         "one before runs (default 0: all at once)")
     ap.add_argument("--phantoms", default="0",
                     help="boxes only the store knows, each with --hosts hosts leased and current "
                          "(no process): the store of a fleet of B + PHANTOMS boxes under B real agents "
