@@ -347,14 +347,15 @@ def by_statement(url: str) -> dict[int, tuple[float, float, str]]:
 
 
 def heaviest(before: dict[int, tuple[float, float, str]], after: dict[int, tuple[float, float, str]],
-             wall: float, n: int = 6) -> list[tuple[float, float, str]]:
-    """The n statements that touched the most shared blocks in the sample: (blocks/s, calls/s, text)."""
+             wall: float, n: int = 6, by_calls: bool = False) -> list[tuple[float, float, str]]:
+    """The n statements that touched the most shared blocks in the sample (by_calls: that
+    ran most often): (blocks/s, calls/s, text)."""
     out = []
     for q, (calls, blocks, text) in after.items():
         c0, b0, _ = before.get(q, (0.0, 0.0, ""))
-        if blocks > b0:
+        if (calls if by_calls else blocks) > (c0 if by_calls else b0):
             out.append(((blocks - b0) / wall, (calls - c0) / wall, " ".join(text.split())))
-    return sorted(out, reverse=True)[:n]
+    return sorted(out, key=lambda r: r[1] if by_calls else r[0], reverse=True)[:n]
 
 
 def counters(fleet: Fleet) -> dict[str, float]:
@@ -452,12 +453,14 @@ def sample(fleet: Fleet, seconds: float, intents: float = 0.0) -> dict[str, Any]
     time.sleep(1.5)
     c1, cpu1, one1, r1 = counters(fleet), cpu_s(pids), cpu_s(pids[:1]), rounds(fleet)
     wall = time.monotonic() - t0
-    top = heaviest(q0, by_statement(fleet.url), wall)
+    q1 = by_statement(fleet.url)
+    top = heaviest(q0, q1, wall)
+    often = heaviest(q0, q1, wall, n=10, by_calls=True)
     rate = {k: (c1[k] - c0[k]) / wall for k in c1 if k in c0}
     rate["rounds"] = (r1 - r0) / wall
     return {"rate": rate, "agents_cpu": (cpu1 - cpu0) / wall, "one_cpu": (one1 - one0) / wall,
             "conns": connections(fleet), "intents": writer.written / wall if writer else 0.0,
-            "top": top}
+            "top": top, "often": often}
 
 
 def run(admin: str, boxes: int, hosts: int, args: argparse.Namespace,
@@ -594,9 +597,11 @@ def table(rows: list[dict[str, Any]]) -> None:
                   f"{woke:.1f} rounds (of {r['boxes']} agents), {extra / r['intents']:,.0f} rows read "
                   f"(the difference from the quiet sample: noisy where the quiet reads vary more)")
     for r in rows:  # the statements behind the reads (shared blocks: 8 KiB pages, hit or read)
-        for blocks, calls, text in r.get("top", []):
-            print(f"{r['label']} heaviest: {blocks / r['boxes']:8.1f} blocks/s/box {calls / r['boxes']:6.2f} "
-                  f"calls/s/box  {text[:150]}")
+        for what in ("top", "often"):
+            for blocks, calls, text in r.get(what, []):
+                print(f"{r['label']} {'heaviest' if what == 'top' else 'most run'}: "
+                      f"{blocks / r['boxes']:8.1f} blocks/s/box {calls / r['boxes']:6.2f} "
+                      f"calls/s/box  {text[:150]}")
     for r in rows:
         print(f"{r['label']} connections by purpose: " +
               ", ".join(f"{k} {v} ({v / r['boxes']:.1f}/box)" for k, v in sorted(r["conns"].items())))

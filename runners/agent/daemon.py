@@ -31,7 +31,7 @@ from runners.agent.helpers import Helper, HelperWatch
 from runners.agent.openfiles import raise_open_file_limit, say_open_file_limit
 from runners.agent.reconciler import Reconciler
 from runners.agent.startup import StartStop
-from runners.agent.sweep import BACKSTOP, PRUNE_EVERY, PRUNE_FIRST, Sweeps
+from runners.agent.sweep import BACKSTOP, HEARTBEAT_EVERY, PRUNE_EVERY, PRUNE_FIRST, Sweeps
 from runners.backend.sockets import settle_state_dir
 from runners.base import wakeup
 from runners.base.doorbell import ring as ring_doorbell
@@ -108,6 +108,7 @@ class AgentDaemon(StartStop, Sweeps):
         self.recovered = threading.Event()
         self.watcher = None
         self._last_beat = 0.0
+        self._heartbeat_at = -HEARTBEAT_EVERY  # the first sweep writes one
         self._rounds_seen = -1
         self._workers_to_sweep = True
         self.watch = None

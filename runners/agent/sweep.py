@@ -30,6 +30,7 @@ from workflows.lifecycle.workers import sweep as sweep_workers
 log = logging.getLogger("vigil.agent")
 
 BACKSTOP = 30.0  # seconds between full liveness checks when exits arrive by pidfd
+HEARTBEAT_EVERY = 3.0  # seconds between heartbeats written (a command looks 10 s back)
 PRUNE_FIRST, PRUNE_EVERY = 5.0, 600.0  # seconds: the history prune after start, then between
 PRUNE_BATCHES = 20  # batches per table per prune run (workflows/engine/history.py BATCH rows each)
 
@@ -47,6 +48,7 @@ class Sweeps(StoreTrust):
     _rounds_seen: int
     _workers_to_sweep: bool
     _last_beat: float
+    _heartbeat_at: float  # monotonic time of the last heartbeat written
     chores: Chores  # the store-wide chores, while this agent holds them (runners/agent/chores.py)
     fence_guard: Any = None  # the FenceGuard on PostgreSQL (runners/agent/fencing.py)
 
@@ -86,15 +88,24 @@ class Sweeps(StoreTrust):
         self._beat()
 
     def _beat(self) -> None:
+        # The agents row's heartbeat (read only by a command asking whether some agent acts,
+        # runners/quick/ops.py: within 10 s) every HEARTBEAT_EVERY, not every sweep: an idle
+        # box then writes a row a few seconds, not one a second (1,000 boxes: 330/s, not 1,000).
+        now = time.monotonic()
+        heartbeat = now - self._heartbeat_at >= HEARTBEAT_EVERY
+
         def beat(s):  # type: ignore[no-untyped-def]
             fresh = box.hold(s, self.ctx, due_only=True)[1]  # one row: this box's lease
-            s.execute(update(AgentRow).where(AgentRow.id == self.ctx.agent_id)
-                      .values(heartbeat_at=utcnow()))
+            if heartbeat:
+                s.execute(update(AgentRow).where(AgentRow.id == self.ctx.agent_id)
+                          .values(heartbeat_at=utcnow()))
             return fresh
 
         if self.ctx.store.write(beat):
             crashpoint(box.TAKEN)
         self._last_beat = time.monotonic()
+        if heartbeat:
+            self._heartbeat_at = now
         self.chores.tick()  # every TTL/6 at most: one row the whole fleet shares
 
     def _sweep_loop(self, reconciler: Reconciler) -> None:

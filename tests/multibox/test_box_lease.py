@@ -154,3 +154,27 @@ def test_a_box_back_after_its_lease_expired_is_fenced(vigil: Vigil) -> None:
         with pytest.raises(Poke, match="held by agent b"):
             vigil.store.write(lambda s, n=n: acquire(s, a, n))
     assert {who for who, _ in holders(vigil).values()} == {"b"}
+
+
+def test_an_idle_box_writes_its_heartbeat_every_few_seconds_not_every_sweep(vigil: Vigil) -> None:
+    """Sweeps a second apart: each checks the box lease, the second writes no agents row
+    (HEARTBEAT_EVERY), a sweep past it writes one again."""
+    from types import SimpleNamespace
+
+    from runners.agent.sweep import HEARTBEAT_EVERY, Sweeps
+    from workflows.leases import box
+
+    a = ctx(vigil, "a")
+    vigil.store.write(lambda s: box.hold(s, a))
+    agent = SimpleNamespace(ctx=a, chores=SimpleNamespace(tick=lambda: None), _last_beat=0.0,
+                            _heartbeat_at=-HEARTBEAT_EVERY)
+    beats = []
+    for _ in range(2):
+        with statements(vigil) as seen:
+            Sweeps._beat(agent)  # type: ignore[arg-type]
+        beats.append([q.split()[1] for q, _ in writes(seen)])
+    assert beats == [["box_leases", "agents"], ["box_leases"]], beats
+    agent._heartbeat_at -= HEARTBEAT_EVERY  # as if HEARTBEAT_EVERY had passed
+    with statements(vigil) as seen:
+        Sweeps._beat(agent)  # type: ignore[arg-type]
+    assert [q.split()[1] for q, _ in writes(seen)] == ["box_leases", "agents"], seen
