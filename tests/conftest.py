@@ -218,6 +218,34 @@ def ignores_sigterm(pid: int) -> bool:
     return False
 
 
+def store_cgroups(state_dir: Path, db_url: str | None = None) -> list[str]:
+    """The cgroup dir of every generation the box's store knows (empty when it cannot be
+    read)."""
+    if db_url is None and not (state_dir / "vigil.db").exists():
+        return []
+    engine = sa.create_engine(db_url or sqlite_url(state_dir), poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text(
+                "SELECT cgroup FROM generations WHERE cgroup IS NOT NULL")).scalars())
+    except sa.exc.SQLAlchemyError:
+        return []
+    finally:
+        engine.dispose()
+
+
+def drop_cgroups(dirs: list[str]) -> None:
+    """The dirs of generations a test ended behind vigil's back (SIGKILL by pid), which no
+    agent is left to release: removed, so a suite run leaves none in the shared
+    /sys/fs/cgroup tree (a busy or missing one is left alone)."""
+    for d in dirs:
+        if os.path.basename(d.rstrip("/")) and os.path.isdir(d):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+
+
 def store_uuids(state_dir: Path, db_url: str | None = None) -> set[str]:
     """Every generation uuid the box's store knows (empty when it cannot be read: a test
     may have damaged it)."""
@@ -457,6 +485,7 @@ class Vigil:
         for pid in marked_pids(self.state_dir, self.db_url):
             wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"pid {pid} to die")
         self._drop_memory_parents()
+        drop_cgroups(store_cgroups(self.state_dir, self.db_url))
         end_holder(self.state_dir)
         if self.owns_db and self.db_url:  # after every process that used it is gone
             drop_db(self.db_url)
