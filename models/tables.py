@@ -315,6 +315,18 @@ class BoxLease(Base):
     expires_at: Mapped[datetime | None] = mapped_column(DateTime, index=True)
 
 
+class Ring(Base):
+    """One NOTIFY an intent sent (migration 0032), kept as a row: an agent run with
+    `--listen off` finds its box's and the shared channel's new ones in its sweep
+    (runners/base/wakeup.py rung). Deleted by the store-wide prune after an hour."""
+
+    __tablename__ = "rings"
+    __table_args__ = (Index("ix_rings_channel_at", "channel", "at"), Index("ix_rings_at", "at"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    channel: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime] = mapped_column(DateTime)  # the store's clock when it was written
+
+
 class Wake(RetryColumns, Base):
     __tablename__ = "wakes"
     # Its open rows by due time, so a round's read does not grow with the history; a host's

@@ -88,8 +88,11 @@ class AgentDaemon(StartStop, Sweeps):
     def __init__(self, ctx: Context, *, scan_interval: float = 30.0,
                  sweep_interval: float = 1.0, max_hosts: int = 8, converge_budget: int = 1,
                  metrics_listen: str | None = None, keep: Keep | None = None,
-                 db: str | None = None) -> None:
+                 db: str | None = None, listen: bool = True) -> None:
         self.ctx = ctx
+        self.listen = listen  # LISTEN for intents (PostgreSQL); off: read their rings each sweep
+        self.rings: wakeup.Rings | None = None
+        self.kick: Callable[[], None] | None = None
         self.keep = keep or Keep()  # what history the store keeps (workflows/engine/history.py)
         self.db = db  # as given (--db / VIGIL_DB): a client naming another store goes direct
         self.started_at = datetime.now(UTC)
@@ -204,7 +207,11 @@ class AgentDaemon(StartStop, Sweeps):
         self._doorbell(reconciler)
         control = ControlServer(self.ctx, self.db, reconciler.kick, self.live, self.may_act)
         control.start()
-        wakeup.start(self.ctx.store, self.ctx.agent_id, reconciler.kick, self.stop, self.watch.trouble)
+        self.kick = reconciler.kick
+        if self.listen:
+            wakeup.start(self.ctx.store, self.ctx.agent_id, reconciler.kick, self.stop, self.watch.trouble)
+        else:  # a fleet too large for a LISTEN session a box: the sweep reads the rings
+            self.rings = wakeup.Rings(self.ctx.agent_id)
         scheduler.start()
         threading.Thread(target=self._sweep_loop, args=[reconciler], name="sweep",
                          daemon=True).start()

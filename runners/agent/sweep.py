@@ -18,7 +18,7 @@ from runners.agent.exits import ExitWatcher
 from runners.agent.reconciler import Reconciler
 from runners.agent.trust import StoreTrust
 from workflows.base.crash import crashpoint
-from workflows.engine.history import Keep, prune
+from workflows.engine.history import Keep, prune, prune_rings
 from workflows.engine.recovery import release_leftovers
 from workflows.leases import box
 from workflows.lifecycle.members import retire_dead_currents
@@ -49,6 +49,8 @@ class Sweeps(StoreTrust):
     _workers_to_sweep: bool
     _last_beat: float
     _heartbeat_at: float  # monotonic time of the last heartbeat written
+    rings: Any  # runners.base.wakeup.Rings when the agent does not LISTEN (--listen off)
+    kick: Any  # the reconciler's kick, once it runs
     chores: Chores  # the store-wide chores, while this agent holds them (runners/agent/chores.py)
     fence_guard: Any = None  # the FenceGuard on PostgreSQL (runners/agent/fencing.py)
 
@@ -93,19 +95,23 @@ class Sweeps(StoreTrust):
         # box then writes a row a few seconds, not one a second (1,000 boxes: 330/s, not 1,000).
         now = time.monotonic()
         heartbeat = now - self._heartbeat_at >= HEARTBEAT_EVERY
+        rings = self.rings  # without LISTEN (--listen off): the intents' rings, read here
 
         def beat(s):  # type: ignore[no-untyped-def]
             fresh = box.hold(s, self.ctx, due_only=True)[1]  # one row: this box's lease
             if heartbeat:
                 s.execute(update(AgentRow).where(AgentRow.id == self.ctx.agent_id)
                           .values(heartbeat_at=utcnow()))
-            return fresh
+            return fresh, rings.read(s) if rings is not None else set()
 
-        if self.ctx.store.write(beat):
+        fresh, rung = self.ctx.store.write(beat)
+        if fresh:
             crashpoint(box.TAKEN)
         self._last_beat = time.monotonic()
         if heartbeat:
             self._heartbeat_at = now
+        if rings is not None and rings.new(rung) and self.kick is not None:
+            self.kick()  # an intent written for this box (or the shared channel): a round
         self.chores.tick()  # every TTL/6 at most: one row the whole fleet shares
 
     def _sweep_loop(self, reconciler: Reconciler) -> None:
@@ -182,8 +188,16 @@ class Sweeps(StoreTrust):
     def prune_history(self) -> None:
         """A scheduled job: delete history nothing needs, a batch at a time (at most
         PRUNE_BATCHES per table per run: a backlog goes over several runs)."""
-        if not self.may_act() or self.keep.older_than is None or not self.chores.held:
+        if not self.may_act() or not self.chores.held:
             return  # the whole store's: the agent holding the chores prunes it
+        if self.ctx.store.dialect == "postgresql":  # only PostgreSQL's trigger writes rings
+            try:
+                prune_rings(self.ctx.store)
+            except Exception as exc:
+                if self.watch is None or not self.watch.trouble(exc):
+                    log.exception("pruning rings failed; the next run retries")
+        if self.keep.older_than is None:
+            return
         try:
             done = prune(self.ctx.store, self.keep, max_batches=PRUNE_BATCHES,
                          go_on=lambda: not self.ctx.shutting_down.is_set() and self.may_act())

@@ -26,13 +26,18 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import make_url, text
+from sqlalchemy import func, insert, make_url, select, text
 
 from models.errors import BrokenInvariant
 from models.store import Store
+from models.tables import Ring
 
+# The store's time as the trigger writes it (migration 0032): the statement's, not the
+# transaction's start, so a long transaction's ring is not already old when it commits.
+_NOW_EXACT = func.timezone("utc", func.clock_timestamp())
 CHANNEL = "vigil"  # shared: unplaced hosts, rollouts, config changes (and older vigils' NOTIFY)
 POLL = 1.0  # the CLI rings the doorbell; this only catches writers that do not
 log = logging.getLogger("vigil.wakeup")
@@ -50,7 +55,38 @@ def notify_boxes(store: Store) -> None:
     the store starts a round (PostgreSQL only; on SQLite the doorbell rings the one agent).
     An intent row needs no call: its table's trigger rings its host's boxes."""
     if store.dialect == "postgresql":
-        store.write(lambda s: s.execute(text(f"NOTIFY {CHANNEL}")))
+        def ring(s: Any) -> None:
+            s.execute(text(f"NOTIFY {CHANNEL}"))
+            s.execute(insert(Ring).values(channel=CHANNEL, at=_NOW_EXACT))  # for `--listen off`
+
+        store.write(ring)
+
+
+class Rings:
+    """Intents heard without LISTEN (`vigil agent --listen off`, migration 0032): the rings
+    of this box's channel and the shared one written in the last LAG seconds, read in the
+    sweep's own transaction once a sweep; one not seen at the last read starts a round.
+    The window, not "the rows past the last id": ids are drawn at insert and committed in
+    any order, so a later id may be seen before an earlier one commits."""
+
+    LAG = 10.0  # seconds a ring's transaction may take from its insert to its commit
+
+    def __init__(self, box: str) -> None:
+        self.channels = (CHANNEL, box_channel(box))
+        self.seen: set[int] = set()
+
+    def read(self, s: Any) -> set[int]:
+        """The window's rings, read in `s` (kept by new() once its transaction committed:
+        a retried transaction reads them again)."""
+        return set(s.execute(select(Ring.id).where(
+            Ring.channel.in_(self.channels),
+            Ring.at > _NOW_EXACT - timedelta(seconds=self.LAG))).scalars())
+
+    def new(self, ids: set[int]) -> bool:
+        """True when `ids` (read()'s) hold a ring not seen at the last read (the first: any)."""
+        fresh = bool(ids - self.seen)
+        self.seen = ids
+        return fresh
 
 
 def start(store: Store, box: str, kick: Callable[[], None], stop: threading.Event,

@@ -71,6 +71,11 @@ RUN_OPTIONS = [
                       "generation keeps --log-files of them, rotated."),
     click.option("--log-files", type=click.IntRange(1, 100), default=3, show_default=True,
                  help="Files of output kept per generation (the one written included)."),
+    click.option("--listen", type=click.Choice(["on", "off"]), envvar="VIGIL_LISTEN",
+                 default="on", show_default=True,
+                 help="PostgreSQL: hear intents by LISTEN (at once), or off: read them each "
+                      "sweep (within --sweep-interval), for a fleet too large for a LISTEN "
+                      "session a box (env VIGIL_LISTEN)."),
     keep_options,  # --keep-history, --keep-last: what history the store keeps
 ]
 
@@ -93,7 +98,8 @@ def agent(ctx: click.Context, **options: Any) -> None:
 def run(env: Env, safety_interval: float, log_level: str, box: str | None,
         lease_ttl: float, converge_budget: int, sweep_interval: float, log_format: str,
         metrics_listen: str | None, socket_group: str | None, socket_mode: str | None,
-        log_max_bytes: int, log_files: int, keep_history: Any, keep_last: int) -> None:
+        log_max_bytes: int, log_files: int, listen: str, keep_history: Any,
+        keep_last: int) -> None:
     from sqlalchemy import select
 
     from models.states import HostKind
@@ -122,6 +128,10 @@ def run(env: Env, safety_interval: float, log_level: str, box: str | None,
         parse_listen(metrics_listen)  # a bad value is refused before anything starts
     logs.configure(log_level, log_format)
     store = env.store(lock_wait=LOCK_WAIT)
+    if listen == "off" and store.dialect != "postgresql":
+        raise BadInput("--listen off is for a PostgreSQL store",
+                       "leave it out: the agent of a SQLite store hears the CLI's doorbell "
+                       "and polls its file")
     for name in store.read(lambda s: s.execute(select(Host.name).where(
             Host.kind == HostKind.instance)).scalars().all()):
         check_socket_room(env.state_dir, name)  # e.g. a state dir moved to a longer path
@@ -131,7 +141,8 @@ def run(env: Env, safety_interval: float, log_level: str, box: str | None,
     store.name_connections(f"vigil-{ctx.agent_id}")  # pg_stat_activity: vigil-<box>-<purpose>
     sys.exit(AgentDaemon(ctx, scan_interval=safety_interval, sweep_interval=sweep_interval,
                          converge_budget=converge_budget, metrics_listen=metrics_listen,
-                         db=env.db, keep=keep_of(keep_history, keep_last)).run())
+                         db=env.db, keep=keep_of(keep_history, keep_last),
+                         listen=listen == "on").run())
 
 
 @agent.command("start", context_settings={"ignore_unknown_options": True,

@@ -182,3 +182,11 @@ def test_second_agent_on_the_same_state_dir(hello: Vigil) -> None:
     refused(cp, f"pid {agent.pid}", "already running", f"kill {agent.pid}")
     assert dump(hello, ignore) == before
     assert agent.poll() is None, "the first agent must keep running"
+
+
+@pytest.mark.sqlite_only("--listen off is refused beside a SQLite store only")
+def test_agent_listen_off_beside_sqlite(hello: Vigil) -> None:
+    before = dump(hello)
+    cp = hello.run("agent", "--listen", "off", check=False, timeout=30)
+    refused(cp, "--listen off is for a PostgreSQL store", "leave it out")
+    assert dump(hello) == before

@@ -167,7 +167,7 @@ def test_an_idle_box_writes_its_heartbeat_every_few_seconds_not_every_sweep(vigi
     a = ctx(vigil, "a")
     vigil.store.write(lambda s: box.hold(s, a))
     agent = SimpleNamespace(ctx=a, chores=SimpleNamespace(tick=lambda: None), _last_beat=0.0,
-                            _heartbeat_at=-HEARTBEAT_EVERY)
+                            _heartbeat_at=-HEARTBEAT_EVERY, rings=None, kick=None)
     beats = []
     for _ in range(2):
         with statements(vigil) as seen:

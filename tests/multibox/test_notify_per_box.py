@@ -160,3 +160,78 @@ def test_an_intent_rings_its_boxes_only(fleet: dict[str, Box], pg_url: str) -> N
     finally:
         for e in heard.values():
             e.conn.close()
+
+
+def test_every_ring_is_also_a_row_for_agents_without_listen(pg_url: str) -> None:
+    """Migration 0032: each NOTIFY the trigger sends is a `rings` row of the same channel
+    (an intent for a host placed on A and B: one each; unplaced: the shared channel); a
+    rolled-back intent leaves none."""
+    eng = sa.create_engine(pg_url, poolclass=sa.pool.NullPool)
+
+    def rings() -> list[str]:
+        with eng.connect() as c:
+            return sorted(c.execute(sa.text("SELECT channel FROM rings")).scalars())
+
+    try:
+        with eng.begin() as c:
+            c.execute(sa.text("INSERT INTO builds (id, path, digest, source, created_at) "
+                              "VALUES (1, '/x', 'ab', '/x', now())"))
+            for name, box in (("both", f"{A},{B}"), ("loose", None)):
+                c.execute(sa.text(
+                    "INSERT INTO hosts (name, kind, build_id, args, env, drain_timeout, health_timeout, "
+                    "desired, box, created_at) "
+                    "VALUES (:n, 'instance', 1, '[]', '{}', 5, 5, 'down', :b, now())"), {"n": name, "b": box})
+        stop = ("INSERT INTO stops (host, state, since, next_attempt_at, created_at, attempts) "
+                "VALUES (:h, 'queued', now(), now(), now(), 0)")
+        with eng.connect() as c:
+            with c.begin() as tx:
+                c.execute(sa.text(stop), {"h": "both"})
+                tx.rollback()
+        assert rings() == []
+        with eng.begin() as c:
+            c.execute(sa.text(stop), {"h": "both"})
+        assert rings() == sorted([box_channel(A), box_channel(B)])
+        with eng.begin() as c:
+            c.execute(sa.text(stop), {"h": "loose"})
+        assert rings() == sorted([box_channel(A), box_channel(B), CHANNEL])
+    finally:
+        eng.dispose()
+
+
+def test_an_agent_without_listen_hears_intents_in_its_sweep(fleet: dict[str, Box], pg_url: str) -> None:
+    """`vigil agent --listen off`: no LISTEN session; an intent another box's CLI writes (no
+    doorbell of this box, the safety scan 300 s away) is acted on within a few sweeps."""
+    a, cli = fleet[A], fleet["cli"]
+    a.run("host", "add", "pa", "--build", str(HELLO), "--box", A)
+    (cli.state_dir / "builds").symlink_to(a.state_dir / "builds")
+    p = a.start_agent(None, "--box", A, "--lease-ttl", str(LEASE_TTL), "--safety-interval", SAFETY,
+                      "--listen", "off")
+    a.wait_ready(p, timeout=60)
+    eng = sa.create_engine(pg_url, poolclass=sa.pool.NullPool)
+    try:
+        with eng.connect() as c:
+            names = c.execute(sa.text("SELECT application_name FROM pg_stat_activity "
+                                      "WHERE application_name LIKE 'vigil-rack-1.a-%'")).scalars().all()
+        assert names and "vigil-rack-1.a-listen" not in names, names
+    finally:
+        eng.dispose()
+    cli.run("wake", "pa")
+    wait_for(lambda: serving(a, ["pa"], {A}), 30, interval=0.2, what="pa up on box A")
+    cli.run("stop", "pa")
+    wait_for(lambda: not serving(a, ["pa"], {A}), 30, interval=0.2, what="pa stopped on box A")
+
+
+def test_rings_older_than_an_hour_are_pruned(pg_url: str) -> None:
+    from models.store import Store
+    from workflows.engine.history import prune_rings
+
+    store = Store(pg_url)
+    try:
+        store.write(lambda s: s.execute(sa.text(
+            "INSERT INTO rings (channel, at) VALUES ('vigil', timezone('utc', now()) - interval '61 minutes'),"
+            " ('vigil', timezone('utc', now()) - interval '59 minutes')")))
+        assert prune_rings(store) == 1
+        left = store.read(lambda s: s.execute(sa.text("SELECT count(*) FROM rings")).scalar())
+        assert left == 1
+    finally:
+        store.dispose()

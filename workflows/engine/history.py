@@ -30,8 +30,18 @@ from sqlalchemy import ColumnElement, and_, delete, exists, func, not_, or_, sel
 from sqlalchemy.orm import Session
 
 from models.states import OPEN_STOP, OPEN_WAKE, GenState
-from models.store import Store, utcnow
-from models.tables import Attempt, Delivery, DeliveryTry, Event, Generation, Member, Stop, Wake
+from models.store import Store, store_now, utcnow
+from models.tables import (
+    Attempt,
+    Delivery,
+    DeliveryTry,
+    Event,
+    Generation,
+    Member,
+    Ring,
+    Stop,
+    Wake,
+)
 from models.transition import affected
 
 KEEP_DAYS = 30  # default of `--keep-history`
@@ -124,6 +134,24 @@ def count(s: Session, keep: Keep, now: datetime | None = None) -> dict[str, int]
     return {name: s.execute(select(func.count()).select_from(table).where(and_(*where)))
             .scalar_one() for name, (table, where) in prunable(keep, now or utcnow(),
                                                                ahead=True).items()}
+
+
+RINGS_KEPT = timedelta(hours=1)  # a ring is read within seconds (runners/base/wakeup.py Rings)
+
+
+def prune_rings(store: Store, *, batch: int = BATCH, max_batches: int = 20) -> int:
+    """Delete the rings (migration 0032) older than RINGS_KEPT, whatever the history kept:
+    they are not history, only what an agent without LISTEN reads in its next sweep."""
+    cutoff = store.read(store_now) - RINGS_KEPT
+    rings = Ring.__table__
+    done = 0
+    for _ in range(max_batches):
+        deleted = store.write(partial(prune_batch, table=rings, where=[rings.c.at < cutoff],
+                                      limit=batch))
+        done += deleted
+        if deleted < batch:
+            break
+    return done
 
 
 def prune(store: Store, keep: Keep, *, batch: int = BATCH, max_batches: int | None = None,
