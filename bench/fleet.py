@@ -120,6 +120,7 @@ class Fleet:
         self.agents: list[subprocess.Popen[bytes]] = []
         self.helpers: set[int] = set()
         self.peak: dict[str, int] = {}  # the most connections by purpose seen while waking
+        self.listen = "on"  # each agent's --listen: off reads its rings each sweep instead
 
     def create(self) -> None:
         admin_sql(self.admin, f'CREATE DATABASE "{self.name}"')
@@ -143,7 +144,7 @@ class Fleet:
             log = open(home / "agent.out", "ab")
             self.agents.append(subprocess.Popen(
                 [sys.executable, "-m", "runners.cli", "agent", "--box", f"box{i}",
-                 "--lease-ttl", str(self.ttl), "--log-level", "INFO"],
+                 "--lease-ttl", str(self.ttl), "--log-level", "INFO", "--listen", self.listen],
                 cwd=ROOT, env={**env, "VIGIL_HOME": str(home)}, stdout=log, stderr=log))
             log.close()
             self.deadlines.append(time.monotonic() + 180)
@@ -468,6 +469,7 @@ def run(admin: str, boxes: int, hosts: int, args: argparse.Namespace,
     """The quiet sample, and with --intents the same while intents are written."""
     headroom(admin, boxes, args.pool_size if args.pooler else None)
     fleet = Fleet(admin, boxes, hosts, args.ttl, args.starting)
+    fleet.listen = args.listen
     bouncer = None
     try:
         fleet.create()
@@ -628,6 +630,8 @@ def main() -> None:
                          "the largest fleet needs and pg_stat_statements, instead of VIGIL_BENCH_PG")
     ap.add_argument("--takeover", action="store_true",
                     help="after the samples, kill the box holding most hosts and time them running elsewhere")
+    ap.add_argument("--listen", choices=("on", "off"), default="on",
+                    help="every agent's --listen (off: no LISTEN session, intents read each sweep)")
     ap.add_argument("--wave", type=int, default=0,
                     help="place and wake the hosts this many boxes at a time, each wave once the "
                          "one before runs (default 0: all at once)")
@@ -661,6 +665,7 @@ def main() -> None:
         if server is not None:
             server.stop()
     via = f"through PgBouncer (transaction mode, pool {args.pool_size})" if args.pooler else "direct"
+    via += f"; agents --listen {args.listen}"
     where = "a private server" if server is not None else "VIGIL_BENCH_PG"
     print(f"\n{args.hosts} hosts per box; store on {where}, {via}; sample {args.sample:.0f}s each; "
           f"loadavg start {load0}, end {loadavg()}")

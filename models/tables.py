@@ -179,8 +179,7 @@ class Host(Base):
         CheckConstraint("on_store_loss IN ('fence', 'keep')", name="on_store_loss"),
         # The hosts that have a start order, which are few: who names a host reads these
         # (workflows/lifecycle/order.py dependents; migration 0030).
-        Index("ix_hosts_ordered", "name", sqlite_where=text(ORDERED),
-              postgresql_where=text(ORDERED)))
+        Index("ix_hosts_ordered", "name", sqlite_where=text(ORDERED)))  # PostgreSQL's: postgresql_options
 
 
 class Listener(Base):
@@ -592,10 +591,13 @@ SCHEDULER_JOBS = Table(
 
 
 def postgresql_options() -> None:
-    """What only PostgreSQL reads: the WHERE of the one-current partial index. Set when a
+    """What only PostgreSQL reads: the WHERE of the partial indexes (one current, ordered hosts). Set when a
     PostgreSQL engine is made (models/store.py, migrations/env.py), not declared above: a
     `postgresql_*` keyword imports SQLAlchemy's PostgreSQL dialect on every start, SQLite's
     too (about two `python -c pass` of the agent's start-up). Idempotent."""
     for ix in Generation.__table__.indexes:
         if ix.name == "ux_generations_one_current":
             ix.dialect_options["postgresql"]["where"] = text("state = 'current'")
+    for ix in Host.__table__.indexes:
+        if ix.name == "ix_hosts_ordered":
+            ix.dialect_options["postgresql"]["where"] = text(ORDERED)
