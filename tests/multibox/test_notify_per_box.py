@@ -81,6 +81,18 @@ def test_box_channels_are_identifiers_for_any_box_name() -> None:
     assert all(len(c.encode()) <= 63 and c.isidentifier() and c == c.lower() for c in chans)
 
 
+def write_two_hosts(eng: sa.Engine) -> None:
+    """By plain SQL: host `both` placed on A and B, host `loose` placed nowhere."""
+    with eng.begin() as c:
+        c.execute(sa.text("INSERT INTO builds (id, path, digest, source, created_at) "
+                          "VALUES (1, '/x', 'ab', '/x', now())"))
+        for name, box in (("both", f"{A},{B}"), ("loose", None)):
+            c.execute(sa.text(
+                "INSERT INTO hosts (name, kind, build_id, args, env, drain_timeout, health_timeout, "
+                "desired, box, created_at) "
+                "VALUES (:n, 'instance', 1, '[]', '{}', 5, 5, 'down', :b, now())"), {"n": name, "b": box})
+
+
 def test_plain_sql_intents_ring_every_box_of_their_placement(pg_url: str) -> None:
     """No vigil process: rows written by hand ring as the CLI's do (the trigger's channel
     names are box_channel()'s); a rollout, tied to no box, rings the shared channel; a row
@@ -88,15 +100,7 @@ def test_plain_sql_intents_ring_every_box_of_their_placement(pg_url: str) -> Non
     heard = ears(pg_url)
     eng = sa.create_engine(pg_url, poolclass=sa.pool.NullPool)
     try:
-        with eng.begin() as c:
-            c.execute(sa.text(
-                "INSERT INTO builds (id, path, digest, source, created_at) "
-                "VALUES (1, '/x', 'ab', '/x', now())"))
-            for name, box in (("both", f"{A},{B}"), ("loose", None)):
-                c.execute(sa.text(
-                    "INSERT INTO hosts (name, kind, build_id, args, env, drain_timeout, health_timeout, "
-                    "desired, box, created_at) "
-                    "VALUES (:n, 'instance', 1, '[]', '{}', 5, 5, 'down', :b, now())"), {"n": name, "b": box})
+        write_two_hosts(eng)
         assert all(e.until_mark() == [] for e in heard.values())  # hosts alone ring nothing
         stop = ("INSERT INTO stops (host, state, since, next_attempt_at, created_at, attempts) "
                 "VALUES (:h, 'queued', now(), now(), now(), 0)")
@@ -173,14 +177,7 @@ def test_every_ring_is_also_a_row_for_agents_without_listen(pg_url: str) -> None
             return sorted(c.execute(sa.text("SELECT channel FROM rings")).scalars())
 
     try:
-        with eng.begin() as c:
-            c.execute(sa.text("INSERT INTO builds (id, path, digest, source, created_at) "
-                              "VALUES (1, '/x', 'ab', '/x', now())"))
-            for name, box in (("both", f"{A},{B}"), ("loose", None)):
-                c.execute(sa.text(
-                    "INSERT INTO hosts (name, kind, build_id, args, env, drain_timeout, health_timeout, "
-                    "desired, box, created_at) "
-                    "VALUES (:n, 'instance', 1, '[]', '{}', 5, 5, 'down', :b, now())"), {"n": name, "b": box})
+        write_two_hosts(eng)
         stop = ("INSERT INTO stops (host, state, since, next_attempt_at, created_at, attempts) "
                 "VALUES (:h, 'queued', now(), now(), now(), 0)")
         with eng.connect() as c:
