@@ -3,7 +3,6 @@ the store, the doorbell the CLI rings, and the wait for SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import select
 import signal
@@ -19,7 +18,7 @@ from models.store import emit, utcnow
 from models.tables import Agent as AgentRow
 from runners.agent.reconciler import Reconciler
 from runners.agent.storelock import hold_sqlite_store
-from runners.base.doorbell import DOORBELL, LOCK
+from runners.base.doorbell import DOORBELL, LOCK, take_lock
 from workflows.base.context import Context
 
 
@@ -35,9 +34,7 @@ class StartStop:
     def _take_lock(self) -> None:
         path = self.ctx.state_dir / LOCK
         f = open(path, "a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not take_lock(f):
             f.seek(0)
             other = f.read().strip() or "unknown"
             f.close()

@@ -6,12 +6,12 @@ POSIX record locks, which are independent of flock on Linux, so the two never me
 
 from __future__ import annotations
 
-import fcntl
 import os
 from pathlib import Path
 from typing import IO
 
 from models.errors import Refused
+from runners.base.doorbell import take_lock
 
 
 def _holder(path: Path) -> str | None:
@@ -39,9 +39,7 @@ def hold_sqlite_store(url: str, state_dir: Path) -> IO[bytes] | None:
         f = open(path, "rb")  # noqa: SIM115 (held for the agent's life)
     except OSError:
         return None  # no file yet: the store's own open says why
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not take_lock(f):
         f.close()
         other = _holder(path)
         who = f"pid {other}" if other else "another process"

@@ -6,8 +6,10 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import time
 import uuid
 from pathlib import Path
+from typing import IO, Any
 
 from models.errors import BadInput
 from workflows.base.paths import AGENT_ID, DOORBELL, HALTED, LOCK
@@ -46,16 +48,35 @@ def ring(state_dir: Path) -> None:
         s.close()
 
 
+PROBE_GRACE = 1.0  # seconds a taker retries a lock a probe may hold (a loaded box preempts it)
+
+
+def take_lock(f: IO[Any]) -> bool:
+    """Take the flock of the open file `f` for as long as it stays open: False when another
+    process holds it. A probe (lock_holder) holds a free lock for a moment, so a refusal is
+    retried for PROBE_GRACE before it counts: a helper or an agent that starts while the
+    agent or the CLI probes would otherwise think one of its kind runs, and exit."""
+    deadline = time.monotonic() + PROBE_GRACE
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+
+
 def lock_holder(path: Path) -> int | None:
     """The pid written in a held flock file (-1 when unreadable), or None when nobody holds
-    it (tried by taking it for a moment)."""
+    it (tried by taking it shared for a moment: probes do not see each other as holders)."""
     try:
         f = open(path, "r+")
     except OSError:
         return None
     with f:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             text = f.read().strip()
             return int(text) if text.isdigit() else -1

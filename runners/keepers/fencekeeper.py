@@ -13,7 +13,6 @@ Run as `python -m runners.keepers.fencekeeper STATE_DIR`; one per state dir (flo
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -25,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from runners.base.doorbell import lock_holder
+from runners.base.doorbell import lock_holder, take_lock
 from runners.base.pids import MARKER, matches, signal_same
 
 FENCE_FILE = "fence.json"
@@ -100,9 +99,7 @@ def fence(gens: list[dict[str, Any]]) -> int:
 
 def run(state_dir: Path) -> int:
     lock = open(state_dir / KEEPER_LOCK, "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not take_lock(lock):
         return 0  # another keeper guards this box
     lock.seek(0)
     lock.truncate()

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from runners.base.doorbell import lock_holder
+from runners.base.doorbell import lock_holder, take_lock
 from runners.keepers.spawn import BOUND, kill_and_wait, reap, spawn, start_time
 
 START_BOUND = 10.0  # seconds a new helper has to answer (a loaded box starts Python slowly)
@@ -62,9 +62,7 @@ def log_line(name: str, msg: str) -> None:
 def claim(lock_path: Path) -> IO[str] | None:
     """The helper's lock (one per state dir), its pid written in it; None: another runs."""
     lock = open(lock_path, "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not take_lock(lock):
         lock.close()
         return None
     lock.seek(0)
@@ -263,7 +261,7 @@ class Peer:
         """A connection to the helper (one started if none runs and `start`) and its pid."""
         deadline = time.monotonic() + START_BOUND
         soon = time.monotonic() + 1.0  # a standby takes over at once; none is started meanwhile
-        started = False
+        child: int | None = None  # the helper started here
         while True:
             pid = lock_holder(self.lock_path)
             if pid is not None:
@@ -277,10 +275,14 @@ class Peer:
             if not start:
                 return None
             waiting = lock_holder(standby_of(self.lock_path)) is not None
-            if not started and pid is None and not (waiting and time.monotonic() < soon):
+            if pid is None and child is not None:
                 reap(self.started)
-                self.started.append(spawn(self.module, self.state_dir, self.log_name))
-                started = True
+                if child not in self.started:
+                    child = None  # it ended and none holds the lock: another is started
+            if child is None and pid is None and not (waiting and time.monotonic() < soon):
+                reap(self.started)
+                child = spawn(self.module, self.state_dir, self.log_name)
+                self.started.append(child)
                 self.on_start()
             if time.monotonic() > deadline:
                 raise OSError(errno.ETIMEDOUT, f"the {self.what} did not answer on {self.path}")
