@@ -470,6 +470,23 @@ class Vigil:
         if root.is_dir():
             root.rmdir()
 
+    def _end_marked(self) -> None:
+        """Every process of this box's generations, SIGKILLed by pid until a scan finds none:
+        a pre-fork server's master (gunicorn's) may fork a worker between a scan and its
+        kill, and that worker then outlives it."""
+        for _ in range(5):
+            pids = marked_pids(self.state_dir, self.db_url)
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for pid in pids:
+                wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"pid {pid} to die")
+        assert not marked_pids(self.state_dir, self.db_url), "processes still forked at teardown"
+
     def cleanup(self) -> None:
         if self._store is not None:
             self._store.dispose()
@@ -477,13 +494,7 @@ class Vigil:
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
-        for pid in marked_pids(self.state_dir, self.db_url):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in marked_pids(self.state_dir, self.db_url):
-            wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"pid {pid} to die")
+        self._end_marked()
         self._drop_memory_parents()
         drop_cgroups(store_cgroups(self.state_dir, self.db_url))
         end_holder(self.state_dir)
