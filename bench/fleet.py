@@ -570,7 +570,7 @@ def table(rows: list[dict[str, Any]]) -> None:
         ("  seq", lambda r: fig(r, "seq_tup_read")),
         ("  idx", lambda r: fig(r, "idx_tup_fetch")),
         ("blocks/s", lambda r: fig(r, "blocks")),
-        ("rows written/s", lambda r: fig(r, "n_tup_ins") + fig(r, "n_tup_upd") + fig(r, "n_tup_del")),
+        ("rows written/s", lambda r: sum(r["rate"][k] for k in ("n_tup_ins", "n_tup_upd", "n_tup_del"))),
         ("connections", lambda r: float(sum(r["conns"].values()))),
         ("agents CPU %", lambda r: r["agents_cpu"] * 100),
         ("rounds/s", lambda r: fig(r, "rounds")),

@@ -38,6 +38,7 @@ class PgBouncer:
     def __init__(self, server_url: str, pool_size: int = 20, max_clients: int = 2000) -> None:
         if BINARY is None:
             raise SystemExit("pgbouncer is not installed: apt-get install pgbouncer")
+        self.binary: str = BINARY
         self.server = sa.make_url(server_url)
         self.pool_size, self.max_clients = pool_size, max_clients
         self.home = Path(tempfile.mkdtemp(prefix="vgpgb", dir="/tmp"))
@@ -60,7 +61,7 @@ class PgBouncer:
             "server_reset_query =\nignore_startup_parameters = extra_float_digits\n"
             + ("user = postgres\n" if os.geteuid() == 0 else ""))
         with open(self.home / "pgbouncer.log", "ab") as out:
-            self.proc = subprocess.Popen([BINARY, str(self.home / "pgbouncer.ini")], stdout=out,
+            self.proc = subprocess.Popen([self.binary, str(self.home / "pgbouncer.ini")], stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 20
         while not answers(self.url):
