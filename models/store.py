@@ -3,6 +3,7 @@ transactions, transient errors retried with tenacity, and the guarded-UPDATE hel
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
@@ -141,7 +142,7 @@ def _unreachable_dir(state_dir: Path, exc: OSError) -> StoreNotReady:
 
 
 def prepare_state_dir(state_dir: Path) -> Path:
-    """Create the state directory 0700 (and refuse one owned by someone else)."""
+    """Create the state directory 0700 (and refuse one owned by someone else, or a link)."""
     state_dir = state_dir.absolute()
     try:
         return _prepare_state_dir(state_dir)
@@ -156,25 +157,47 @@ def state_dir_exists(state_dir: Path) -> bool:
         raise _unreachable_dir(state_dir.absolute(), exc) from None
 
 
+def refuse_link(state_dir: Path) -> None:
+    """A state dir that is a symbolic link is refused before anything reads or writes it:
+    vigil makes its state dir 0700 and writes into it, so a link planted where others can
+    write (`ln -s /etc /tmp/.vigil`) would aim that at any directory."""
+    try:
+        target = os.readlink(state_dir)
+    except OSError:
+        return  # not a link (or not there): the other checks say what is wrong
+    raise StoreNotReady(f"state directory {state_dir} is a symbolic link (to {target}); "
+                        "vigil follows none there, as one planted by another user would have "
+                        "it lock down and write into the target",
+                        "pass --state-dir (or VIGIL_HOME) naming a real directory of your own")
+
+
 def _prepare_state_dir(state_dir: Path) -> Path:
-    if state_dir.exists():
-        st = state_dir.stat()
-        if not stat.S_ISDIR(st.st_mode):
-            raise StoreNotReady(
-                f"state directory {state_dir} is not a directory",
-                "pass --state-dir (or VIGIL_HOME) naming a directory",
-            )
+    refuse_link(state_dir)
+    if not os.path.lexists(state_dir):
+        private_dirs(state_dir)
+    try:  # opened without following a link swapped in since: its mode set on what was opened
+        fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        refuse_link(state_dir)
+        if exc.errno != errno.ENOTDIR:
+            raise
+        raise StoreNotReady(
+            f"state directory {state_dir} is not a directory",
+            "pass --state-dir (or VIGIL_HOME) naming a directory",
+        ) from None
+    try:
+        st = os.fstat(fd)
         if st.st_uid != os.geteuid():
             raise StoreNotReady(
                 f"state directory {state_dir} is owned by uid {st.st_uid}, not by you "
                 f"(uid {os.geteuid()})",
                 "run vigil as its owner or choose another --state-dir",
             )
-    else:
-        private_dirs(state_dir)
-    # 0710/0711: opened for traversal to a socket group by the agent (runners/backend/sockets.py).
-    if stat.S_IMODE(state_dir.stat().st_mode) not in (0o700, 0o710, 0o711):
-        os.chmod(state_dir, 0o700)
+        # 0710/0711: opened for traversal to a socket group by the agent (runners/backend/sockets.py).
+        if stat.S_IMODE(st.st_mode) not in (0o700, 0o710, 0o711):
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
     return state_dir
 
 

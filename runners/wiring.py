@@ -7,7 +7,14 @@ from pathlib import Path
 
 from models.durations import parse_seconds
 from models.errors import StoreNotReady
-from models.store import Store, normalize_url, prepare_state_dir, sqlite_url, state_dir_exists
+from models.store import (
+    Store,
+    normalize_url,
+    prepare_state_dir,
+    refuse_link,
+    sqlite_url,
+    state_dir_exists,
+)
 from models.urls import listen_url_for
 from runners.backend.credentials import Credentials
 from runners.backend.files import LocalFiles
@@ -29,6 +36,7 @@ def open_store(state_dir: Path, db: str | None, *, create: bool = False,
     """Open the store. Without `create`, a state directory that does not exist yet is an
     error that names the command creating it (and nothing is created)."""
     state_dir = state_dir.absolute()
+    refuse_link(state_dir)  # before any look inside it: a planted link aims at any directory
     db = normalize_url(db) if db else None  # a bad URL is refused before anything is created
     listen_url_for(db or "sqlite", listen_db)  # and so is a --listen-db that does not fit it
     if not create and not state_dir_exists(state_dir):

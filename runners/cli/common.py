@@ -59,18 +59,50 @@ def default_state_dir(cwd: Path) -> Path:
     return cwd / STATE_DIR
 
 
+def unsafe_default(state_dir: Path) -> VigilError | None:
+    """Why the state dir the search chose must not be used, or None: a link, or one in a
+    directory others can write (they could swap it for a link between a check and a use;
+    `ln -s /etc /tmp/.vigil` would have root lock down /etc). Named by --state-dir it is
+    the operator's choice, and only a link is refused (models/store.py)."""
+    from models.errors import StoreNotReady
+    from models.store import refuse_link
+    from runners.backend.safefiles import writable_by_others
+
+    try:
+        refuse_link(state_dir)
+    except StoreNotReady as exc:
+        exc.cause = exc.cause.replace("state directory", "the default state dir", 1)
+        return exc
+    who = writable_by_others(str(state_dir.parent))
+    if who is None:
+        return None
+    return StoreNotReady(f"the default state dir {state_dir} is in {state_dir.parent}, a "
+                         f"directory others can write ({who}): one of them could swap it for "
+                         "a link to any directory",
+                         "pass --state-dir (or VIGIL_HOME) naming it if it is yours, or keep "
+                         "the state dir where only you can write")
+
+
 class Env:
     """One invocation's state dir and database (its store opened on first use), and the
     agent's control socket when an agent answers there."""
 
     def __init__(self, state_dir: str | None, db: str | None, listen_db: str | None = None) -> None:
         self.by_default = state_dir is None
-        self.state_dir = (default_state_dir(Path.cwd()) if state_dir is None
-                          else Path(state_dir).absolute())
+        self._state_dir = (default_state_dir(Path.cwd()) if state_dir is None
+                           else Path(state_dir).absolute())
+        # Raised at the first use, so a command that needs no state dir still runs there.
+        self.refusal = unsafe_default(self._state_dir) if state_dir is None else None
         self.db = db
         self.listen_db = listen_db  # --listen-db: db is a pooler in transaction mode
         self._store: Store | None = None
         self._quick: Quick | None = None
+
+    @property
+    def state_dir(self) -> Path:
+        if self.refusal is not None:
+            raise self.refusal
+        return self._state_dir
 
     def store(self, *, create: bool = False, at_head: bool = True,
               lock_wait: float | None = None) -> Store:

@@ -34,18 +34,24 @@ def completion(ctx: click.Context, shell: str) -> None:
 def where(ctx: click.Context) -> tuple[Path, str | None]:
     """The state dir and database URL the command being completed would use: its --state-dir
     and --db as typed so far, else the environment, else the nearest .vigil."""
-    from runners.cli.common import default_state_dir
+    from runners.cli.common import default_state_dir, unsafe_default
 
     root = ctx.find_root().params
     state_dir = root.get("state_dir") or os.environ.get("VIGIL_HOME")
     db = root.get("db") or os.environ.get("VIGIL_DB")
-    return (Path(state_dir).absolute() if state_dir else default_state_dir(Path.cwd())), db
+    if state_dir:
+        return Path(state_dir).absolute(), db
+    found = default_state_dir(Path.cwd())
+    refusal = unsafe_default(found)
+    if refusal is not None:  # read no store a planted link aims at (query offers nothing)
+        raise refusal
+    return found, db
 
 
 def query(ctx: click.Context, sql: str, *args: Any) -> list[Any]:
     """The first column of `sql`'s rows (`?` placeholders), from the store read-only."""
-    state_dir, db = where(ctx)
     try:
+        state_dir, db = where(ctx)
         if db and db.startswith("postgresql"):
             return _postgresql(db, sql, args)
         path = (db.split(":///", 1)[1] if db and db.startswith("sqlite:///")
