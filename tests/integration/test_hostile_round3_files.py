@@ -4,6 +4,7 @@ holds a secret. Real processes, real files; each refusal is one line and changes
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import HELLO, ROOT, Vigil, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -84,3 +85,36 @@ def test_a_state_dir_found_under_a_dir_others_can_write_is_refused(short_tmp: Pa
     cp = _cli("--state-dir", str(pub / ".vigil"), "db", "upgrade", cwd=pub)
     assert cp.returncode == 0, cp.stderr
     assert stat.S_IMODE((pub / ".vigil").stat().st_mode) == 0o700
+
+
+# -- 3. a bad env-file line is named by number, never shown ---------------------------------
+
+SECRET = "Sup3rS3cret"
+BAD_LINES = (f"DB_PASSWORD: {SECRET}\n", f"{SECRET}+x==\n")  # no `=`; not a name before it
+
+
+@pytest.mark.parametrize("bad", BAD_LINES)
+def test_a_bad_env_file_line_is_not_shown_at_add(vigil: Vigil, short_tmp: Path, bad: str) -> None:
+    f = short_tmp / "app.env"
+    f.write_text("LEVEL=info\n" + bad)
+    cp = vigil.run("host", "add", "w", "--build", str(HELLO), "--env-file", str(f), check=False)
+    assert cp.returncode == 2 and f"{f}:2" in cp.stderr, cp.stderr
+    assert SECRET not in cp.stdout + cp.stderr, cp.stderr
+
+
+def test_a_bad_env_file_line_is_not_shown_at_a_start(vigil: Vigil, short_tmp: Path) -> None:
+    """The file goes bad after `host add`: the failed start's reason in status, events and
+    the agent's log names file and line, and holds nothing of the line."""
+    f = short_tmp / "app.env"
+    f.write_text("LEVEL=info\n")
+    vigil.add_host("w", HELLO, "--env-file", str(f))
+    f.write_text("LEVEL=info\n" + BAD_LINES[0])
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "w", check=False)
+    wait_for(lambda: vigil.status("w").get("problem"), 20, what="the failed start in status")
+    assert f"env file {f}:2:" in vigil.status("w")["problem"]
+    for out in (json.dumps(vigil.status("w")), vigil.run("events", "w").stdout,
+                vigil.run("status", "w").stdout, vigil.agent_log().decode()):
+        assert SECRET not in out, out
+    vigil.stop_agent(agent)

@@ -40,7 +40,8 @@ def test_a_bad_env_file_line_is_named(vigil: Vigil, tmp_path: Path) -> None:
     bad.write_text("# fine\nGOOD=1\nthis is not an assignment\n")
     err = refused(vigil, "host", "add", "w", "--build", WORKER, "--kind", "worker",
                   "--env-file", str(bad))
-    assert f"env file {bad}:3: 'this is not an assignment' is not NAME=value" in err, err
+    assert f"env file {bad}:3: the line is not NAME=value" in err, err
+    assert "this is not an assignment" not in err, err  # the line may hold a secret
 
 
 def test_an_optional_env_file_may_be_missing(vigil: Vigil) -> None:

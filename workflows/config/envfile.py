@@ -15,7 +15,8 @@ The syntax, as systemd reads it:
   lines (its newlines kept); quoted and unquoted parts next to each other are joined.
 
 A path starting with `-` names an optional file: missing, it is skipped (as systemd).
-A file's values are never shown: not in status, events, logs nor a plan; only its path is.
+A file's values are never shown: not in status, events, logs nor a plan; only its path
+is, and a bad line is named by its number, never by its text.
 Reading the files is the runners' (runners/backend/envfiles.py): this module only parses.
 """
 
@@ -106,11 +107,12 @@ def parse(text: str) -> dict[str, str]:
             line = line[7:].lstrip()
         name, sep, _ = line.partition("=")
         name = name.strip()
+        # A bad line is named by number only: its text may be a value (`PASSWORD: s3cret`).
         if not sep:
-            raise EnvFileError(i + 1, f"{line[:40]!r} is not NAME=value")
+            raise EnvFileError(i + 1, "the line is not NAME=value (its text is not shown)")
         if not NAME.fullmatch(name):
-            raise EnvFileError(i + 1, f"{name[:40]!r} is not a variable name (letters, digits "
-                                      "and _, not starting with a digit)")
+            raise EnvFileError(i + 1, "what comes before '=' is not a variable name (letters, "
+                                      "digits and _, not starting with a digit; not shown)")
         if "\0" in lines[i]:
             raise EnvFileError(i + 1, f"{name} contains a NUL byte")
         rest = lines[i][lines[i].index("=") + 1:]
