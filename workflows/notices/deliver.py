@@ -50,7 +50,10 @@ def drive_delivery(ctx: Context, delivery_id: int) -> Result:
     if begun is None:
         return Result.gone
     crashpoint(BEGUN)
-    sent = _send(port, begun)
+    try:
+        sent = _send(port, begun)
+    except Exception as exc:  # the try's own failure, recorded as itself (not as `interrupted`)
+        sent = Sent(TryOutcome.failed, None, f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300])
     crashpoint(SENT)
     ctx.store.write(lambda s: _record(s, begun, sent))
     crashpoint(RECORDED)

@@ -44,6 +44,10 @@ def check(name: str, words: str, command: str | None, webhook: str | None,
     if command is not None and not command.strip():
         raise BadInput("--exec is empty", "pass a shell command, e.g. --exec 'mail -s vigil ops'")
     if webhook is not None:
+        bad = next((c for c in webhook if c <= " " or c == "\x7f"), None)
+        if bad is not None:  # every try would fail: refused here, not retried forever
+            raise BadInput(f"--webhook {webhook!r} holds a control character or space ({bad!r})",
+                           "percent-encode it (a space is %20)")
         url = urlsplit(webhook)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise BadInput(f"--webhook {webhook!r} is not an http:// or https:// URL",
