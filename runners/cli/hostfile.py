@@ -182,11 +182,44 @@ def _read(path: str) -> tuple[_File, dict[str, Any]]:
         raise BadInput(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
                        f"{exc.start})", "save the file as UTF-8: TOML files are UTF-8 "
                        "(e.g. `iconv -f latin1 -t utf-8`)") from None
+    deep = _too_deep(text)
+    if deep is not None:
+        raise _nested(path, deep)
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise BadInput(f"{path}: invalid TOML: {exc}", "correct the syntax at that line") from None
+    except RecursionError:  # the scan above missed a nesting (it skips what it takes for strings)
+        raise _nested(path, None) from None
     return _File(path, text, file.absolute().parent), doc
+
+
+MAX_NESTING = 32  # arrays and inline tables inside each other: no key needs more than 2
+# Strings and comments (where a bracket is text), else one bracket or brace.
+_TOKEN = re.compile(r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*'
+                    r"|[\[\]{}]", re.DOTALL)
+
+
+def _too_deep(text: str) -> int | None:
+    """The line where arrays and inline tables first nest deeper than MAX_NESTING, else
+    None: tomllib reads them by recursion, and a file nested 100,000 deep would end in a
+    RecursionError's traceback."""
+    depth = 0
+    for m in _TOKEN.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                return text.count("\n", 0, m.start()) + 1
+        elif c in "]}":
+            depth = max(0, depth - 1)
+    return None
+
+
+def _nested(path: str, line: int | None) -> BadInput:
+    return BadInput(f"{path}{f':{line}' if line else ''}: arrays or inline tables nested more "
+                    f"than {MAX_NESTING} deep", "no key of a hosts file nests more than 2: "
+                    "correct the brackets")
 
 
 def load(path: str) -> list[HostSpec]:

