@@ -45,6 +45,10 @@ def _slots(rows: list[Due]) -> int:
     return len(_drives(rows))
 
 
+def _outside(d: Due) -> bool:
+    return KINDS[d.kind].outside
+
+
 class Reconciler:
     """One due row per host per round, rotating which host goes first, at most
     `max_hosts` drives in flight: a drive is one row, or up to GROUP worker wakes started
@@ -54,10 +58,14 @@ class Reconciler:
     A round reads its rows in one query, up to `snapshot` hosts (one row each), and hands
     them out as slots free up: a drive that ends takes the next host of the same round
     instead of paying for a new query over every open row. Anything else that starts a
-    round (a new intent, a row falling due, the safety scan) reads afresh."""
+    round (a new intent, a row falling due, the safety scan) reads afresh.
+
+    Rows of an outside kind (notifications: a try waits on a receiver vigil does not run)
+    go to `max_sends` slots of their own, on a pool of their own: receivers that hang or
+    trickle hold those, never a slot a host's restart or wake needs."""
 
     def __init__(self, ctx: Context, scheduler: BackgroundScheduler, max_hosts: int = 8,
-                 snapshot: int = 256) -> None:
+                 snapshot: int = 256, max_sends: int = 4) -> None:
         self.ctx = ctx
         self.scheduler = scheduler
         self.max_hosts = max_hosts
@@ -65,6 +73,9 @@ class Reconciler:
         self.pool = concurrent.futures.ThreadPoolExecutor(max_hosts, thread_name_prefix="drive")
         self.inflight: set[str] = set()  # hosts of the drives in flight
         self.drives = 0  # drives in flight (a group of wakes is one)
+        self.max_sends = max_sends
+        self.send_pool = concurrent.futures.ThreadPoolExecutor(max_sends, thread_name_prefix="send")
+        self.sends = 0  # sends (rows of an outside kind) in flight
         self.cursor = ""
         self.backlog: list[Due] = []  # the current round's rows not handed out yet
         self._lock = threading.Lock()
@@ -159,14 +170,14 @@ class Reconciler:
         self.rounds += 1
         self.last_round_at = datetime.now(UTC)
         fresh, backlog = self._backlog()
-        taken = self._hand_out(backlog)
+        left = self._hand_out(backlog)
         if fresh:  # after the per-host drives are on their way: a deploy does not wait on it
             self._drain()
             try:
                 collect_listeners(self.ctx)  # a removed host's sockets are closed
             except Exception:
                 log.exception("closing listeners no host names failed; the next round retries")
-        self._next_round(backlog, taken)
+        self._next_round(left)
 
     def _backlog(self) -> tuple[bool, list[Due]]:
         """Whether this round reads afresh, and its rows: what is left of the last read (no
@@ -174,54 +185,77 @@ class Reconciler:
         with self._lock:
             busy = set(self.inflight)
             free = self.max_hosts - self.drives
+            room = free > 0 or self.sends < self.max_sends  # a send slot takes only a send
             fresh, self._fresh = self._fresh, False
             if fresh:
                 self.backlog = []
             backlog = [d for d in self.backlog if d.host not in busy]
-        if free > 0 and len(backlog) < free * GROUP:  # a slot may take a group of rows
+        if room and len(backlog) < max(free, 1) * GROUP:  # a slot may take a group of rows
             # Rotate: hosts after the cursor go first, so no host is always last.
             skip = busy | {d.host for d in backlog}
             backlog += due(self.ctx, utcnow(), skip=skip, after=self.cursor,
                            limit=self.snapshot - len(backlog))
         return fresh, backlog
 
-    def _hand_out(self, backlog: list[Due]) -> int:
-        """Drive the backlog's rows while slots are free; how many of its rows were taken.
-        A slot drives one row, or up to GROUP rows of a grouped kind (worker wakes)."""
-        taken = 0
+    def _hand_out(self, backlog: list[Due]) -> list[Due]:
+        """Drive the backlog's rows while slots are free; the rows left for later. A slot
+        drives one row, or up to GROUP rows of a grouped kind (worker wakes); a send slot
+        one row of an outside kind."""
+        rest = backlog
         while True:
-            admitted: list[Due] = []
-            for d in backlog[taken:]:
-                with self._lock:
-                    if d.host in self.inflight:
-                        taken += 1
-                        continue
-                    if self.drives + _slots([*admitted, d]) > self.max_hosts:
-                        break
-                    self.inflight.add(d.host)
-                taken += 1
-                # Past the last host admitted: a full window moves on by its whole width, so
-                # a late host never waits behind the same slow hosts round after round.
-                self.cursor = d.host
-                admitted.append(d)
+            admitted, left = self._admit(rest)
             won = self._claim(admitted) if admitted else []
             for work in _drives(won or []):
+                outside = _outside(work[0])  # a group is of one kind
                 with self._lock:
-                    self.drives += 1
-                self.pool.submit(self._drive, work)
+                    if outside:
+                        self.sends += 1
+                    else:
+                        self.drives += 1
+                pool = self.send_pool if outside else self.pool
+                pool.submit(self._drive, work)
             for d in admitted:
                 if won is None or d not in won:
                     with self._lock:
                         self.inflight.discard(d.host)
             # Rows another agent claimed first free their slot for the next host of the round.
-            if won is None or len(won) == len(admitted) or taken >= len(backlog):
-                return taken
+            if won is None or len(won) == len(admitted) or not left:
+                return left
+            rest = left
 
-    def _next_round(self, backlog: list[Due], taken: int) -> None:
+    def _admit(self, rows: list[Due]) -> tuple[list[Due], list[Due]]:
+        """The rows that fit the free slots (marked in flight), and those left, in order.
+        Once the drive slots are full the host rows wait; sends go on to their own slots."""
+        admitted: list[Due] = []
+        left: list[Due] = []
+        sends, full = 0, False
+        with self._lock:
+            for d in rows:
+                if d.host in self.inflight:
+                    continue  # its drive in flight comes back for it
+                if _outside(d):
+                    if self.sends + sends >= self.max_sends:
+                        left.append(d)  # a send in flight comes back for it
+                        continue
+                    sends += 1
+                else:
+                    drives = [x for x in admitted if not _outside(x)]
+                    if full or self.drives + _slots([*drives, d]) > self.max_hosts:
+                        full = True
+                        left.append(d)
+                        continue
+                    # Past the last host admitted: a full window moves on by its whole width,
+                    # so a late host never waits behind the same slow hosts round after round.
+                    self.cursor = d.host
+                self.inflight.add(d.host)
+                admitted.append(d)
+        return admitted, left
+
+    def _next_round(self, left: list[Due]) -> None:
         """Keep the rows not handed out for the drives to come back for; when none are left,
         a round when the next row falls due."""
         with self._lock:
-            self.backlog = backlog[taken:]
+            self.backlog = left
             if self.backlog:
                 return  # the drives in flight come back for the rest of this round
             busy = set(self.inflight)
@@ -276,7 +310,10 @@ class Reconciler:
                     log.exception("drive kind=%s id=%s host=%s crashed", d.kind, d.id, d.host)
         finally:
             with self._lock:
-                self.drives -= 1
+                if _outside(work[0]):
+                    self.sends -= 1
+                else:
+                    self.drives -= 1
                 for d in work:
                     self.inflight.discard(d.host)
             self.kick(fresh=False)
@@ -293,3 +330,4 @@ class Reconciler:
         if self._thread is not None:
             self._thread.join(30)
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.send_pool.shutdown(wait=True, cancel_futures=True)

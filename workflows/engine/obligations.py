@@ -59,6 +59,9 @@ class Kind:
     # by `drive_group(ctx, ids)`: a worker's wake, whose start has nothing slow to check.
     grouped: Any = None
     drive_group: Callable[[Context, list[int]], dict[int, Result | Exception]] | None = None
+    # Driven on slots of its own (a notification waits on a receiver outside vigil): never
+    # on the slots the restarts, wakes and stops of hosts need.
+    outside: bool = False
 
     @property
     def host(self) -> Any:
@@ -80,9 +83,11 @@ KINDS: dict[str, Kind] = {
         # Advanced by whichever agent claims it; its attempts by each host's lease holder.
         Kind("rollout", Rollout, Rollout.id, Rollout.state.in_(OPEN_ROLLOUT), drive_rollout,
              label=literal("rollout #", String) + cast(Rollout.id, String)),
-        # Sent by any agent, one try per notifier in flight (paced under `notify NAME`).
+        # Sent by any agent, one try per notifier in flight (paced under `notify NAME`), on
+        # the reconciler's send slots.
         Kind("notification", Delivery, Delivery.id, Delivery.delivered_at.is_(None),
-             drive_delivery, label=literal("notify ", String) + Delivery.notifier),
+             drive_delivery, label=literal("notify ", String) + Delivery.notifier,
+             outside=True),
     )
 }
 
