@@ -15,23 +15,31 @@ import shutil
 from pathlib import Path
 
 from models.store import private_dirs
+from runners.backend.safefiles import read_capped
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
 MAX_BYTES = 1 << 20  # a credential is a key or a token, not a data set
 
 
+def load(name: str, path: str) -> bytes:
+    """The source's bytes, read once (what is checked is what is copied): a regular file of
+    at most MAX_BYTES, its last component not a link, opened without blocking (a FIFO
+    wedged the CLI and the agent; /dev/zero, of st_size 0, filled the disk). Raises
+    ValueError, one line."""
+    if not NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a credential name (letters, digits, '_', '.', '-')")
+    try:
+        return read_capped(path, MAX_BYTES)
+    except FileNotFoundError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from None
+
+
 def check(name: str, path: str) -> str | None:
     """Why `NAME=PATH` cannot be a credential, or None."""
-    if not NAME.fullmatch(name):
-        return f"{name!r} is not a credential name (letters, digits, '_', '.', '-')"
     try:
-        size = os.stat(path).st_size
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        return f"{path}: cannot read it ({exc.strerror})"
-    if size > MAX_BYTES:
-        return f"{path} is {size} bytes; a credential holds at most {MAX_BYTES}"
+        load(name, path)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 
@@ -47,20 +55,30 @@ class Credentials:
         d = self.root / uuid
         shutil.rmtree(d, ignore_errors=True)  # a start tried again: copied afresh
         d.mkdir(mode=0o700)
-        for name, src in creds.items():
-            why = check(name, src)
-            if why is not None:
-                raise ValueError(f"credential {name}: {why}")
-            dest = d / name
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
-            with os.fdopen(fd, "wb") as out, open(src, "rb") as f:
-                shutil.copyfileobj(f, out)
-            if uid is not None:
-                os.chown(dest, uid, -1)
+        try:
+            for name, src in creds.items():
+                self._copy(d / name, name, src, uid)
+        except (ValueError, OSError) as exc:
+            shutil.rmtree(d, ignore_errors=True)  # a refused start leaves no part copied
+            if isinstance(exc, ValueError):
+                raise
+            raise ValueError(f"credentials cannot be copied into {d} ({exc.strerror})") from None
         if uid is not None:
             os.chown(d, uid, -1)
         os.chmod(d, 0o500)
         return str(d)
+
+    @staticmethod
+    def _copy(dest: Path, name: str, src: str, uid: int | None) -> None:
+        try:
+            data = load(name, src)
+        except ValueError as exc:
+            raise ValueError(f"credential {name}: {exc}") from None
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        if uid is not None:
+            os.chown(dest, uid, -1)
 
     def forget(self, uuid: str) -> None:
         """After the proof: its directory removed (nothing of it runs to read it)."""

@@ -6,23 +6,25 @@ from __future__ import annotations
 import os
 
 from models.errors import BadInput
+from runners.backend.safefiles import read_capped
 from workflows.config.envfile import EnvFileError, optional, parse
+
+MAX_BYTES = 1 << 20  # settings, not data: the environment of a process holds far less
 
 
 def read(entry: str) -> dict[str, str] | None:
     """The assignments of one `--env-file` entry; None for a missing optional file.
     Raises ValueError naming the file (and line) and the fix."""
     path, skip_missing = optional(entry)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
+    try:  # no link, FIFO or device; at most MAX_BYTES (/dev/zero was a MemoryError)
+        raw = read_capped(path, MAX_BYTES)
     except FileNotFoundError:
         if skip_missing:
             return None
         raise ValueError(f"env file {path} does not exist (prefix it with '-' to make it "
                          "optional)") from None
-    except OSError as exc:
-        raise ValueError(f"env file {path}: cannot read it ({exc.strerror})") from None
+    except ValueError as exc:
+        raise ValueError(f"env file {exc}") from None
     try:
         return parse(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:

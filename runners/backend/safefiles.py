@@ -60,11 +60,11 @@ def writable_by_others(path: str) -> str | None:
         return None
     me, mode = os.geteuid(), stat.S_IMODE(st.st_mode)
     if mode & stat.S_IWOTH:
-        return f"any user (mode {mode:04o})"
+        return f"any user, mode {mode:04o}"
     if st.st_uid not in (me, 0):
         return f"its owner, uid {st.st_uid}"
     if mode & stat.S_IWGRP and _group_has_others(st.st_gid, me):
-        return f"group {st.st_gid} (mode {mode:04o})"
+        return f"group {st.st_gid}, mode {mode:04o}"
     return None
 
 

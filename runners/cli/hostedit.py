@@ -24,7 +24,9 @@ from runners.cli.common import SECONDS, Env, echo_json
 UNSETTABLE = ("args", "env", "cwd", "socket-group", "socket-mode", "listen", "ready",
               "health-interval", "unhealthy-after", "unhealthy-restart", "max-run",
               "restart-floor", "restart-cap", "restart-reset", "converge-grace", "one-shot",
-              "drain-timeout", "health-timeout", "after", "on-store-loss")
+              "drain-timeout", "health-timeout", "after", "on-store-loss", "env-file",
+              "credential")
+KEY_OF = {"credential": "credentials"}  # an option whose hosts-file key is named otherwise
 
 
 def _options() -> Any:
@@ -38,7 +40,7 @@ def _options() -> Any:
     @dataclass(frozen=True)
     class Options(_File):
         def bad(self, host: str | None, key: str | None, reason: str, fix: str) -> BadInput:
-            option = "--" + (key or "").replace("_", "-")
+            option = "--" + {v: k for k, v in KEY_OF.items()}.get(key or "", key or "").replace("_", "-")
             return BadInput(f"host set {host}: {option}: {reason}", fix)
 
     return Options(path="", text="", base=Path.cwd())
@@ -133,6 +135,12 @@ SET_OPTIONS = [
                   "sets K, keeps the others)."),
     click.option("--unset-env", "unset_envs", multiple=True, metavar="K", help="Drop env K."),
     click.option("--cwd", default=None, help="Working directory of the app."),
+    click.option("--env-file", "env_files", multiple=True, metavar="[-]PATH",
+                 help="A systemd EnvironmentFile= file read at each start (repeatable; "
+                      "replaces them all; -PATH: skipped when missing)."),
+    click.option("--credential", "credentials", multiple=True, metavar="NAME=PATH",
+                 help="A secret file copied at each start to $CREDENTIALS_DIRECTORY/NAME "
+                      "(repeatable; replaces them all)."),
     click.option("--drain-timeout", type=SECONDS, default=None),
     click.option("--health-timeout", type=SECONDS, default=None),
     click.option("--socket-group", default=None),
@@ -224,12 +232,18 @@ def _lay_over(table: dict[str, Any], given: dict[str, Any], unsets: tuple[str, .
               envs: tuple[str, ...], unset_envs: tuple[str, ...],
               listens: tuple[str, ...]) -> None:
     """The options given, laid over the stored host's keys (an --unset one left out)."""
+    from runners.cli.runopts import credential_items
+
     given = {k: v for k, v in given.items() if v not in (None, ())}
     for key in unsets:
-        table.pop(key.replace("-", "_"), None)
+        table.pop(KEY_OF.get(key, key).replace("-", "_"), None)
     for key in ("args", "after"):
         if key in given:
             given[key] = list(given[key])
+    if "env_files" in given:  # the hosts file's key; checked there as `host add` checks it
+        given["env_file"] = list(given.pop("env_files"))
+    if "credentials" in given:
+        given["credentials"] = credential_items(given["credentials"])
     if envs or unset_envs:
         given["env"] = _env(dict(table.get("env", {})), envs, unset_envs)
     if listens:

@@ -115,15 +115,39 @@ def checked_run(opts: dict[str, Any]) -> dict[str, Any]:
                                    lambda t: parse_count(t, "--limit-nofile ")),
               "limit_core": _opt(opts.pop("limit_core", None), parse_core)}
     check_limits(limits)
+    creds = credential_items(opts.pop("credentials", ()) or ())
+    env_files = check_entries(files)
+    warn_shared(env_files, "--env-file ")
+    return {"run_user": user, "run_group": group, "env_files": json.dumps(env_files),
+            "credentials": json.dumps(check_credentials(creds)), **limits}
+
+
+def warn_shared(paths: list[str], label: str) -> None:
+    """One line for each file in a directory others can write: one of them could swap it
+    for a file of theirs (a link, FIFO or device is refused at each start, not that)."""
+    import os
+
+    from runners.backend.safefiles import writable_by_others
+
+    for path in paths:
+        d = os.path.dirname(path.removeprefix("-"))
+        who = writable_by_others(d)
+        if who is not None:
+            click.echo(f"vigil: warning: {label}{path.removeprefix('-')}: {d} is a directory "
+                       f"others can write ({who}), so one of them could replace the file; "
+                       "keep it where only its owner can write", err=True)
+
+
+def credential_items(items: tuple[str, ...] | list[str], label: str = "--credential ") -> dict[str, str]:
+    """`NAME=PATH` options as a table (not checked yet). Raises BadInput."""
     creds: dict[str, str] = {}
-    for item in opts.pop("credentials", ()) or ():
+    for item in items:
         name, sep, path = item.partition("=")
         if not sep:
-            raise BadInput(f"--credential {item!r} is not NAME=PATH",
+            raise BadInput(f"{label}{item!r} is not NAME=PATH",
                            "write it as --credential token=/etc/app/token")
         creds[name] = path
-    return {"run_user": user, "run_group": group, "env_files": json.dumps(check_entries(files)),
-            "credentials": json.dumps(check_credentials(creds)), **limits}
+    return creds
 
 
 def check_credentials(creds: dict[str, str], label: str = "--credential ") -> dict[str, str]:
@@ -136,8 +160,10 @@ def check_credentials(creds: dict[str, str], label: str = "--credential ") -> di
     for name, path in creds.items():
         why = check(name, path)
         if why is not None:
-            raise BadInput(f"{label}{name}: {why}", "name a readable file: NAME=PATH")
+            raise BadInput(f"{label}{name}: {why}", "name a readable regular file of at most "
+                           "1 MiB, not a link: NAME=PATH")
         out[name] = os.path.abspath(path)
+    warn_shared(list(out.values()), label or "credential ")
     return out
 
 
@@ -183,9 +209,11 @@ def file_env_files(v: Any, base: Path) -> str:
     rooted = [("-" if e.startswith("-") else "") + str(base / e.removeprefix("-"))
               for e in entries]
     try:
-        return json.dumps(check_entries(rooted, label=""))
+        checked = check_entries(rooted, label="")
     except BadInput as exc:
         raise Invalid(exc.cause, exc.fix or "") from None
+    warn_shared(checked, "env file ")
+    return json.dumps(checked)
 
 
 def file_limit(parse: Callable[[str], int]) -> Callable[[Any, Path], int]:
