@@ -23,7 +23,8 @@ def notify() -> None:
               help="A shell command; it reads the event as JSON on its stdin.")
 @click.option("--webhook", default=None, help="An http(s) URL; it is POSTed the event as JSON.")
 @click.option("--timeout", default=10.0, show_default=True, type=float,
-              help="Seconds a try may take (at most 20): the command is killed past it.")
+              help="Seconds a try may take, all of it (at most 20): the command is "
+                   "killed, a webhook's connection cut, past it.")
 @click.pass_obj
 def notify_add(env: Env, name: str, words: str, command: str | None, webhook: str | None,
                timeout: float) -> None:

@@ -11,14 +11,23 @@ data request carries (`Authorization: Bearer TOKEN`; the page sends what its URL
 gave it, then drops it from the address bar), compared in constant time; the page, its
 script and its style hold no data and need none. Nothing on the page is an env value or a
 credential: the rows are `vigil top`'s cells, the events' details are cut to ids, builds,
-modes, waves and reasons."""
+modes, waves and reasons.
+
+Hostile requests: without a token the page answers only to the Host names of its listen
+address (localhost, 127.0.0.1, [::1] with its port, and --allow-host names), so a page in
+the operator's browser cannot read it by DNS rebinding (421 to any other). Waitress is held
+to GET: a request body is refused (413) before a byte of it is read, a request's headers
+must come whole within HEADER_TIME and in HEADER_BYTES, an idle connection is closed after
+IDLE_TIME, and at most CONNECTIONS are open at once."""
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
 import json
+import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +43,11 @@ DEFAULT_LISTEN = "127.0.0.1:8377"
 WINDOW = timedelta(hours=1)  # the timeline's and the restart chart's span
 BUCKETS = 30  # bars of the restart chart: two minutes each
 EVENTS = 20
+HEADER_TIME = 10.0  # seconds a request's headers may take to come whole (waitress has no bound)
+HEADER_BYTES = 8192  # a request's line and headers (the page's own are well under 1 KiB)
+IDLE_TIME = 10  # seconds an idle connection is kept (the page asks every 2 s)
+CONNECTIONS = 32  # open at once (a browser opens about 6)
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 HERE = Path(__file__).parent
 FILES = {"/": ("ui.html", "text/html; charset=utf-8"),
          "/ui.js": ("ui.js", "text/javascript; charset=utf-8"),
@@ -51,6 +65,7 @@ class Page:
         from runners.cli.topview import Sampler
 
         self.env, self.token = env, token
+        self.hosts: set[str] | None = None  # the Host values answered (None: any, a token checks)
         self.store = env.store()
         self.sampler = Sampler()
         self.lock = threading.Lock()  # one sampler: a CPU % is over the time between reads
@@ -60,6 +75,9 @@ class Page:
     def __call__(self, environ: dict[str, Any], start: Start) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             return _reply(start, "405 Method Not Allowed", b"read-only\n", "text/plain")
+        if self.hosts is not None and environ.get("HTTP_HOST", "").lower() not in self.hosts:
+            return _reply(start, "421 Misdirected Request", b"this page answers to its own "
+                          b"address only (vigil ui --allow-host NAME adds a name)\n", "text/plain")
         path = environ.get("PATH_INFO") or "/"
         if path in self.files:  # the page and its script hold no data: no token needed
             body, kind = self.files[path]
@@ -134,17 +152,40 @@ def parse_listen(listen: str, token_file: str | None) -> dict[str, Any]:
     return {"host": host, "port": number}
 
 
+def host_names(host: str, port: int, allow: tuple[str, ...]) -> set[str]:
+    """The Host header values a page listening on host:port answers to: its loopback names
+    with the port (alone on port 80), the listen address itself and each --allow-host NAME
+    (with the port, unless it gives one)."""
+    names = {*LOOPBACK_NAMES, _host(host), *allow}
+    out = set()
+    for name in names:
+        name = name.lower()
+        if name.startswith("[") and name.endswith("]") or ":" not in name:
+            out.add(f"{name}:{port}")
+            if port == 80:
+                out.add(name)
+        elif name.count(":") > 1 and not name.startswith("["):  # a bare IPv6 address
+            out.add(f"[{name}]:{port}")
+        else:
+            out.add(name)
+    return out
+
+
 def read_token(token_file: str | None) -> str | None:
     if token_file is None:
         return None
     try:
         token = Path(token_file).read_text().strip()
+        mode = os.stat(token_file).st_mode
     except OSError as exc:
         raise BadInput(f"--token-file {token_file}: {exc.strerror}",
                        "give a readable file holding the token") from None
     if len(token) < 16:
         raise BadInput(f"--token-file {token_file} holds a token of {len(token)} characters",
                        "use at least 16 (e.g. `openssl rand -hex 16 > FILE`)")
+    if mode & 0o044:  # served all the same: the operator may mean it, but should know
+        click.echo(f"vigil ui: warning: --token-file {token_file} is readable by others (mode "
+                   f"{mode & 0o777:o}): chmod 600 {token_file}", err=True)
     return token
 
 
@@ -153,17 +194,21 @@ def read_token(token_file: str | None) -> str | None:
               help="HOST:PORT (port 0: any free one) or unix:PATH to serve the page on.")
 @click.option("--token-file", default=None,
               help="A file holding the token every request must carry (required off loopback).")
+@click.option("--allow-host", "allow", multiple=True, metavar="NAME[:PORT]",
+              help="Without a token: a Host name the page also answers to (repeatable); "
+                   "by default only localhost, 127.0.0.1 and [::1] with its port.")
 @click.pass_obj
-def ui(env: Env, listen: str, token_file: str | None) -> None:
+def ui(env: Env, listen: str, token_file: str | None, allow: tuple[str, ...]) -> None:
     """A read-only status page of hosts, open obligations, deploys and rollouts and
     restarts, live in a browser (served from the store; the agent need not run)."""
     where = parse_listen(listen, token_file)
     token = read_token(token_file)
-    from waitress import create_server
-
-    server: Any = create_server(Page(env, token), threads=4, ident="vigil", **where)
+    page = Page(env, token)
+    server = _server(page, listen, where)
     url = (f"unix:{where['unix_socket']}" if "unix_socket" in where else
            f"http://{_host(where['host'])}:{server.effective_port}/")
+    if token is None and "host" in where:  # a unix socket is 0600: no browser reaches it
+        page.hosts = host_names(where["host"], server.effective_port, allow)
     click.echo(f"vigil ui: serving {env.state_dir} on {url} (Ctrl-C to end)")
     try:
         server.run()
@@ -175,3 +220,54 @@ def ui(env: Env, listen: str, token_file: str | None) -> None:
 
 def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+def _server(page: Page, listen: str, where: dict[str, Any]) -> Any:
+    """Waitress held to what the page needs (see the module's docstring); one line when
+    it cannot listen."""
+    from waitress import create_server
+
+    unix = "unix_socket" in where
+    try:
+        server: Any = create_server(
+            page, threads=4, ident="vigil", max_request_body_size=1,  # any body: 413, unread
+            max_request_header_size=HEADER_BYTES, channel_timeout=IDLE_TIME,
+            cleanup_interval=1, connection_limit=CONNECTIONS, **where)
+    except OSError as exc:
+        raise BadInput(f"--listen {listen}: cannot listen: {exc.strerror or exc}",
+                       "give a unix:PATH in a directory that exists" if unix else
+                       "stop what listens there or pick another port (port 0: any free "
+                       "one)") from None
+    # One server, or (a name of several addresses) a MultiSocketServer holding one each.
+    many = [server] if hasattr(server, "channel_class") else list(server.map.values())
+    for one in many:
+        if hasattr(one, "channel_class"):
+            _bound_headers(one)
+    return server
+
+
+def _bound_headers(server: Any) -> None:
+    """A request whose headers have not come whole HEADER_TIME after its first byte is
+    cut: waitress's channel_timeout only closes a connection idle that long, so one
+    trickling a byte at a time would hold it (and a connection slot) for good."""
+    from waitress.channel import HTTPChannel
+
+    class Channel(HTTPChannel):  # type: ignore[misc]
+        began = 0.0  # when the request being read began
+
+        def received(self, data: bytes) -> bool:
+            if self.request is None and data:
+                self.began = time.time()
+            return bool(super().received(data))
+
+    plain = server.maintenance
+
+    def maintenance(now: float) -> None:
+        plain(now)
+        for channel in list(server.active_channels.values()):
+            if (channel.request is not None and not channel.requests
+                    and now - getattr(channel, "began", now) > HEADER_TIME):
+                channel.will_close = True
+
+    server.channel_class = Channel
+    server.maintenance = maintenance
