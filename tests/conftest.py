@@ -17,7 +17,6 @@ import sys
 import tempfile
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,12 @@ from models.store import Store, sqlite_url
 from workflows.config.hostrows import status
 
 ROOT = Path(__file__).resolve().parent.parent
+# The apps' `#!/usr/bin/env python3` finds this run's interpreter first, not a pyenv shim
+# (these boxes put /root/.pyenv/shims first): the shim is a bash script whose forks carry
+# the app's environment and command line for a moment, so a scan at that moment counts
+# them as the app's processes (test_group_wake's "4 live processes for 3 spawns"), and it
+# costs ~150 ms of CPU at every app start (33 ms without it).
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 FIXTURES = ROOT / "tests" / "fixtures"
 HELLO = ROOT / "examples" / "hello" / "hello.py"
 
@@ -60,24 +65,30 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"vigil database: {selected_db()}"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`@pytest.mark.sqlite_only("why")` / `postgresql_only("why")`: inherently one-dialect
-    tests, skipped with their reason on the other database; `no_db`: run once, on SQLite;
-    `once("why")`: run once, on one of the two (by a hash of the test's id, so the runs share
-    the work)."""
-    for item in items:
-        if on_postgresql() and item.get_closest_marker("no_db") is not None:
-            item.add_marker(pytest.mark.skip(reason="touches no database: run by the SQLite run"))
-        once = item.get_closest_marker("once")
-        if once is not None:  # each runs in one of the two runs, split by its id
-            home = DIALECTS[zlib.crc32(item.nodeid.encode()) % 2]
-            if home != selected_db():
-                item.add_marker(pytest.mark.skip(reason=f"run once, by the {home} run: {once.args[0]}"))
-        for dialect in DIALECTS:
-            mark = item.get_closest_marker(f"{dialect}_only")
-            if mark is not None and selected_db() != dialect:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test runs on SQLite. On PostgreSQL run only the tests whose outcome can differ
+    there: `@pytest.mark.backend("why")` (the store, its migrations, claims, locks, LISTEN,
+    leases, the crash matrix's store steps) and `postgresql_only("why")`; the others are
+    deselected (docs/internals/testing.md says how a new test is classified), as are the
+    `sqlite_only("why")` tests of a `backend` module."""
+    if not on_postgresql():
+        for item in items:
+            mark = item.get_closest_marker("postgresql_only")
+            if mark is not None:
                 why = mark.args[0] if mark.args else "one-dialect test"
-                item.add_marker(pytest.mark.skip(reason=f"{dialect} only: {why}"))
+                item.add_marker(pytest.mark.skip(reason=f"postgresql only: {why}"))
+        return
+    kept, dropped = [], []
+    for item in items:
+        on_both = item.get_closest_marker("backend") is not None
+        if item.get_closest_marker("postgresql_only") is not None or (
+                on_both and item.get_closest_marker("sqlite_only") is None):
+            kept.append(item)
+        else:
+            dropped.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_sessionstart() -> None:
@@ -97,7 +108,11 @@ def pytest_sessionstart() -> None:
                 drop_db(_pg_url(name))
 
 
-def pytest_sessionfinish() -> None:
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    left = leftovers(_RUN_DIRS)  # whatever a per-test check could not see (module fixtures)
+    if left:
+        print(f"\nprocesses of this run's state dirs left at its end (killed now): {left}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if on_postgresql():  # a database whose test died before its teardown, and the template
         for name in _pg_databases(PG_PREFIX):
             drop_db(_pg_url(name))
@@ -504,10 +519,51 @@ class Vigil:
 
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
-    """A short directory: unix socket paths must stay under 108 bytes."""
+    """A short directory: unix socket paths must stay under 108 bytes. Every box of a test
+    lives in one, so a process still naming it once the test's teardown is over was left
+    behind: it is killed by pid and the test fails, naming it."""
     d = Path(tempfile.mkdtemp(prefix="vg", dir="/tmp"))
+    _RUN_DIRS.append(str(d))
+    since = time.time()
     yield d
-    shutil.rmtree(d, ignore_errors=True)
+    try:
+        left = leftovers([str(d)], since)
+        assert not left, f"processes left behind by this test (killed now): {left}"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+_RUN_DIRS: list[str] = []  # every short_tmp of this run, for the session's last check
+
+
+def naming(p: psutil.Process, dirs: list[str]) -> bool:
+    """The process names one of `dirs` in its command line, its environment or its cwd."""
+    seps = tuple(d.rstrip(os.sep) for d in dirs)
+    try:
+        text = [*p.cmdline(), *p.environ().values(), p.cwd()]
+    except (psutil.Error, OSError):
+        return False
+    return any(v == d or v.startswith(d + os.sep) or (d + os.sep) in v
+               for v in text for d in seps)
+
+
+def leftovers(dirs: list[str], since: float = 0.0) -> list[str]:
+    """Live (not zombie) processes started after `since` that name one of `dirs`: each
+    SIGKILLed by pid, and described (pid, parent, start time, command line)."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.create_time() < since - 1 or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if not naming(p, dirs):
+                continue
+            found.append(f"pid {p.pid} (parent {p.ppid()}, started "
+                         f"{time.strftime('%H:%M:%S', time.localtime(p.create_time()))}): "
+                         f"{' '.join(p.cmdline())[:300]}")
+            p.kill()
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 @pytest.fixture(params=["auto"])

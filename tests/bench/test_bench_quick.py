@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.no_db
-
 ROOT = Path(__file__).resolve().parent.parent.parent
 BENCH = ROOT / "bench"
 

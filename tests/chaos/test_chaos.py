@@ -124,7 +124,12 @@ def keep(v: Vigil, seed: int) -> None:
                         ignore=shutil.ignore_patterns("*.sock", "*.lock"), symlinks=True)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+# The overlap switch's LostRace was found on PostgreSQL: one seed runs there too.
+ON_BOTH = pytest.mark.backend("the chaos that found the overlap switch's race on PostgreSQL")
+
+
+@pytest.mark.parametrize("seed", [pytest.param(n, marks=ON_BOTH) if n == SEEDS[-1] else n
+                                  for n in SEEDS])
 def test_chaos(vigil: Vigil, short_tmp: Path, seed: int) -> None:
     builds = make_builds(short_tmp)
     hosts = host_specs(tcp=3, unix=3)

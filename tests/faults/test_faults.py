@@ -563,6 +563,7 @@ COMMITS = [
 ABANDONS = {"calls _admit", "spawn.<locals>.recorded", "calls _switch", "_stop_old.<locals>.step"}
 
 
+@pytest.mark.backend("a commit that fails: the store's retry and rollback")
 @pytest.mark.parametrize(("scenario", "target"), COMMITS, ids=[f"{s}:{t.split('.')[0]}.{t.split('.')[-1]}" for s, t in COMMITS])
 def test_one_failed_commit_is_retried_and_nothing_is_lost(
         box: Box, apps: dict[str, Path], scenario: str, target: str) -> None:

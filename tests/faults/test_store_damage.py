@@ -293,6 +293,7 @@ def test_wal_deleted_under_the_agent_halts_it_and_loses_nothing(vigil: Vigil) ->
 # -- item 11: the schema downgraded under a running agent -------------------------------------
 
 
+@pytest.mark.backend("the schema check, per dialect")
 def test_schema_downgraded_under_the_agent_halts_it_with_one_line(vigil: Vigil) -> None:
     vigil.add_host("hello")
     agent = vigil.start_agent()

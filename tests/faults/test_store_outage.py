@@ -27,7 +27,8 @@ from tests.faults.test_store_damage import agent_lines
 from tests.integration.test_cli_bad_input import refused
 from tests.integration.test_deploy_outcomes import get, variant
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.backend("the store out of reach or out of room")]
 
 
 def serves(v: Vigil, host: str = "hello") -> None:

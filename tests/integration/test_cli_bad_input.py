@@ -95,6 +95,7 @@ def test_host_add_bad_input(hello: Vigil, short_tmp: Path, case: str) -> None:
 COMMANDS = [("status",), ("wake", "hello"), ("host", "add", "other", "--build", str(HELLO)), ("agent",)]
 
 
+@pytest.mark.backend("the schema check, per dialect")
 def test_database_not_at_head(hello: Vigil) -> None:
     downgrade(hello.store.engine, "base")
     before = dump(hello)
@@ -103,6 +104,7 @@ def test_database_not_at_head(hello: Vigil) -> None:
         assert dump(hello) == before, args
 
 
+@pytest.mark.backend("an empty store, per dialect")
 def test_state_dir_never_upgraded(short_tmp: Path) -> None:
     fresh = Vigil(short_tmp / "fresh")
     try:

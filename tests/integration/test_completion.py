@@ -63,7 +63,6 @@ def test_a_missing_store_completes_nothing_quietly(vigil: Vigil) -> None:
     assert offered == []
 
 
-@pytest.mark.no_db
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
 def test_completion_prints_the_shell_s_code(shell: str) -> None:
     cp = subprocess.run([sys.executable, "-m", "runners.cli", "completion", shell],

@@ -127,6 +127,7 @@ def one_line_error(cp: Any) -> str:
 # -- overlap: done, failed, settle, deaf old generation ------------------------------------
 
 
+@pytest.mark.backend("an overlap deploy end to end, over each store")
 def test_good_overlap_deploy_switches_drains_and_records(vigil: Vigil, short_tmp: Path) -> None:
     old = awake(vigil)
     new_build = variant(HELLO, short_tmp / "hello.py", "v2")
@@ -280,6 +281,7 @@ def test_superseded_in_flight_attempt_is_abandoned_never_failed(vigil: Vigil, sh
     ends_clean(vigil)
 
 
+@pytest.mark.backend("one deploy superseding another: guarded moves racing")
 def test_back_to_back_deploys_older_abandoned_newer_done(vigil: Vigil, short_tmp: Path) -> None:
     awake(vigil, settle=3)
     b = variant(HELLO, short_tmp / "b.py", "b")

@@ -31,8 +31,7 @@ from tests.listening import (
 pytestmark = pytest.mark.timeout(900)
 DEPLOYS = 10
 CRASHES = 10
-MARKER_ONCE = pytest.mark.once("containment, not the store: the marker variant runs once")
-CONTAINMENTS = ["auto", pytest.param("marker", marks=MARKER_ONCE)]
+CONTAINMENTS = ["auto", "marker"]
 
 
 def started(v: Vigil, short_tmp: Path, *extra: str) -> tuple[list[Path], int]:

@@ -24,7 +24,7 @@ from runners.backend.process import ProcessBackend, SpawnError
 from workflows.base.ports import ProcRef, SpawnSpec
 
 # The process backend alone: no database, so nothing to repeat on PostgreSQL.
-pytestmark = [pytest.mark.timeout(60), pytest.mark.no_db]
+pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"

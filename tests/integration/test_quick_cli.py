@@ -240,7 +240,6 @@ def test_logs_name_each_generation(vigil: Vigil) -> None:
     assert f"g{first} | done" not in got.splitlines(), got  # -n 0: nothing old
 
 
-@pytest.mark.once("the output cap does not depend on the store")
 def test_a_chatty_app_cannot_fill_the_disk(vigil: Vigil) -> None:
     """1 GiB written as fast as the app can: the files stay within --log-files of
     --log-max-bytes, at every moment, and the newest lines are kept."""

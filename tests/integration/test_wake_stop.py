@@ -55,6 +55,7 @@ def stopped_clean(vigil: Vigil, host: str, *pids: int) -> None:
     vigil.check()
 
 
+@pytest.mark.backend("the life cycle end to end, over each store")
 def test_wake_serve_stop_round_trip(vigil: Vigil) -> None:
     vigil.add_host("hello")
     agent = vigil.start_agent()
@@ -127,6 +128,7 @@ def test_worker_round_trip(vigil: Vigil) -> None:
     stopped_clean(vigil, "wk", st["pid"])
 
 
+@pytest.mark.backend("recovery reads each store")
 def test_agent_restart_adopts_the_running_app(vigil: Vigil) -> None:
     vigil.add_host("hello")
     agent = vigil.start_agent()
@@ -147,6 +149,7 @@ def test_agent_restart_adopts_the_running_app(vigil: Vigil) -> None:
     vigil.check()
 
 
+@pytest.mark.backend("the restart's intent, woken by each store")
 def test_app_killed_under_a_running_agent_is_restarted(vigil: Vigil) -> None:
     vigil.add_host("hello")
     agent = vigil.start_agent()
@@ -225,7 +228,6 @@ def test_cgroup_left_by_a_death_between_proof_and_release_is_released_on_start(
         os.rmdir(stranger)
 
 
-@pytest.mark.once("drive slots, not the store")
 def test_long_drains_do_not_starve_other_hosts(vigil: Vigil, containment: str) -> None:
     # Issue 16 item 3: 8 apps that ignore SIGTERM, stopped with a 12 s drain each, held all
     # 8 drive slots for the whole drain, so a wake of any other host waited 12 s. A drive

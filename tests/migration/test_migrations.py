@@ -28,6 +28,8 @@ from models.store import Store, prepare_state_dir
 from models.tables import Base
 from tests.conftest import drop_db, new_db
 
+pytestmark = pytest.mark.backend("the migrations, per dialect")
+
 T0 = datetime(2026, 1, 2, 3, 4, 5, 600000)
 
 VIEW_COLUMNS = ["kind", "host", "generation", "since", "attempts", "next_attempt_at", "last_error"]

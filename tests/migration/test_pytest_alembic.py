@@ -24,6 +24,8 @@ from models.store import Store, prepare_state_dir
 from models.tables import Base
 from tests.conftest import drop_db, new_db
 
+pytestmark = pytest.mark.backend("the migrations, per dialect")
+
 
 @pytest.fixture
 def alembic_engine(tmp_path: Path) -> Iterator[Engine]:

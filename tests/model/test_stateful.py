@@ -14,9 +14,9 @@ every action rule may also crash the agent at a registered crash point it reache
 the restart may crash again in recovery); advance time (backoffs and maybe lease expiry
 run out, the safety sweep runs).
 
-Profiles: the default (CI) runs 120 examples of at most 4 rules each (plus the initial
-wakes; a quarter of them on PostgreSQL); `VIGIL_LONG=1` runs 2000 examples of at most 10
-rules, shrinking failures.
+Profiles: the default (CI) runs 40 examples of at most 4 rules each (plus the initial
+wakes), on SQLite; `VIGIL_LONG=1` runs 2000 examples of at most 10 rules, shrinking
+failures, on both databases.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from models.store import utcnow
 from models.tables import Attempt, BoxLease, Build, Host, Lease
 from runners.backend.files import LocalFiles
 from runners.cli.check import run_checks
-from tests.conftest import drop_db, on_postgresql, pid_dead, wait_for
+from tests.conftest import drop_db, pid_dead, wait_for
 from tests.model.apps import write_app
 from tests.model.box import Box, CrashTrap, template_db
 from workflows.base import crash as crash_mod
@@ -66,17 +66,16 @@ from workflows.lifecycle.wake import request_wake
 LONG = os.environ.get("VIGIL_LONG") == "1"
 # CI does not shrink a failure (a shrink of real process runs can take many minutes); the
 # failing steps are printed as found, at most stateful_step_count of them.
-settings.register_profile("vigil-ci", max_examples=120, stateful_step_count=4, deadline=None,
+settings.register_profile("vigil-ci", max_examples=40, stateful_step_count=4, deadline=None,
                           database=None, print_blob=True,
                           phases=[Phase.explicit, Phase.reuse, Phase.generate],
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 settings.register_profile("vigil-long", settings.get_profile("vigil-ci"), max_examples=2000,
                           stateful_step_count=10, phases=list(Phase))
 PROFILE = settings.get_profile("vigil-long" if LONG else "vigil-ci")
-if on_postgresql() and not LONG:
-    # The workflows under test are the same on both databases; on PostgreSQL a quarter of
-    # the examples checks them over its store (CI runs both suites at once).
-    PROFILE = settings(PROFILE, max_examples=PROFILE.max_examples // 4)
+# The workflows under test are the same on both databases: the default run checks them
+# on SQLite with 40 examples; VIGIL_LONG=1 runs 2,000 on each database.
+pytestmark = [pytest.mark.backend("the long profile, over each store")] if LONG else []
 if os.environ.get("VIGIL_MODEL_EXAMPLES"):  # a quick local run
     PROFILE = settings(PROFILE, max_examples=int(os.environ["VIGIL_MODEL_EXAMPLES"]))
 

@@ -8,6 +8,7 @@ nothing left over and `vigil check` passing."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -39,20 +40,34 @@ def names() -> list[str]:
     return [f"grp{os.getpid()}-{i}" for i in range(HOSTS)]
 
 
-def spawned_for(v: Vigil) -> dict[int, str]:
-    """Live processes started for this box's hosts (by their VIGIL_HOST and a build staged
-    under its state dir): pid -> the generation uuid they carry."""
+def carrying(v: Vigil) -> dict[int, tuple[str, int, float, str]]:
+    """Live processes carrying a generation of this box's hosts (their VIGIL_HOST, and a
+    build staged under its state dir): pid -> (uuid, parent pid, start time, cmdline)."""
     hosts, home = set(names()), str(v.state_dir)
     out = {}
     for p in psutil.process_iter(["pid"]):
         try:
-            env = p.environ()
+            env, cmd = p.environ(), p.cmdline()
             if env.get("VIGIL_HOST") in hosts and p.status() != psutil.STATUS_ZOMBIE \
-                    and any(home in a for a in p.cmdline()):
-                out[p.pid] = env.get("VIGIL_GENERATION", "")
+                    and any(home in a for a in cmd):
+                out[p.pid] = (env.get("VIGIL_GENERATION", ""), p.ppid(), p.create_time(),
+                              " ".join(cmd)[-120:])
         except (psutil.Error, OSError):
             continue
     return out
+
+
+def spawned_for(v: Vigil) -> dict[int, str]:
+    """The processes vigil spawned for this box's hosts: pid -> generation uuid. A process
+    whose parent carries the same generation is that process's fork (an interpreter's
+    launcher may fork while it starts: pyenv's bash shim does), not a spawn of its own; two
+    spawns of one generation would be two roots, and fail the test."""
+    procs = carrying(v)
+    roots = {pid: u for pid, (u, ppid, _, _) in procs.items()
+             if procs.get(ppid, ("",))[0] != u}
+    twice = Counter(roots.values())
+    assert all(n == 1 for n in twice.values()), f"a generation spawned twice: {procs}"
+    return roots
 
 
 def wake_all(v: Vigil) -> None:
@@ -77,8 +92,8 @@ def test_group_wake_crash_keeps_intent_before_spawn(vigil: Vigil, point: str) ->
     assert len(gens) == HOSTS, gens
     if point == "wake.intent":
         assert running == {} and all(g.state is GenState.spawning for g in gens), gens
-    elif point == "wake.spawned#3":
-        assert len(running) == 3, running
+    elif point == "wake.spawned#3":  # with every carrying process, to tell spawns from forks
+        assert len(running) == 3, (running, carrying(vigil))
     else:
         assert all(g.state is GenState.current for g in gens), gens
     clean = vigil.start_agent()

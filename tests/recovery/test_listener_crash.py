@@ -37,7 +37,6 @@ CHAINS = {
     "listen.held": ("listen.held",),
     "listen.recovered": ("listen.handed", "listen.recovered"),
 }
-MARKER_ONCE = pytest.mark.once("containment, not the store: the marker variant runs once")
 
 
 def crash(v: Vigil, point: str, drive: bool, host: str = "web") -> None:
@@ -64,7 +63,7 @@ def restart(v: Vigil) -> subprocess.Popen[bytes]:
     return agent
 
 
-@pytest.mark.parametrize("containment", ["auto", pytest.param("marker", marks=MARKER_ONCE)])
+@pytest.mark.parametrize("containment", ["auto", "marker"])
 @pytest.mark.parametrize("point", sorted(CHAINS))
 def test_socket_survives_the_agent(vigil: Vigil, short_tmp: Path, point: str) -> None:
     builds = serve_builds(short_tmp)

@@ -121,7 +121,6 @@ def test_kill9_at_a_rollout_point(vigil: Vigil, short_tmp: Path, point: str, fai
     check(vigil, run(vigil, short_tmp, point, failing, double=False), failing, outcome)
 
 
-@pytest.mark.once("recovery order, not the store: the single crashes run on both databases")
 @pytest.mark.parametrize("point,failing,outcome", [c for c in CASES if c[0] != "rollout.ended"],
                          ids=[f"{p.replace('#', '-')}{'-revert' if f else ''}" for p, f, _ in CASES
                               if p != "rollout.ended"])

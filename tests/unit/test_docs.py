@@ -11,8 +11,6 @@ import pytest
 
 from runners.cli import docs
 
-pytestmark = pytest.mark.no_db
-
 ROOT = Path(__file__).resolve().parents[2]
 LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")
 HEADING = re.compile(r"^#+ (.+)$", re.M)

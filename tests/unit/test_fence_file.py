@@ -7,11 +7,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import pytest
-
 from runners.keepers.fencekeeper import read_fence, write_fence
-
-pytestmark = pytest.mark.no_db
 
 
 def test_concurrent_fence_writes_never_fail(tmp_path: Path) -> None:

@@ -9,10 +9,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.no_db
-
 ROOT = Path(__file__).resolve().parents[2]
 ORDER = {
     "models": [],

@@ -14,11 +14,12 @@ from models.store import PREPARE_THRESHOLD, Store
 from models.urls import listen_url_for
 from tests.conftest import Vigil
 
+pytestmark = pytest.mark.backend("the store's wake-ups: LISTEN or SQLite's poll")
+
 PG = "postgresql://vigil@pooler:6432/vigil"
 DIRECT = "postgresql://vigil@db1:5432/vigil"
 
 
-@pytest.mark.no_db
 def test_listen_url_is_postgresql_beside_a_postgresql_store() -> None:
     assert listen_url_for(PG, None) is None
     assert listen_url_for("postgresql+psycopg://vigil@pooler:6432/vigil", DIRECT) == \
@@ -39,7 +40,6 @@ def connect_params(store: Store) -> dict[str, Any]:
     return cparams
 
 
-@pytest.mark.no_db
 def test_a_pooled_store_prepares_nothing_and_a_direct_agent_does() -> None:
     pooled, direct = Store(PG, listen_url=DIRECT), Store(PG)
     try:

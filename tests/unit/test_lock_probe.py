@@ -16,8 +16,6 @@ import pytest
 from runners.base.doorbell import lock_holder
 from runners.keepers.wire import claim
 
-pytestmark = pytest.mark.no_db
-
 ROOT = Path(__file__).resolve().parents[2]
 PROBER = ("import sys\nfrom pathlib import Path\nfrom runners.base.doorbell import lock_holder\n"
           "print('probing', flush=True)\nwhile True:\n    lock_holder(Path(sys.argv[1]))\n")

@@ -15,8 +15,6 @@ import pytest
 
 from runners.keepers.logfile import Rotating, peek, waiting
 
-pytestmark = pytest.mark.no_db
-
 
 @pytest.fixture
 def pipe() -> Iterator[tuple[int, int]]:

@@ -9,12 +9,9 @@ import resource
 import signal
 from pathlib import Path
 
-import pytest
-
 from runners.keepers.logkeeper import LogPipes, keeper_pid
 from tests.conftest import pid_dead, wait_for
 
-pytestmark = pytest.mark.no_db
 HOSTS = 600
 
 

@@ -21,7 +21,6 @@ import pytest
 from runners.keepers.logkeeper import LogPipes, keeper_pid
 from tests.conftest import pid_dead, wait_for
 
-pytestmark = pytest.mark.no_db
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "numbered.py"
 KILLS = 20
 PIPE = 1 << 14  # the app's pipe: small, so it fills while the keeper is down

@@ -12,8 +12,6 @@ import pytest
 
 from runners.cli.loglines import Times, line_start, merged, read_file, tail_start
 
-pytestmark = pytest.mark.no_db
-
 
 def write(directory: Path, name: str, pieces: list[tuple[bytes, float]]) -> Path:
     """A log file and its times, one record per piece (as one splice each)."""

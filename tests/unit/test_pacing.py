@@ -38,6 +38,8 @@ from workflows.base.context import Context, Poke, Result
 from workflows.engine.obligations import Due, backoff, due, run_one
 from workflows.leases.lease import drive_release, give_back
 
+pytestmark = pytest.mark.backend("due rows claimed from the store")
+
 AGENT = "agent-1"
 
 

@@ -65,6 +65,8 @@ from models.tables import (
 from models.transition import Fence, Unfenced, move, move_many
 from tests.conftest import drop_db, new_db, wait_for
 
+pytestmark = pytest.mark.backend("the store: pragmas, isolation, retries, moves")
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 AGENT = "agent-1"
@@ -187,7 +189,6 @@ def test_a_file_that_is_not_a_database_is_named(state_dir: Path) -> None:
         s.dispose()
 
 
-@pytest.mark.no_db
 def test_database_urls_are_sqlite_or_postgresql_through_psycopg() -> None:
     assert normalize_url("sqlite:////s/vigil.db") == "sqlite:////s/vigil.db"
     for bare in ("postgresql://u:pw@h:5433/db", "postgres://u:pw@h:5433/db",
@@ -516,7 +517,6 @@ def test_illegal_transition_leaves_the_row(store: Store, gen_id: int) -> None:
     assert gen_state(store, gen_id) is GenState.spawning
 
 
-@pytest.mark.no_db
 @pytest.mark.parametrize("where", ["[]", "1"], ids=["conditions", "primary-key"])
 def test_illegal_transition_is_refused_under_python_O(where: str) -> None:
     """`python -O` strips asserts; the transition check is not one (in either form)."""

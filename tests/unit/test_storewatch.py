@@ -16,8 +16,6 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from models.trouble import diagnose, explain
 from runners.base.storewatch import HALTED, StoreWatch
 
-pytestmark = pytest.mark.no_db
-
 
 def full() -> OperationalError:
     return OperationalError("INSERT", {}, sqlite3.OperationalError("database or disk is full"))

@@ -15,8 +15,7 @@ import pytest
 from runners.agent.exits import ExitWatcher, pidfds_supported
 from tests.conftest import wait_for
 
-pytestmark = [pytest.mark.no_db,
-              pytest.mark.skipif(not pidfds_supported(), reason="this kernel has no pidfds")]
+pytestmark = pytest.mark.skipif(not pidfds_supported(), reason="this kernel has no pidfds")
 
 
 @pytest.fixture
