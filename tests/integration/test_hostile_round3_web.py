@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -179,34 +178,30 @@ def test_a_deliverys_own_error_is_recorded_as_that_error(vigil: Vigil, ctx3: Con
 def test_a_trickling_webhook_ends_at_its_timeout(vigil: Vigil, ctx3: Context,
                                                  receivers: Any) -> None:
     hook = receivers(trickle)
-    vigil.run("notify", "add", "slow", "--on", "down", "--timeout", "1", "--webhook",
+    vigil.run("notify", "add", "slow", "--on", "down", "--timeout", "2", "--webhook",
               f"http://127.0.0.1:{hook.port}/")
     owe(ctx3, "down")
     done: list[Result] = []
     drive = threading.Thread(target=lambda: done.append(run_one(ctx3, due_one(ctx3))[0]),
                              daemon=True)
     drive.start()
-    drive.join(3 * 1)  # well within 3x the timeout
+    drive.join(3 * 2)  # it ends at its 2 s: 3x that is room for a loaded box
     alive = drive.is_alive()
     hook.close()  # ends a try that ignored its deadline, so the thread does not outlive us
     drive.join(10)
     assert not alive, "the try outlived 3x its timeout"
     (t,) = tries(vigil)
-    assert t["outcome"] == "timeout" and "1s" in t["error"], t
+    assert t["outcome"] == "timeout" and "2s" in t["error"], t
     assert done == [Result.poked]
-
-
-def _ended_at(t: dict[str, Any]) -> datetime:
-    return datetime.fromisoformat(str(t["ended_at"]))
 
 
 def test_trickling_webhooks_do_not_hold_the_slots_a_restart_needs(
         vigil: Vigil, receivers: Any) -> None:
     """9 notifiers (one more than the agent's 8 drive slots) trickle their answer for up to
-    15 s each; an app killed meanwhile is restarted while they are in flight."""
+    20 s each; an app killed meanwhile is restarted while they are still in flight."""
     hook = receivers(trickle)
     for i in range(9):
-        vigil.run("notify", "add", f"slow{i}", "--on", "failed", "--timeout", "15",
+        vigil.run("notify", "add", f"slow{i}", "--on", "failed", "--timeout", "20",
                   "--webhook", f"http://127.0.0.1:{hook.port}/{i}")
     vigil.add_host("web")
     vigil.add_host("bad", FIXTURES / "exit_fast.py", "--health-timeout", "1")
@@ -217,7 +212,7 @@ def test_trickling_webhooks_do_not_hold_the_slots_a_restart_needs(
     vigil.run("wake", "bad", check=False)  # its wake_failed owes each notifier a delivery
     wait_for(lambda: hook.open >= 4, 20, what="deliveries in flight at the receiver")
     os.kill(first, signal.SIGKILL)
-    wait_for(lambda: (p := vigil.status("web")["pid"]) and p != first and hook.open >= 4, 10,
+    wait_for(lambda: (p := vigil.status("web")["pid"]) and p != first and hook.open >= 4, 15,
              what="web restarted while the deliveries trickle")
     hook.close()  # the tries in flight end now
     assert vigil.stop_agent(agent) == 0
