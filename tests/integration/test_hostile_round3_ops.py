@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import HELLO, Vigil
+from tests.conftest import HELLO, Vigil, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -56,3 +56,56 @@ def test_a_hosts_file_nested_too_deep_is_refused_in_one_line(vigil: Vigil, tmp_p
         err = one_line(vigil.run(*args, check=False))
         assert "nested" in err and str(deep) in err, err
     assert vigil.json("status") == [] or not vigil.json("status")
+
+
+# -- item 10: a scale storm leaves no instance behind ------------------------------------
+
+def currents(v: Vigil, host: str) -> int:
+    from sqlalchemy import func, select
+
+    from models.states import GenState
+    from models.tables import Generation
+
+    return int(v.store.read(lambda s: s.execute(select(func.count()).where(
+        Generation.host == host, Generation.state == GenState.current)).scalar_one()))
+
+
+def starting(v: Vigil, host: str) -> bool:
+    """A wake of `host` is past queued and not done: its instance may not serve yet."""
+    from sqlalchemy import select
+
+    from models.states import WakeState
+    from models.tables import Wake
+
+    busy = (WakeState.leased, WakeState.spawning, WakeState.checking)
+    return v.store.read(lambda s: s.execute(select(Wake.id).where(
+        Wake.host == host, Wake.state.in_(busy))).first()) is not None
+
+
+def test_a_scale_storm_leaves_no_instance_behind(vigil: Vigil) -> None:
+    """`scale sc 8; scale sc 1`, six times at once: a scale while the host's wakes run is
+    refused in one line (a scale-down could not see an instance still starting), and once
+    all is done the host runs exactly as many instances as the last scale taken said."""
+    from tests.listening import free_port
+
+    vigil.run("host", "add", "sc", "--build", str(HELLO), "--listen",
+              f"http=tcp:127.0.0.1:{free_port()}", "--drain-timeout", "3")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "sc", "--wait")
+    refusals = []
+    for _ in range(6):
+        up = vigil.run("scale", "sc", "8", check=False)
+        if up.returncode == 0:  # down again while its wakes start (not yet serving)
+            wait_for(lambda: starting(vigil, "sc"), 30, interval=0.005, what="a wake starting")
+        for cp in (up, vigil.run("scale", "sc", "1", check=False)):
+            if cp.returncode != 0:
+                refusals.append(one_line(cp))
+    assert refusals and all("cannot be scaled now" in r for r in refusals), refusals
+    vigil.quiesce(90)
+    want = vigil.json("host", "show", "sc")["instances"]
+    wait_for(lambda: currents(vigil, "sc") == want, 30, what=f"{want} current generation(s)")
+    vigil.check()
+    vigil.run("scale", "sc", "1", "--wait")
+    assert currents(vigil, "sc") == 1
+    vigil.check()

@@ -53,6 +53,7 @@ def request_scale(s: Session, name: str, n: int) -> Scaled:
     out = Scaled(name, h.instances, n)
     if n == h.instances:
         return out
+    _refuse_while_starting(s, name)
     s.execute(Host.__table__.update().where(Host.name == name).values(instances=n))
     now = utcnow()
     if n > h.instances and h.desired is Desired.up:
@@ -64,12 +65,31 @@ def request_scale(s: Session, name: str, n: int) -> Scaled:
                   {"state": WakeState.cancelled, "ended_at": now, "reason": "scaled down"},
                   f"wakes of {name} past slot {n - 1} cancelled", fence=OPERATOR, col="state",
                   frm=WakeState.queued)
+        # Again after the cancel: a wake the agent claimed meanwhile (its update waited for
+        # that commit on PostgreSQL) would become current behind the stops written here.
+        _refuse_while_starting(s, name)
         out.stops = _stop_slots(s, name, n)
         # A slot scaled away forgets its streak: one scaled back later starts afresh.
         s.execute(SlotStreak.__table__.delete().where(SlotStreak.host == name,
                                                       SlotStreak.slot >= n))
     emit(s, "scaled", name, was=h.instances, to=n, wakes=out.wakes, stops=out.stops)
     return out
+
+
+STARTING = (WakeState.leased, WakeState.spawning, WakeState.checking)  # may yet be current
+
+
+def _refuse_while_starting(s: Session, name: str) -> None:
+    """A scale while a wake of the host is starting is refused, as while a stop or deploy
+    is open: a scale-down stops the current slots only, and an instance still starting
+    would become current after it, past the count, with nothing left to remove it."""
+    w = s.execute(select(Wake.id, Wake.slot, Wake.state).where(
+        Wake.host == name, Wake.state.in_(STARTING)).order_by(Wake.id).limit(1)).first()
+    if w is not None:
+        slot = "" if w.slot is None else f" of slot {w.slot}"
+        raise Refused(f"host {name} cannot be scaled now: wake #{w.id}{slot} is "
+                      f"{w.state.value}", f"wait for it to end (`vigil status {name}`), "
+                      "then scale again")
 
 
 def scaling_down(s: Session, name: str) -> tuple[int, int] | None:
