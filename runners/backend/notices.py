@@ -64,7 +64,9 @@ class Notices:
             with opener.open(request, timeout=timeout) as answer:
                 status = int(answer.status)
         except urllib.error.HTTPError as exc:
-            return _refused(exc, deadline)
+            if deadline.passed:  # a status whose headers were cut short: no answer either
+                return Sent(TryOutcome.timeout, None, f"no answer within {timeout:g}s")
+            return _refused(exc)
         except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, TimeoutError) or deadline.passed:
@@ -79,7 +81,7 @@ class Notices:
         return Sent(TryOutcome.failed, status, f"HTTP {status}: not a 2xx answer")
 
 
-def _refused(exc: urllib.error.HTTPError, deadline: _Deadline) -> Sent:
+def _refused(exc: urllib.error.HTTPError) -> Sent:
     """A non-2xx answer (a 3xx among them: never followed) as a failed try."""
     try:
         said = _tail(exc.read() or b"")
