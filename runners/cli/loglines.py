@@ -11,6 +11,7 @@ import os
 import re
 import time
 from bisect import bisect_left
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,24 +119,34 @@ def line_start(f: object, offset: int) -> int:
     return 0
 
 
-def read_file(path: Path, want: int | None, since: float | None) -> list[tuple[float, bytes]]:
-    """The file's lines (the last `want`, or those taken at or after `since`) with times."""
+End = tuple[int, int]  # (inode, offset): where a print of a file stopped, for --follow
+
+
+def read_file(path: Path, want: int | None, since: float | None,
+              ends: dict[Path, End] | None = None) -> list[tuple[float, bytes]]:
+    """The file's lines (the last `want`, or those taken at or after `since`) with times.
+    `ends` (for --follow) gets where the read stopped: the end of its last whole line, so
+    a follow goes on from exactly there (a line still being written is printed whole by it)."""
     try:
         f = open(path, "rb")
     except OSError:
         return []
     with f:
         st = os.fstat(f.fileno())
+        size = st.st_size
+        if ends is not None:
+            size = line_start(f, size)  # a line not yet ended is the follow's
+            ends[path] = (st.st_ino, size)
         if since is not None and st.st_mtime < since:
             return []  # nothing was written to it since
         times = Times(times_of(path), st.st_mtime)
         start = 0
         if since is not None:
-            start = line_start(f, min(times.start_of(since), st.st_size))
+            start = line_start(f, min(times.start_of(since), size))
         if want is not None:
-            start = max(start, tail_start(f, st.st_size, want) if want else st.st_size)
+            start = max(start, tail_start(f, size, want) if want else size)
         f.seek(start)
-        data = f.read(st.st_size - start)
+        data = f.read(size - start)
     out, pos = [], start
     for text in data.splitlines(keepends=True):
         pos += len(text)
@@ -146,76 +157,109 @@ def read_file(path: Path, want: int | None, since: float | None) -> list[tuple[f
 
 
 def generation_lines(host: str, directory: Path, n: int, want: int | None,
-                     since: float | None) -> list[Line]:
-    """Generation n's lines, oldest first: its newest files back until `want` are found."""
+                     since: float | None, ends: dict[tuple[str, int], End] | None = None
+                     ) -> list[Line]:
+    """Generation n's lines, oldest first: its newest files back until `want` are found.
+    `ends` (for --follow) gets where the read of its newest file stopped."""
     got: list[Line] = []
-    for path in reversed(files_of(directory, n)):
+    files = files_of(directory, n)
+    read: dict[Path, End] | None = {} if ends is not None else None
+    for path in reversed(files):
         if want is not None and len(got) >= want:
             break
         more = want - len(got) if want is not None else None
-        got = [Line(at, host, n, text) for at, text in read_file(path, more, since)] + got
+        got = [Line(at, host, n, text) for at, text in read_file(path, more, since, read)] + got
+    if ends is not None and files:
+        newest = files[-1]
+        if read and newest in read:
+            ends[host, n] = read[newest]
+        else:  # none read (-n 0): as it is now
+            with suppress(OSError):
+                with open(newest, "rb") as f:
+                    ends[host, n] = (os.fstat(f.fileno()).st_ino,
+                                     line_start(f, os.fstat(f.fileno()).st_size))
     return got
 
 
 def merged(sources: list[tuple[str, Path, list[int]]], want: int | None,
-           since: float | None) -> list[Line]:
-    """The lines of every (host, its log dir, generations) by time, the last `want`."""
+           since: float | None, ends: dict[tuple[str, int], End] | None = None) -> list[Line]:
+    """The lines of every (host, its log dir, generations) by time, the last `want`;
+    `ends` (for --follow) gets where each generation's print stopped."""
     lines: list[Line] = []
     for host, directory, gens in sources:
         for n in gens:
-            lines += generation_lines(host, directory, n, want, since)
+            lines += generation_lines(host, directory, n, want, since, ends)
     lines.sort(key=lambda line: line.at)  # stable: a generation's own order is kept
     return lines[-want:] if want else ([] if want == 0 else lines)
 
 
 class Following:
-    """One generation's newest file read as it grows (`vigil logs --follow`), across its
+    """One generation's files read as they grow (`vigil logs --follow`), across their
     rotations, each line with its time (the time it is read, when its record is not yet
-    written)."""
+    written). It starts where the first print of the generation stopped (`start`: the
+    file's inode and offset, so a rotation meanwhile loses nothing), or, for a generation
+    that print did not see, at the start of its oldest file."""
 
-    def __init__(self, host: str, directory: Path, n: int, at_end: bool) -> None:
+    def __init__(self, host: str, directory: Path, n: int, start: End | None) -> None:
         self.host, self.directory, self.n = host, directory, n
         self.f: object | None = None
         self.times_f: object | None = None
+        self.inode: int | None = None  # of the file being read
+        self.start = start
         self.partial = b""
         self.pos = 0
-        self._open(at_end)
+        self._open_next()
 
-    def _open(self, at_end: bool) -> None:
-        path = self.directory / f"g{self.n}.log"
+    def _open_next(self) -> bool:
+        """Open the file after the one read (by inode: a rotation renames it), else the
+        start's file at its offset, else the oldest; False: none there (yet)."""
+        files = []
+        for path in files_of(self.directory, self.n):
+            with suppress(FileNotFoundError):
+                files.append((path, os.stat(path).st_ino))
+        inodes = [ino for _, ino in files]
+        i, offset = 0, 0  # the oldest file kept: the one read or the start's was removed
+        if self.inode is not None:
+            i = inodes.index(self.inode) + 1 if self.inode in inodes else 0
+        elif self.start is not None and self.start[0] in inodes:
+            i, offset = inodes.index(self.start[0]), self.start[1]
+        if i >= len(files):
+            return False
+        path = files[i][0]
         try:
             self.f = open(path, "rb")
         except FileNotFoundError:
-            self.f = None
-            return
+            return False
         self.inode = os.fstat(self.f.fileno()).st_ino
-        self.pos = self.f.seek(0, os.SEEK_END) if at_end else 0
+        self.pos = self.f.seek(offset) - len(self.partial)  # a line cut at the cap goes on here
         self.times = Times(Path(os.devnull), 0.0)
         self.records = b""
         try:
             self.times_f = open(times_of(path), "rb")
         except FileNotFoundError:
             self.times_f = None
+        return True
 
     def lines(self) -> list[Line]:
-        """What was appended since the last call: across a rotation, the rest of the old
-        file (the keeper writes no more to it once it is renamed), then the new one's."""
-        if self.f is None:
-            self._open(at_end=False)
-            if self.f is None:
-                return []
+        """What was appended since the last call: across a rotation, the rest of the file
+        read (the keeper writes no more to it once it is renamed), then the next one's."""
+        if self.f is None and not self._open_next():
+            return []
         out = self._read()
-        try:
-            rotated = os.stat(self.directory / f"g{self.n}.log").st_ino != self.inode
-        except FileNotFoundError:
-            rotated = False
-        if rotated:
+        while self._rotated():
             out += self._read()
             self.close()
-            self._open(at_end=False)
-            self.pos = -len(self.partial)  # a line cut at the cap goes on in the new file
+            if not self._open_next():
+                break  # the next file is not there yet: opened at the next call
             out += self._read()
         return out
+
+    def _rotated(self) -> bool:
+        """The file being read is no longer the generation's newest."""
+        try:
+            return os.stat(self.directory / f"g{self.n}.log").st_ino != self.inode
+        except FileNotFoundError:
+            return False
 
     def _read(self) -> list[Line]:
         if self.f is None:

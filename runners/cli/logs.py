@@ -24,7 +24,7 @@ from models.durations import AGE_UNITS
 from models.errors import BadInput, NotFound
 from runners.base.controls import escape_controls
 from runners.cli.common import Env
-from runners.cli.loglines import Following, Line, merged
+from runners.cli.loglines import End, Following, Line, merged
 
 _ANY = re.compile(r"g(\d+)\.log(?:\.(\d+))?")
 DEFAULT_LINES = 50
@@ -134,10 +134,11 @@ def logs(env: Env, names: tuple[str, ...], every: bool, only: int | None, lines:
     sources = [(h, env.state_dir / "logs" / h) for h in hosts]
     picked = [(h, d, _generations(env, h, d, only, follow)) for h, d in sources]
     want = lines if lines is not None else (None if since is not None else DEFAULT_LINES)
-    for line in merged(picked, want, time.time() - since if since is not None else None):
+    ends: dict[tuple[str, int], End] | None = {} if follow else None
+    for line in merged(picked, want, time.time() - since if since is not None else None, ends):
         shown(line)
-    if follow:
-        _follow(sources, only, shown, env.state_dir / "logs" if every else None)
+    if ends is not None:  # from exactly where that print stopped
+        _follow(sources, only, shown, env.state_dir / "logs" if every else None, ends)
 
 
 def _hosts(env: Env, names: tuple[str, ...], every: bool, only: int | None) -> list[str]:
@@ -171,9 +172,11 @@ def _generations(env: Env, name: str, directory: Path, only: int | None,
 
 
 def _follow(sources: list[tuple[str, Path]], only: int | None, shown: Shown,
-            root: Path | None, interval: float = 0.2) -> None:
+            root: Path | None, ends: dict[tuple[str, int], End], interval: float = 0.2) -> None:
     """Print what is appended to each generation's file, across rotations and new
-    generations (and, with --all, new hosts), merged by time, until SIGTERM or Ctrl-C."""
+    generations (and, with --all, new hosts), merged by time, until SIGTERM or Ctrl-C:
+    a generation the first print read from where it stopped (`ends`), any other from its
+    start (one that began meanwhile has lines no print showed)."""
     import signal
 
     stop = [False]
@@ -184,7 +187,6 @@ def _follow(sources: list[tuple[str, Path]], only: int | None, shown: Shown,
     previous = signal.signal(signal.SIGTERM, on_term)
     followed: dict[tuple[str, int], Following] = {}
     try:
-        first = True
         while True:
             last = stop[0]  # after SIGTERM, one more pass: what was written before it prints
             if root is not None:  # --all: a host whose output dir appears joins
@@ -192,9 +194,7 @@ def _follow(sources: list[tuple[str, Path]], only: int | None, shown: Shown,
             for host, directory in sources:
                 for n in generations(directory):
                     if (only is None or n == only) and (host, n) not in followed:
-                        # at the start: from the end of what was printed; later: all of it
-                        followed[host, n] = Following(host, directory, n, at_end=first)
-            first = False
+                        followed[host, n] = Following(host, directory, n, ends.get((host, n)))
             batch = [line for f in followed.values() for line in f.lines()]
             for line in sorted(batch, key=lambda line: line.at):
                 shown(line)

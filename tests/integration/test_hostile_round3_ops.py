@@ -109,3 +109,76 @@ def test_a_scale_storm_leaves_no_instance_behind(vigil: Vigil) -> None:
     vigil.run("scale", "sc", "1", "--wait")
     assert currents(vigil, "sc") == 1
     vigil.check()
+
+
+# -- item 13: `logs -f` drops no line ----------------------------------------------------
+
+class Follow:
+    """`vigil logs HOST -f` as a real process; its lines gathered by a thread."""
+
+    def __init__(self, v: Vigil, *args: str) -> None:
+        import subprocess
+        import sys
+        import threading
+
+        from tests.conftest import ROOT
+
+        self.lines: list[str] = []
+        self.p = subprocess.Popen([sys.executable, "-m", "runners.cli", "logs", *args, "-f"],
+                                  env=v.env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.lines.append(line)
+
+    def seqs(self) -> dict[int, list[int]]:
+        """Each generation's sequence numbers, as printed (`gN | STAMPED host seq time`)."""
+        out: dict[int, list[int]] = {}
+        for line in list(self.lines):
+            gen, bar, word, _host, seq, _at = line.split()
+            assert bar == "|" and word == "STAMPED", line
+            out.setdefault(int(gen[1:]), []).append(int(seq))
+        return out
+
+    def end(self) -> None:
+        import os
+        import signal
+
+        os.kill(self.p.pid, signal.SIGKILL)
+        self.p.wait(10)
+        self.reader.join(10)
+        assert self.p.stdout is not None
+        self.p.stdout.close()
+
+
+def gaps(seqs: list[int]) -> list[tuple[int, int]]:
+    return [(a, b) for a, b in zip(seqs, seqs[1:], strict=False) if b != a + 1]
+
+
+def test_logs_follow_drops_no_line_of_a_fast_writer_nor_of_a_new_generation(vigil: Vigil) -> None:
+    from tests.conftest import FIXTURES
+
+    vigil.run("host", "add", "fast", "--build", str(FIXTURES / "stamped.py"), "--kind", "worker",
+              "--env", "STAMPED_EVERY=0.00005")
+    vigil.wait_ready(vigil.start_agent())
+    vigil.run("wake", "fast", "--wait")
+    first = vigil.status("fast")["generation"]
+    logs = vigil.state_dir / "logs" / "fast"
+    wait_for(lambda: sum(f.stat().st_size for f in logs.glob("g*.log")) > 100_000, 30,
+             what="the writer well under way")
+    follow = Follow(vigil, "fast", "-n", "5")
+    try:
+        wait_for(lambda: len(follow.seqs().get(first, [])) > 20_000, 60, interval=0.1,
+                 what="20,000 lines followed")
+        vigil.run("restart", "fast", "--wait")
+        new = vigil.status("fast")["generation"]
+        wait_for(lambda: len(follow.seqs().get(new, [])) > 20_000, 60, interval=0.1,
+                 what="20,000 lines of the new generation followed")
+    finally:
+        follow.end()
+    seqs = follow.seqs()
+    assert not gaps(seqs[first]), gaps(seqs[first])[:5]  # from the first print on, every line
+    assert seqs[new][0] == 0 and not gaps(seqs[new]), (seqs[new][:3], gaps(seqs[new])[:5])
