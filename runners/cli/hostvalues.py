@@ -63,10 +63,13 @@ def _seconds(v: Any, _: Path) -> float:
         raise Invalid(exc.cause, "write e.g. 10 or 2.5") from None
 
 
+MAX_MB = 2**31 - 1  # an Integer column: 2 PiB, above any box's memory
+
+
 def _megabytes(v: Any, _: Path) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise Invalid(f"must be a positive whole number of megabytes, not {json.dumps(v)}",
-                      "write e.g. 256")
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_MB:
+        raise Invalid(f"must be a whole number of megabytes from 1 to {MAX_MB}, not "
+                      f"{json.dumps(v)}", "write e.g. 256")
     return v
 
 

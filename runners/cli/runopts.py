@@ -18,14 +18,19 @@ RUN_KEYS = ("run_user", "run_group", "env_files")
 LIMIT_KEYS = ("memory_max", "cpu_quota", "pids_max", "limit_nofile", "limit_core")
 _SIZE = re.compile(r"(\d+)([KMGT]?)", re.I)
 MAX_INT = 2**31 - 1  # an Integer column
+MAX_SIZE = 2**63 - 1  # a BigInteger column (and far above any memory or core limit)
 
 
 def parse_size(text: str, label: str = "--memory-max ") -> int:
     """'64M' -> 67108864 (K, M, G, T: powers of 1024; no suffix: bytes)."""
     m = _SIZE.fullmatch(text.strip())
+    example = " ".join(filter(None, ("write e.g.", label.strip(), "64M")))
     if not m or int(m.group(1)) <= 0:
-        raise BadInput(f"{label}{text!r} is not a size", f"write e.g. {label.strip()} 64M")
-    return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
+        raise BadInput(f"{label}{text!r} is not a size", example)
+    size = int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
+    if size > MAX_SIZE:  # refused here, not by the store's OverflowError after a dry run passed
+        raise BadInput(f"{label}{text!r} is too large: at most {MAX_SIZE >> 40}T", example)
+    return size
 
 
 def parse_core(text: object, label: str = "--limit-core ") -> int:

@@ -182,3 +182,20 @@ def test_logs_follow_drops_no_line_of_a_fast_writer_nor_of_a_new_generation(vigi
     seqs = follow.seqs()
     assert not gaps(seqs[first]), gaps(seqs[first])[:5]  # from the first print on, every line
     assert seqs[new][0] == 0 and not gaps(seqs[new]), (seqs[new][:3], gaps(seqs[new])[:5])
+
+
+# -- item 14 (part): one line each, nothing changed ---------------------------------------
+
+def test_a_size_beyond_what_can_be_stored_is_refused_at_parse(vigil: Vigil, tmp_path: Path) -> None:
+    for key, value in (("memory_max", '"9000000T"'), ("limit_core", '"9000000T"'),
+                       ("memory_tier_mb", str(2**70))):
+        hosts = tmp_path / f"{key}.toml"
+        hosts.write_text(f'[hosts.big]\nbuild = "{HELLO}"\n{key} = {value}\n')
+        for args in (("apply", "--dry-run", str(hosts)), ("apply", str(hosts))):
+            err = one_line(vigil.run(*args, check=False))
+            assert key in err and "OverflowError" not in err, err
+    for opt in ("--memory-max", "--limit-core"):
+        err = one_line(vigil.run("host", "add", "big", "--build", str(HELLO), opt, "9000000T",
+                                 check=False))
+        assert opt in err, err
+    assert not vigil.json("host", "list")  # nothing written
