@@ -9,8 +9,10 @@ import io
 import json
 import os
 import re
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import subprocess as _subprocess
 import sys
@@ -109,6 +111,9 @@ def pytest_sessionstart() -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    for starter, _ in _STARTER:
+        starter.kill()
+        starter.wait(10)
     left = leftovers(_RUN_DIRS)  # whatever a per-test check could not see (module fixtures)
     if left:
         print(f"\nprocesses of this run's state dirs left at its end (killed now): {left}")
@@ -329,6 +334,74 @@ def end_holder(state_dir: Path) -> None:
             wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"{module} {pid} to die")
 
 
+class Forked:
+    """An agent forked by the run's starter (tests/zygote.py), seen as Popen sees a child:
+    pid, poll, wait, send_signal, kill, terminate, returncode (-N when killed by signal N).
+    The starter is its parent: the exit status comes over this connection."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self._conn, self._buf = conn, b""
+        self.pid = int(self._line(None) or 0)
+        self.returncode: int | None = None
+
+    def _line(self, timeout: float | None) -> str | None:
+        while b"\n" not in self._buf:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                return None
+            got = self._conn.recv(64)
+            if not got:
+                raise AssertionError(f"the agent starter ended before agent {getattr(self, 'pid', '?')}")
+            self._buf += got
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+    def poll(self) -> int | None:
+        return self.wait(0) if self.returncode is None else self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.returncode is None:
+            line = self._line(timeout)
+            if line is None:
+                if timeout == 0:
+                    return None
+                raise subprocess.TimeoutExpired(["vigil", "agent"], timeout or 0)
+            self.returncode = os.waitstatus_to_exitcode(int(line))
+            self._conn.close()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+_STARTER: list[Any] = []  # (Popen of tests/zygote.py, its socket path), made once a run
+
+
+def forked_agent(argv: list[str], env: dict[str, str], log: Path) -> Forked:
+    """A new agent forked by the run's starter, started on the first call."""
+    if not _STARTER or _STARTER[0][0].poll() is not None:
+        d = Path(tempfile.mkdtemp(prefix="vgz", dir="/tmp"))
+        _TEMPLATE_DIRS.append(d)
+        path = str(d / "starter.sock")
+        with open(d / "starter.err", "ab") as err:
+            starter = subprocess.Popen([sys.executable, "-m", "tests.zygote", path, selected_db()],
+                                       cwd=ROOT, stdout=subprocess.PIPE, stderr=err)
+        assert starter.stdout is not None
+        with starter.stdout:
+            assert starter.stdout.readline() == b"ready\n", (d / "starter.err").read_text()
+        _STARTER[:] = [(starter, path)]
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(_STARTER[0][1])
+    conn.sendall(json.dumps({"argv": argv, "env": env, "cwd": str(ROOT), "log": str(log)}).encode() + b"\n")
+    return Forked(conn)
+
+
 def run_in_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run `vigil ARGS` through runners.cli.main in this process, with `env` as os.environ."""
     from runners import cli
@@ -416,14 +489,23 @@ class Vigil:
         return [pid for pid in marked_pids(self.state_dir, self.db_url) if pid not in agents]
 
     # -- agent -------------------------------------------------------------------------
-    def start_agent(self, crash_at: str | None = None, *extra: str) -> subprocess.Popen[bytes]:
+    def start_agent(self, crash_at: str | None = None, *extra: str,
+                    real: bool = False) -> subprocess.Popen[bytes]:
+        """`vigil agent`, its output appended to <state>/agent.out: forked by the run's
+        agent starter (tests/zygote.py), or with `real` (or VIGIL_TEST_FORK=0) started as
+        `python -m runners.cli agent` would be, for a test that reads its command line or
+        /proc environment."""
         env = dict(self.env)
         if crash_at:
             env["VIGIL_CRASH_AT"] = crash_at
-        log = open(self.state_dir / "agent.out", "ab")
-        p = subprocess.Popen([sys.executable, "-m", "runners.cli", "agent", "--safety-interval", "1",
-                              *extra], env=env, stdout=log, stderr=log, cwd=ROOT)
-        log.close()
+        argv = ["agent", "--safety-interval", "1", *extra]
+        if real or os.environ.get("VIGIL_TEST_FORK", "1") == "0":
+            log = open(self.state_dir / "agent.out", "ab")
+            p = subprocess.Popen([sys.executable, "-m", "runners.cli", *argv], env=env,
+                                 stdout=log, stderr=log, cwd=ROOT)
+            log.close()
+        else:
+            p = forked_agent(argv, env, self.state_dir / "agent.out")  # type: ignore[assignment]
         self.agents.append(p)
         return p
 

@@ -135,8 +135,12 @@ def serving_inode(v: Vigil, host: str) -> int:
 
 
 def awake(v: Vigil, host: str, timeout: float = 90) -> dict:
-    return wait_for(lambda: (st := v.status(host))["state"] == "awake" and st, timeout,
-                    interval=0.1, what=f"{host} awake")
+    try:
+        return wait_for(lambda: (st := v.status(host))["state"] == "awake" and st, timeout,
+                        interval=0.1, what=f"{host} awake")
+    except AssertionError as exc:  # why not: its row, its obligations and the agents' log
+        raise AssertionError(f"{exc}; status {v.status(host)}; open {v.obligations()}; "
+                             f"agent log:\n{v.agent_log().decode(errors='replace')[-6000:]}") from None
 
 
 def stopped_with_a_lost_socket(v: Vigil, address: str) -> int:

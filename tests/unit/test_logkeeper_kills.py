@@ -58,10 +58,17 @@ def kill_keeper(pipes: LogPipes, state: Path, app: int, end: int,
                 rng: random.Random) -> None:
     pid = keeper_pid(state)
     assert pid, "a keeper runs"
-    log_size = [0]
 
-    def progressed() -> bool:  # the new keeper is taking bytes out of the pipe
-        n = sum(p.stat().st_size for p in state.glob("logs/h/g1.log*"))
+    def written() -> int:
+        return sum(p.stat().st_size for p in state.glob("logs/h/g1.log*"))
+
+    # Measured from now, not from 0: the first look at 0 counted as progress at once, so
+    # on a loaded box a new keeper could be killed before it had written a byte, again and
+    # again, and no rotation happened between the kills ([rotating] failed by the box's speed).
+    log_size = [written()]
+
+    def progressed() -> bool:  # this keeper is taking bytes out of the pipe
+        n = written()
         moved = n != log_size[0]
         log_size[0] = n
         return moved
