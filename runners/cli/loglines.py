@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BLOCK = 1 << 16
+LAST_TIME = 253402300799.0  # 9999-12-31T23:59:59Z, the last time a datetime can show
 _ANY = re.compile(r"g(\d+)\.log(?:\.(\d+))?")
 
 
@@ -56,6 +57,8 @@ class Times:
                 offset, stamp = int(end), float(at)
             except ValueError:
                 continue  # torn by a killed keeper
+            if not 0.0 <= stamp <= LAST_TIME:
+                continue  # inf, nan, before 1970 or past 9999: damaged, never the keeper's
             if not self.offsets or offset > self.offsets[-1]:
                 self.offsets.append(offset)
                 self.stamps.append(stamp)
@@ -148,12 +151,25 @@ def read_file(path: Path, want: int | None, since: float | None,
         f.seek(start)
         data = f.read(size - start)
     out, pos = [], start
-    for text in data.splitlines(keepends=True):
+    for text in split_lines(data):
         pos += len(text)
         at = times.at(pos)
         if since is None or at >= since:
-            out.append((at, text.rstrip(b"\r\n")))
+            out.append((at, line_text(text)))
     return out
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """The lines of `data`, each with its LF: only LF ends a line (a lone CR is text, as
+    --follow reads it; bytes.splitlines would split at it)."""
+    out = [line + b"\n" for line in data.split(b"\n")]
+    out[-1] = out[-1][:-1]
+    return out if out[-1] else out[:-1]
+
+
+def line_text(line: bytes) -> bytes:
+    """A line as shown: without its LF, nor the CR of a CRLF."""
+    return line.removesuffix(b"\n").removesuffix(b"\r")
 
 
 def generation_lines(host: str, directory: Path, n: int, want: int | None,
@@ -276,7 +292,7 @@ class Following:
             self.pos += len(text) + 1
             recorded = bool(self.times.offsets) and self.pos <= self.times.offsets[-1]
             out.append(Line(self.times.at(self.pos) if recorded else now, self.host, self.n,
-                            text))
+                            line_text(text)))
         return out
 
     def close(self) -> None:

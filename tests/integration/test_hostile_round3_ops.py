@@ -125,14 +125,14 @@ class Follow:
 
         self.lines: list[str] = []
         self.p = subprocess.Popen([sys.executable, "-m", "runners.cli", "logs", *args, "-f"],
-                                  env=v.env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                                  env=v.env, cwd=ROOT, stdout=subprocess.PIPE)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
     def _read(self) -> None:
         assert self.p.stdout is not None
-        for line in self.p.stdout:
-            self.lines.append(line)
+        for line in self.p.stdout:  # bytes: split at LF only, as written
+            self.lines.append(line.decode())
 
     def seqs(self) -> dict[int, list[int]]:
         """Each generation's sequence numbers, as printed (`gN | STAMPED host seq time`)."""
@@ -199,3 +199,31 @@ def test_a_size_beyond_what_can_be_stored_is_refused_at_parse(vigil: Vigil, tmp_
                                  check=False))
         assert opt in err, err
     assert not vigil.json("host", "list")  # nothing written
+
+
+def test_corrupt_times_records_and_a_lone_cr_in_logs(vigil: Vigil) -> None:
+    """A `.times` record saying inf, nan or a time before 1970 is skipped, not a traceback;
+    a lone CR is part of its line in `logs` as in `logs -f` (only LF ends a line)."""
+    vigil.add_host("w")
+    d = vigil.state_dir / "logs" / "w"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "g1.log").write_bytes(b"one\ntwo\rhalf\nthree\r\n")
+    (d / "g1.times").write_bytes(b"4 inf\n13 nan\n20 -1e11\n21 1e300\n")
+    for args in ((), ("--json",), ("--since", "1h"), ("-t",)):
+        cp = vigil.run("logs", "w", *args, check=False)
+        assert cp.returncode == 0 and "Traceback" not in cp.stderr, cp.stderr[-2000:]
+    assert vigil.run("logs", "w").stdout.split("\n") == ["g1 | one", "g1 | two\rhalf",
+                                                          "g1 | three", ""]
+    follow = Follow(vigil, "w", "-n", "0")
+    try:
+        def pinged() -> bool:  # a line written once the follow runs is printed
+            with open(d / "g1.log", "ab") as f:
+                f.write(b"ping\n")
+            return bool(follow.lines)
+        wait_for(pinged, 20, interval=0.2, what="the follow under way")
+        with open(d / "g1.log", "ab") as f:
+            f.write(b"four\rfive\r\n")
+        wait_for(lambda: "g1 | four\rfive\n" in follow.lines, 20, what="the follow's line")
+    finally:
+        follow.end()
+    assert follow.lines[-1] == "g1 | four\rfive\n", follow.lines

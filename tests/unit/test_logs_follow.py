@@ -56,3 +56,13 @@ def test_a_generation_the_print_did_not_see_is_read_from_its_start(tmp_path: Pat
     follow = Following("h", tmp_path, 2, ends.get(("h", 2)))
     assert texts(follow) == lines(60, 0, "n").split()
     follow.close()
+
+
+def test_damaged_times_records_are_skipped_and_only_lf_ends_a_line(tmp_path: Path) -> None:
+    from runners.cli.loglines import read_file
+
+    (tmp_path / "g1.log").write_bytes(b"a\nb\rc\nd\r\n")
+    (tmp_path / "g1.times").write_bytes(b"2 inf\n6 nan\n9 -1e11\n9 5.0\n")
+    os.utime(tmp_path / "g1.log", (7.0, 7.0))
+    assert read_file(tmp_path / "g1.log", None, None) == [(5.0, b"a"), (5.0, b"b\rc"),
+                                                          (5.0, b"d")]
