@@ -108,11 +108,8 @@ def _lines(info: dict[str, Any]) -> list[str]:
     for key, value in info.items():
         if key in skip:
             continue
-        shown = "-" if value in (None, []) else (
-            ", ".join(value) if key in ("env", "after") else json.dumps(value) if key == "args"
-            else str(value).lower() if isinstance(value, bool) else str(value))
         label = key.replace("_", " ") + (" (names)" if key == "env" else "") + ":"
-        out.append(f"  {label:<20}{shown}")
+        out.append(f"  {label:<20}{_shown(key, value)}")
     for r in info["listeners"]:
         out.append(f"  {'listener:':<20}{r['name']}={r['address']} (fd {r['fd']}, {r['state']})"
                    + (f": {r['note']}" if r["note"] else ""))
@@ -123,6 +120,24 @@ def _lines(info: dict[str, Any]) -> list[str]:
                    f"{end}" + (f": {a['reason']}" if a["reason"] and a["outcome"] != "done" else "")
                    + f" ({a['at']})")
     return out
+
+
+def _shown(key: str, value: Any) -> str:
+    """One setting's value as `host show` prints it (sizes as `64M`, as they are given)."""
+    if value in (None, [], {}):
+        return "-"
+    if key in ("env", "after", "env_file"):
+        return ", ".join(value)
+    if key == "credentials":
+        return ", ".join(f"{name}={path}" for name, path in value.items())
+    if key == "args":
+        return json.dumps(value)
+    if key in ("memory_max", "limit_core") and value:
+        unit = next((u for u in "TGMK" if value % (1 << (10 * " KMGT".index(u))) == 0), "")
+        return f"{value >> (10 * ' KMGT'.index(unit))}{unit}" if unit else str(value)
+    if key == "cpu_quota":
+        return f"{value}%"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 SET_OPTIONS = [

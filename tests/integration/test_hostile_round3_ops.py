@@ -6,6 +6,7 @@ types it, against a real agent where one matters."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,31 @@ def test_corrupt_times_records_and_a_lone_cr_in_logs(vigil: Vigil) -> None:
     finally:
         follow.end()
     assert follow.lines[-1] == "g1 | four\rfive\n", follow.lines
+
+
+def test_host_show_shows_user_group_env_files_credentials_and_limits(
+        vigil: Vigil, tmp_path: Path) -> None:
+    """Every setting, as documented; an env file's values and a credential's contents never
+    (its name and path only)."""
+    env_file, cred = tmp_path / "app.env", tmp_path / "token"
+    env_file.write_text("DB_PASSWORD=Sup3rS3cret\n")
+    cred.write_text("t0pS3cret\n")
+    vigil.add_host("x", HELLO, "--user", "nobody", "--group", "nogroup", "--env-file",
+                   str(env_file), "--env-file", "-/no/such.env", "--credential", f"tok={cred}",
+                   "--memory-max", "64M", "--cpu-quota", "20%", "--pids-max", "50",
+                   "--limit-nofile", "1024", "--limit-core", "0")
+    info = vigil.json("host", "show", "x")
+    assert (info["user"], info["group"]) == ("nobody", "nogroup"), info
+    assert info["env_file"] == [str(env_file), "-/no/such.env"]
+    assert info["credentials"] == {"tok": str(cred)}
+    assert {k: info[k] for k in ("memory_max", "cpu_quota", "pids_max", "limit_nofile",
+                                 "limit_core")} == {"memory_max": 64 << 20, "cpu_quota": 20,
+                                                    "pids_max": 50, "limit_nofile": 1024,
+                                                    "limit_core": 0}
+    out = vigil.run("host", "show", "x").stdout
+    for line in ("user:               nobody", "group:              nogroup",
+                 f"env file:           {env_file}, -/no/such.env", f"credentials:        tok={cred}",
+                 "memory max:         64M", "cpu quota:          20%", "pids max:           50",
+                 "limit nofile:       1024", "limit core:         0"):
+        assert f"  {line}\n" in out, (line, out)
+    assert "Sup3rS3cret" not in out + json.dumps(info) and "t0pS3cret" not in out + json.dumps(info)

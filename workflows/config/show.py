@@ -1,7 +1,7 @@
 """`vigil host show NAME`: every setting of one host as it is stored, the build it runs
 (file name and digest) and the one its next start runs, its listeners, and its last attempt
 with its outcome. A read, plain data; env values are left out (they may be secrets), as
-`vigil apply` leaves them out of its plan."""
+`vigil apply` leaves them out of its plan, and env files and credentials are shown by path."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ SETTINGS = ("drain_timeout", "health_timeout", "memory_tier_mb", "socket_group",
             "restart_floor", "restart_cap", "restart_reset", "on_store_loss")
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")
 WORKER = ("one_shot", "max_run", "converge_grace")
+LIMITS = ("memory_max", "cpu_quota", "pids_max", "limit_nofile", "limit_core")
 
 
 def _build(b: Build | None) -> dict[str, Any] | None:
@@ -52,6 +53,11 @@ def describe(s: Session, name: str) -> dict[str, Any]:
         "instances": h.instances,
     }
     out.update({c: getattr(h, c) for c in SETTINGS})
+    # How it runs, under the hosts file's keys: paths and names only, never an env file's
+    # values or a credential's contents (read at each start, never stored).
+    out.update({"user": h.run_user, "group": h.run_group,
+                "env_file": json.loads(h.env_files), "credentials": json.loads(h.credentials)})
+    out.update({c: getattr(h, c) for c in LIMITS})
     if h.kind is HostKind.instance:
         out.update({c: getattr(h, c) for c in PROBE})
     else:
