@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SYNC_NAMES, durability, inherited_sync, loadavg, ratios, summary  # noqa: E402
 
 from models import schema  # noqa: E402
-from models.store import Store, prepare_state_dir, sqlite_url, utcnow  # noqa: E402
+from models.statedir import prepare_state_dir  # noqa: E402
+from models.store import Store, sqlite_url, utcnow  # noqa: E402
 from runners.wiring import make_context  # noqa: E402
 from workflows.engine.obligations import drain_batches, due, next_due  # noqa: E402
 from workflows.lifecycle.members import current_leaders  # noqa: E402

@@ -7,14 +7,8 @@ from pathlib import Path
 
 from models.durations import parse_seconds
 from models.errors import StoreNotReady
-from models.store import (
-    Store,
-    normalize_url,
-    prepare_state_dir,
-    refuse_link,
-    sqlite_url,
-    state_dir_exists,
-)
+from models.statedir import prepare_state_dir, refuse_link, state_dir_exists
+from models.store import Store, normalize_url, sqlite_url
 from models.urls import listen_url_for
 from runners.backend.credentials import Credentials
 from runners.backend.files import LocalFiles

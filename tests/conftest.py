@@ -136,7 +136,7 @@ def schema_template() -> str:
     kind = selected_db()
     if kind not in _TEMPLATES:
         from models import schema
-        from models.store import prepare_state_dir
+        from models.statedir import prepare_state_dir
 
         d = Path(tempfile.mkdtemp(prefix="vgtpl", dir="/tmp"))
         _TEMPLATE_DIRS.append(d)
@@ -436,7 +436,7 @@ class Vigil:
         # one store, tests/multibox) belongs to whoever made it: used, never dropped here.
         self.owns_db = shared_db is None and on_postgresql()
         if template is not None:  # the state dir and the store, as `db upgrade` makes them
-            from models.store import prepare_state_dir
+            from models.statedir import prepare_state_dir
 
             prepare_state_dir(state_dir)
             if shared_db is None and not on_postgresql():

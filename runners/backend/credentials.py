@@ -14,7 +14,7 @@ import re
 import shutil
 from pathlib import Path
 
-from models.store import private_dirs
+from models.statedir import private_dirs
 from runners.backend.safefiles import read_capped
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from models.errors import BadInput
-from models.store import private_dirs
+from models.statedir import private_dirs
 
 
 class LocalFiles:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from models.store import private_dirs
+from models.statedir import private_dirs
 from models.tables import Host
 from workflows.base.context import Context
 

@@ -63,9 +63,9 @@ def unsafe_default(state_dir: Path) -> VigilError | None:
     """Why the state dir the search chose must not be used, or None: a link, or one in a
     directory others can write (they could swap it for a link between a check and a use;
     `ln -s /etc /tmp/.vigil` would have root lock down /etc). Named by --state-dir it is
-    the operator's choice, and only a link is refused (models/store.py)."""
+    the operator's choice, and only a link is refused (models/statedir.py)."""
     from models.errors import StoreNotReady
-    from models.store import refuse_link
+    from models.statedir import refuse_link
     from runners.backend.safefiles import writable_by_others
 
     try:

@@ -24,7 +24,8 @@ from sqlalchemy.exc import IntegrityError
 from models import schema, views
 from models.durations import DURATIONS
 from models.errors import StoreNotReady
-from models.store import Store, prepare_state_dir
+from models.statedir import prepare_state_dir
+from models.store import Store
 from models.tables import Base
 from tests.conftest import drop_db, new_db
 

@@ -20,7 +20,8 @@ from pytest_alembic.tests import experimental
 from sqlalchemy import Engine
 
 from models import schema
-from models.store import Store, prepare_state_dir
+from models.statedir import prepare_state_dir
+from models.store import Store
 from models.tables import Base
 from tests.conftest import drop_db, new_db
 

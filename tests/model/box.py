@@ -31,8 +31,9 @@ import psutil
 from sqlalchemy import select, text, update
 
 from models import schema
+from models.statedir import prepare_state_dir
 from models.states import GenState, HostKind
-from models.store import Store, prepare_state_dir, utcnow
+from models.store import Store, utcnow
 from models.tables import Attempt, Event, Generation, Member, Release, Restore, Rollout, Stop, Wake
 from runners.backend.files import stage_build
 from runners.backend.process import ProcessBackend

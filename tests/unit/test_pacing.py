@@ -26,8 +26,9 @@ from sqlalchemy.orm import Session
 import workflows.engine.obligations as obligations
 from models import schema
 from models.errors import LostRace
+from models.statedir import prepare_state_dir
 from models.states import HostKind
-from models.store import Store, prepare_state_dir, utcnow
+from models.store import Store, utcnow
 from models.tables import Build, Event, Host, Lease, Release
 from runners.agent.reconciler import Reconciler
 from runners.backend.files import LocalFiles

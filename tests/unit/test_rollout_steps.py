@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from models import schema
 from models.errors import BadInput, Refused
+from models.statedir import prepare_state_dir
 from models.states import (
     AttemptStep,
     Cause,
@@ -28,7 +29,7 @@ from models.states import (
     TargetState,
     WakeState,
 )
-from models.store import Store, prepare_state_dir, utcnow
+from models.store import Store, utcnow
 from models.tables import (
     Attempt,
     Build,

@@ -13,8 +13,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models import schema
+from models.statedir import prepare_state_dir
 from models.states import GenState, HostKind
-from models.store import Store, prepare_state_dir, utcnow
+from models.store import Store, utcnow
 from models.tables import Attempt, Event, Generation
 from tests.conftest import drop_db, new_db
 from workflows.config.hosts import add_host

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from models import schema
 from models.errors import BadInput, IllegalTransition, LostRace, StoreNotReady
+from models.statedir import prepare_state_dir
 from models.states import (
     TRANSITIONS,
     AttemptStep,
@@ -44,7 +45,6 @@ from models.store import (
     emit,
     is_transient,
     normalize_url,
-    prepare_state_dir,
     sqlite_url,
     utcnow,
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from models.store import private_dirs
+from models.statedir import private_dirs
 from models.tables import Host
 from workflows.base.context import Context
 from workflows.base.ports import SpawnError

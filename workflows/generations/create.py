@@ -11,8 +11,9 @@ import uuid as uuidlib
 from sqlalchemy import bindparam, insert, update
 from sqlalchemy.orm import Session
 
+from models.statedir import private_dirs
 from models.states import GenState, HostKind, MemberRole
-from models.store import private_dirs, utcnow
+from models.store import utcnow
 from models.tables import Build, Generation, Host, Listener, Member
 from models.transition import Fence, Unfenced, move
 from workflows.base.context import Context
