@@ -50,6 +50,28 @@ def test_a_thousand_host_chain_applies_stops_and_is_removed(vigil: Vigil, tmp_pa
     assert [line.split()[3] for line in out] == names[::-1], out[:3]
 
 
+def test_a_chain_of_hosts_shuts_down_link_by_link(vigil: Vigil, tmp_path: Path) -> None:
+    """Each stop of a chain waits for the stop of the host that starts after it; when that
+    one ends it looks again at once, not after its backoff (down a chain of 1,000, the
+    backoffs added up to hours: the box could not be shut down)."""
+    import time
+
+    vigil.run("apply", chain_file(tmp_path, 120))
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    began = time.monotonic()
+    cp = vigil.run("shutdown", "--wait", "--timeout", "90", check=False, subprocess=True)
+    assert cp.returncode == 0, (cp.stdout + cp.stderr)[-3000:]
+    assert agent.wait(30) == 0 and time.monotonic() - began < 90
+    from sqlalchemy import select
+
+    from models.tables import Event
+
+    stopped = list(vigil.store.read(lambda s: s.execute(select(Event.host).where(
+        Event.kind == "stopped").order_by(Event.id)).scalars().all()))
+    assert stopped == [f"h{i}" for i in reversed(range(120))], stopped[:5]  # dependents first
+
+
 def test_a_hosts_file_nested_too_deep_is_refused_in_one_line(vigil: Vigil, tmp_path: Path) -> None:
     deep = tmp_path / "deep.toml"
     deep.write_text(f'[hosts.a]\nbuild = "{HELLO}"\nargs = ' + "[" * 100_000 + "]" * 100_000 + "\n")

@@ -5,8 +5,8 @@ A wake whose `after` hosts are not all ready stays queued, holding nothing (no l
 process), with what it waits on written on its row in the step that decided it; it looks
 again every RECHECK seconds, and at once when one of them becomes ready (`wake_waiters`).
 A stop of a host that hosts still up name is refused unless forced; a stop waits while a
-host that names it is itself being stopped, so one command over both stops the dependent
-first. A cycle, or a name no host has, is refused before anything is written.
+host that names it is itself being stopped (and looks again at once when that stop ends,
+`stop_waiters`), so one command over both stops the dependent first. A cycle, or a name no host has, is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from sqlalchemy import func, literal_column, select, update
 from sqlalchemy.orm import Session, aliased
 
 from models.errors import BadInput, Refused
-from models.states import OPEN_STOP, Desired, GenState, WakeState
+from models.states import OPEN_STOP, Desired, GenState, StopState, WakeState
 from models.store import emit, utcnow
 from models.tables import Generation, Host, Stop, Wake
 from models.transition import move
@@ -165,6 +165,16 @@ def wake_waiters(s: Session) -> None:
     """A host became ready: every waiting wake looks again now (they are few)."""
     s.execute(update(Wake).where(Wake.state == WakeState.queued, Wake.waiting_on.is_not(None))
               .values(next_attempt_at=utcnow()))
+
+
+def stop_waiters(s: Session, host: str) -> None:
+    """A stop of `host` ended: the stops of the hosts it starts after wait for it
+    (`stopping_dependents`) and look again now, not after their backoff (down a chain of a
+    thousand hosts, backoffs added up to hours)."""
+    names = names_of(s.execute(select(Host.start_after).where(Host.name == host)).scalar())
+    if names:
+        s.execute(update(Stop).where(Stop.host.in_(names), Stop.state == StopState.queued)
+                  .values(next_attempt_at=utcnow()))
 
 
 def refuse_stop(s: Session, host: str) -> None:

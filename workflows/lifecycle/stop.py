@@ -33,7 +33,7 @@ from workflows.builds.book import nudge
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, ref_of
 from workflows.leases.lease import held_fence, owe_release, release_owed
-from workflows.lifecycle.order import refuse_stop, stopping_dependents
+from workflows.lifecycle.order import refuse_stop, stop_waiters, stopping_dependents
 
 # Moves that carry no lease fence, each with the reason it needs none.
 
@@ -140,6 +140,7 @@ def _signal(ctx: Context, st: Stop) -> bool:
                  f"stop #{st.id}", fence=BY_STATE, col="state", frm=StopState.queued)
             emit(s, "stopped", st.host, reason="nothing was running")
             owe_release(s, ctx, st.host)
+            stop_waiters(s, st.host)
             return False
         fence = held_fence(s, ctx, st.host)
         if fence is None:
@@ -219,6 +220,7 @@ def _finish(ctx: Context, st: Stop) -> Result:
              frm=StopState.signalled)
         emit(s, "stopped", st.host, gen.id, pid=gen.pid)
         owe_release(s, ctx, st.host)
+        stop_waiters(s, st.host)
 
     ctx.store.write(step)
     ctx.proc.release(ref_of(gen))
