@@ -119,7 +119,7 @@ def test_a_scale_storm_leaves_no_instance_behind(vigil: Vigil) -> None:
     refusals = []
     for _ in range(6):
         up = vigil.run("scale", "sc", "8", check=False)
-        if up.returncode == 0:  # down again while its wakes start (not yet serving)
+        if "wake(s) queued" in up.stdout:  # down again while its wakes start (not serving yet)
             wait_for(lambda: starting(vigil, "sc"), 30, interval=0.005, what="a wake starting")
         for cp in (up, vigil.run("scale", "sc", "1", check=False)):
             if cp.returncode != 0:
