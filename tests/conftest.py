@@ -661,3 +661,16 @@ def vigil(short_tmp: Path, containment: str) -> Iterator[Vigil]:
         yield v
     finally:
         v.cleanup()
+
+
+@pytest.fixture
+def ctx(vigil: Vigil) -> Iterator[Any]:
+    """A Context of the box's store, as the agent makes it (for driving workflows in the
+    test's own process)."""
+    from runners.wiring import make_context, open_store
+
+    store: Store = open_store(vigil.state_dir, vigil.db_url)
+    try:
+        yield make_context(vigil.state_dir, store, "test-agent")
+    finally:
+        store.dispose()

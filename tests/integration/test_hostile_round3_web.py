@@ -22,9 +22,8 @@ from typing import Any
 import pytest
 from sqlalchemy import insert
 
-from models.store import Store, utcnow
+from models.store import utcnow
 from models.tables import Notifier, NotifyOn
-from runners.wiring import make_context, open_store
 from tests.conftest import FIXTURES, ROOT, Vigil, wait_for
 from tests.integration.test_cli_bad_input import dump, refused
 from tests.integration.test_notifications import due_one, owe, tries
@@ -32,15 +31,6 @@ from workflows.base.context import Context, Result
 from workflows.engine.obligations import Due, run_one
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def ctx3(vigil: Vigil) -> Iterator[Context]:
-    store: Store = open_store(vigil.state_dir, vigil.db_url)
-    try:
-        yield make_context(vigil.state_dir, store, "test-agent")
-    finally:
-        store.dispose()
 
 
 Answer = Callable[[socket.socket, threading.Event, str], None]  # a connection, stop, its head
@@ -132,12 +122,12 @@ def receivers() -> Iterator[Callable[[Answer], Receiver]]:
 
 # -- 11. a redirect is a failed try -----------------------------------------------------------
 
-def test_a_webhook_redirect_is_a_failed_try(vigil: Vigil, ctx3: Context, receivers: Any) -> None:
+def test_a_webhook_redirect_is_a_failed_try(vigil: Vigil, ctx: Context, receivers: Any) -> None:
     hook = receivers(redirect)
     vigil.run("notify", "add", "hook", "--on", "down", "--webhook",
               f"http://127.0.0.1:{hook.port}/vigil")
-    owe(ctx3, "down")
-    assert run_one(ctx3, due_one(ctx3))[0] is Result.poked
+    owe(ctx, "down")
+    assert run_one(ctx, due_one(ctx))[0] is Result.poked
     (t,) = tries(vigil)
     assert (t["outcome"], t["status"]) == ("failed", 302), t
     assert "redirect" in t["error"] and "/landing" in t["error"], t
@@ -156,17 +146,17 @@ def test_a_control_character_in_a_webhook_is_refused_at_add(vigil: Vigil) -> Non
     assert dump(vigil) == before
 
 
-def test_a_deliverys_own_error_is_recorded_as_that_error(vigil: Vigil, ctx3: Context) -> None:
+def test_a_deliverys_own_error_is_recorded_as_that_error(vigil: Vigil, ctx: Context) -> None:
     """A notifier written before add refused such URLs: each try fails with its own error,
     never left open to be closed as `interrupted` by the next drive."""
     vigil.store.write(lambda s: (
         s.execute(insert(Notifier).values(name="old", webhook="http://127.0.0.1:9/a\r\nX: 1",
                                           timeout=2.0, created_at=utcnow())),
         s.execute(insert(NotifyOn).values(notifier="old", word="down"))))
-    owe(ctx3, "down")
-    d = due_one(ctx3)
+    owe(ctx, "down")
+    d = due_one(ctx)
     for _ in range(2):  # the second as if its backoff had passed
-        assert run_one(ctx3, Due("notification", d.id, d.host, utcnow(), 1))[0] is Result.poked
+        assert run_one(ctx, Due("notification", d.id, d.host, utcnow(), 1))[0] is Result.poked
     got = tries(vigil)
     assert [t["outcome"] for t in got] == ["failed", "failed"], got
     assert all("agent ended" not in (t["error"] or "") for t in got), got
@@ -175,14 +165,14 @@ def test_a_deliverys_own_error_is_recorded_as_that_error(vigil: Vigil, ctx3: Con
 
 # -- 7. a trickling webhook: a deadline for the whole try, and slots of its own --------------
 
-def test_a_trickling_webhook_ends_at_its_timeout(vigil: Vigil, ctx3: Context,
+def test_a_trickling_webhook_ends_at_its_timeout(vigil: Vigil, ctx: Context,
                                                  receivers: Any) -> None:
     hook = receivers(trickle)
     vigil.run("notify", "add", "slow", "--on", "down", "--timeout", "2", "--webhook",
               f"http://127.0.0.1:{hook.port}/")
-    owe(ctx3, "down")
+    owe(ctx, "down")
     done: list[Result] = []
-    drive = threading.Thread(target=lambda: done.append(run_one(ctx3, due_one(ctx3))[0]),
+    drive = threading.Thread(target=lambda: done.append(run_one(ctx, due_one(ctx))[0]),
                              daemon=True)
     drive.start()
     drive.join(3 * 2)  # it ends at its 2 s: 3x that is room for a loaded box

@@ -20,9 +20,8 @@ import pytest
 from sqlalchemy import func, select
 
 from models.notices import word_of
-from models.store import Store, emit, utcnow
+from models.store import emit, utcnow
 from models.tables import Delivery, Event
-from runners.wiring import make_context, open_store
 from tests.conftest import FIXTURES, Vigil, pid_dead, wait_for
 from tests.integration.test_cli_bad_input import dump, refused
 from workflows.base.context import Context, Result
@@ -40,15 +39,6 @@ if os.path.exists(flag):  # fail once, saying why on stderr
 with open(sys.argv[1], "a") as f:
     f.write(f"{event['id']} {event['kind']} {os.environ['VIGIL_EVENT_ID']}\\n")
 """
-
-
-@pytest.fixture
-def ctx(vigil: Vigil) -> Iterator[Context]:
-    store: Store = open_store(vigil.state_dir, vigil.db_url)
-    try:
-        yield make_context(vigil.state_dir, store, "test-agent")
-    finally:
-        store.dispose()
 
 
 def receiver(tmp: Path) -> tuple[str, Path]:
