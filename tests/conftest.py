@@ -310,28 +310,37 @@ def of_box(env: dict[str, str], uuids: set[str], home: str) -> bool:
 
 
 def end_holder(state_dir: Path) -> None:
-    """The fd holder (runners/keepers/fdholder.py) and the log keeper (runners/keepers/logkeeper.py) of
-    this state dir, and their standbys, outlive every agent while they hold something: end
-    each by the pid its lock names, if it is that very process."""
-    from runners.base.doorbell import lock_holder
-    from runners.keepers.fdholder import HOLDER_LOCK, holder_pid
-    from runners.keepers.logkeeper import KEEPER_LOCK, keeper_pid
-    from runners.keepers.wire import standby_of
+    """The helpers of this state dir that outlive every agent (runners/keepers: the fd
+    holder, the log keeper, their standbys, the fence keeper): each SIGKILLed by pid until a
+    scan finds none, as a standby may take over, or a helper start another standby, between
+    a scan and its kill."""
+    for _ in range(5):
+        pids = helper_pids(state_dir)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in pids:
+            wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"helper {pid} to die")
+    assert not helper_pids(state_dir), "helpers still started at teardown"
 
-    # The standbys first: each would take over from the helper it waits beside.
-    for module, pid in (("runners.keepers.fdholder", lock_holder(standby_of(state_dir / HOLDER_LOCK))),
-                        ("runners.keepers.logkeeper", lock_holder(standby_of(state_dir / KEEPER_LOCK))),
-                        ("runners.keepers.fdholder", holder_pid(state_dir)),
-                        ("runners.keepers.logkeeper", keeper_pid(state_dir))):
-        if pid is None or pid <= 0:
-            continue
+
+def helper_pids(state_dir: Path) -> list[int]:
+    """Live helpers of this state dir: `python -m runners.keepers.<name> STATE_DIR ...`."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
         try:
-            cmd = psutil.Process(pid).cmdline()
+            cmd = p.cmdline()
+            if (len(cmd) > 3 and str(state_dir) in cmd and any(a.startswith("runners.keepers.")
+                                                              for a in cmd)
+                    and p.status() != psutil.STATUS_ZOMBIE):
+                out.append(p.pid)
         except psutil.Error:
             continue
-        if module in cmd and str(state_dir) in cmd:
-            os.kill(pid, signal.SIGKILL)
-            wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"{module} {pid} to die")
+    return out
 
 
 class Forked:

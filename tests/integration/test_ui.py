@@ -31,7 +31,9 @@ def serve(v: Vigil, *args: str) -> tuple[subprocess.Popen[str], str]:
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert p.stdout is not None
     line = p.stdout.readline()
-    assert "vigil ui: serving" in line, line
+    if "vigil ui: serving" not in line:  # ended here: a failed test leaves no server behind
+        ended(p)
+        raise AssertionError(line)
     return p, line.split(" on ")[1].split()[0]
 
 
@@ -124,6 +126,7 @@ def test_off_loopback_the_token_is_required_and_a_wrong_one_refused(
     assert cp.returncode != 0 and "a token of 3 characters" in cp.stderr, cp.stderr
     token = "0123456789abcdef0123"
     (short_tmp / "token").write_text(token + "\n")
+    (short_tmp / "token").chmod(0o600)  # one others can read is warned of (test_hostile_round3_web)
     ui, url = serve(vigil, "--listen", "0.0.0.0:0", "--token-file", str(short_tmp / "token"))
     try:
         api = url.replace("0.0.0.0", "127.0.0.1") + "api/state"

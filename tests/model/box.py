@@ -38,7 +38,7 @@ from models.tables import Attempt, Event, Generation, Member, Release, Restore, 
 from runners.backend.files import stage_build
 from runners.backend.process import ProcessBackend
 from runners.wiring import make_context
-from tests.conftest import drop_db, marked_pids, new_db, pid_dead
+from tests.conftest import drop_db, end_holder, marked_pids, new_db, pid_dead
 from workflows.base import crash as crash_mod
 from workflows.base.context import Context, Result
 from workflows.config.hosts import add_host, record_build
@@ -325,6 +325,7 @@ class Box:
                 time.monotonic() < deadline:
             time.sleep(0.02)
         assert not left, f"teardown left processes {left}"
+        end_holder(self.state_dir)  # the log keeper its spawns started, and its standby
         for g in gens:
             proc.release(ref_of(g))  # empty cgroup dirs
         for st in self.stores:

@@ -59,8 +59,14 @@ def kill_keeper(pipes: LogPipes, state: Path, app: int, end: int,
     pid = keeper_pid(state)
     assert pid, "a keeper runs"
 
-    def written() -> int:
-        return sum(p.stat().st_size for p in state.glob("logs/h/g1.log*"))
+    def written() -> int:  # a file rotated away between the listing and its stat counts 0
+        sizes = []
+        for p in state.glob("logs/h/g1.log*"):
+            try:
+                sizes.append(p.stat().st_size)
+            except FileNotFoundError:
+                pass
+        return sum(sizes)
 
     # Measured from now, not from 0: the first look at 0 counted as progress at once, so
     # on a loaded box a new keeper could be killed before it had written a byte, again and
