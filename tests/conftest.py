@@ -311,11 +311,16 @@ def of_box(env: dict[str, str], uuids: set[str], home: str) -> bool:
 
 def end_holder(state_dir: Path) -> None:
     """The helpers of this state dir that outlive every agent (runners/keepers: the fd
-    holder, the log keeper, their standbys, the fence keeper): each SIGKILLed by pid until a
-    scan finds none, as a standby may take over, or a helper start another standby, between
-    a scan and its kill."""
+    holder, the log keeper, their standbys, the fence keeper), until none is left: a standby
+    may take over, or a helper start another standby, between a scan and its kill."""
+    kill_until_none(lambda: helper_pids(state_dir), "helpers still started at teardown")
+
+
+def kill_until_none(scan: Callable[[], list[int]], left: str) -> None:
+    """SIGKILL by pid what `scan` finds, wait for each to die, and scan again, until a scan
+    finds none (5 rounds at most, then fail saying `left`)."""
     for _ in range(5):
-        pids = helper_pids(state_dir)
+        pids = scan()
         if not pids:
             return
         for pid in pids:
@@ -324,8 +329,8 @@ def end_holder(state_dir: Path) -> None:
             except ProcessLookupError:
                 pass
         for pid in pids:
-            wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"helper {pid} to die")
-    assert not helper_pids(state_dir), "helpers still started at teardown"
+            wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"pid {pid} to die")
+    assert not scan(), left
 
 
 def helper_pids(state_dir: Path) -> list[int]:
@@ -580,18 +585,8 @@ class Vigil:
         """Every process of this box's generations, SIGKILLed by pid until a scan finds none:
         a pre-fork server's master (gunicorn's) may fork a worker between a scan and its
         kill, and that worker then outlives it."""
-        for _ in range(5):
-            pids = marked_pids(self.state_dir, self.db_url)
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            for pid in pids:
-                wait_for(lambda pid=pid: pid_dead(pid), 5, what=f"pid {pid} to die")
-        assert not marked_pids(self.state_dir, self.db_url), "processes still forked at teardown"
+        kill_until_none(lambda: marked_pids(self.state_dir, self.db_url),
+                        "processes still forked at teardown")
 
     def cleanup(self) -> None:
         if self._store is not None:
