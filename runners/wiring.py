@@ -15,9 +15,9 @@ from runners.backend.files import LocalFiles
 from runners.backend.health import HttpHealth
 from runners.backend.limits import CgroupMemoryLimit
 from runners.backend.listen import Listeners
-from runners.backend.notices import Notices
+from runners.backend.notifysend import Notices
 from runners.backend.process import LOG_FILES, LOG_MAX_BYTES, ProcessBackend
-from runners.backend.readiness import Readiness
+from runners.backend.readysignal import Readiness
 from runners.backend.sockets import SocketAccess
 from runners.keepers.logkeeper import LogPipes
 from workflows.base.context import Context

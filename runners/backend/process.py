@@ -29,7 +29,7 @@ from runners.backend import users
 from runners.backend.cglimits import CgroupLimits
 from runners.backend.cgroups import detect_cgroup_base
 from runners.backend.credentials import Credentials
-from runners.backend.known import live_known, walk
+from runners.backend.descendants import live_known, walk
 from runners.backend.launch import (
     Child,
     base_environment,

@@ -6,7 +6,7 @@ to a unix datagram socket (a path, or `@name` in the abstract namespace). The ag
 and `STOPPING=1` when it shuts down. Without $NOTIFY_SOCKET every call does nothing.
 
 Receiving (bind(), receive()): `vigil agent start` waits for its agent's READY=1, and each
-generation on a shared listener has a socket of its own (runners/backend/readiness.py). Such
+generation on a shared listener has a socket of its own (runners/backend/readysignal.py). Such
 a socket's name is visible to anyone who may send to it, so each datagram comes with its
 sender's pid (SCM_CREDENTIALS, the kernel's word)."""
 

@@ -1,7 +1,7 @@
 """`vigil`: the one command. Everything but `vigil agent` writes intents to the store or
 reads it, so it works whether the agent is up or down.
 
-The group and main() live here; each topic's commands in a module of its own (hosts,
+The group and main() live here; each topic's commands in a module of its own (hostcmds,
 lifecycle, inspect, agent, db, schedule). Command modules import only click and the light
 parts of models at import time: `vigil --help` must not pay for SQLAlchemy."""
 
@@ -16,16 +16,14 @@ from runners.cli import (
     agent,
     completion,
     db,
+    hostcmds,
     hostedit,
-    hosts,
     inspect,
     lifecycle,
     logs,
     notify,
-    restart,
-    scale,
     schedule,
-    shutdown,
+    teardown,
     top,
     ui,
 )
@@ -49,13 +47,13 @@ def cli(ctx: click.Context, state_dir: str | None, db: str | None, listen_db: st
     ctx.obj = Env(state_dir, db, listen_db)
 
 
-for command in (db.db, hosts.host, hosts.apply_cmd, lifecycle.wake, lifecycle.stop,
-                lifecycle.deploy, lifecycle.retry, restart.restart, inspect.gc, inspect.status_cmd,
+for command in (db.db, hostcmds.host, hostcmds.apply_cmd, lifecycle.wake, lifecycle.stop,
+                lifecycle.deploy, lifecycle.retry, lifecycle.restart, inspect.gc, inspect.status_cmd,
                 inspect.obligations, inspect.events, logs.logs, schedule.schedule, inspect.check,
-                inspect.crashpoints, agent.agent, rollout, shutdown.shutdown, top.top,
-                ui.ui, completion.completion, notify.notify, scale.scale):
+                inspect.crashpoints, agent.agent, rollout, teardown.shutdown, top.top,
+                ui.ui, completion.completion, notify.notify, lifecycle.scale):
     cli.add_command(command)
-hostedit.attach(hosts.host)
+hostedit.attach(hostcmds.host)
 completion.attach(cli)  # host names and generations from the store, on the light path
 
 

@@ -19,7 +19,7 @@ from runners.cli.common import Env
 def dry_run(env: Env, file: str, specs: list[Any], wanted: list[Any]) -> None:
     """Print every change and every refusal; exit 4 when any host is refused."""
     from runners.cli.hostfile import order_refusals
-    from runners.cli.listeners import probe_stored
+    from runners.cli.listenopts import probe_stored
     from workflows.config.apply import diff, removal
     from workflows.config.hosts import check_socket_room
     from workflows.config.running import run_change

@@ -205,7 +205,7 @@ def host_set(env: Env, name: str, build_path: str | None, envs: tuple[str, ...],
     from functools import partial
 
     from runners.backend.files import stage_build
-    from runners.cli.listeners import probe_stored
+    from runners.cli.listenopts import probe_stored
     from workflows.config.apply import Wanted, apply_host, diff
     from workflows.config.hosts import check_socket_room
 

@@ -1,4 +1,6 @@
-"""`vigil wake|stop|deploy|retry`: intents for the agent, and --wait to follow them."""
+"""`vigil wake|stop|deploy|retry|restart|scale`: intents for the agent, and --wait to follow
+them. A restart moves each host onto the build it runs now (workflows/deploys/restart.py); a
+scale grows or shrinks a host of instances (workflows/lifecycle/scale.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import click
 
 from models.errors import VigilError
 from models.states import Cause, Mode
-from runners.cli.common import SECONDS, Env, poll
+from runners.cli.common import SECONDS, Env, poll, ring_doorbell
 from runners.cli.several import Each, resolve, targets
 
 SETTLED = ("done", "failed", "cancelled")
@@ -210,3 +212,90 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float,
         raise VigilError(line, f"see `vigil events {name}` and the app's output: "
                          f"`vigil logs {name}`")
     click.echo(line)
+
+
+@click.command()
+@targets
+@click.option("--mode", type=click.Choice([m.value for m in Mode]), default="overlap",
+              show_default=True, help="overlap: the successor starts beside the old one "
+                                      "(instances); hold: stop, then start.")
+@click.option("--wait", is_flag=True, help="Block until each has restarted or failed; one "
+                                           "host: show the steps as they happen.")
+@click.option("--timeout", type=SECONDS, default=600.0, show_default=True)
+@click.pass_obj
+def restart(env: Env, names: tuple[str, ...], every: bool, mode: str, wait: bool,
+            timeout: float) -> None:
+    """Restart hosts on the build they run (HOST..., a glob such as 'web*', or --all)."""
+    hosts = resolve(env, names, every)
+    each = Each(hosts)
+    queued: list[tuple[str, dict[str, Any]]] = []
+    for name in hosts:
+        req = each.run(name, env.quick().call, "restart", name=name, mode=mode)
+        if req is None:
+            continue
+        if "wake" in req:
+            if req["wake"] is None:  # woken meanwhile: nothing to restart from
+                click.echo(f"host {name} is already awake")
+                continue
+            click.echo(f"host {name} is not running: wake #{req['wake']} queued")
+        if wait:
+            queued.append((name, req))
+        elif "attempt" in req:
+            click.echo(f"restart of {name}: attempt #{req['attempt']} queued (mode {req['mode']})")
+    deadline = time.monotonic() + timeout
+    for name, req in queued:
+        left = max(0.0, deadline - time.monotonic())
+        if "wake" in req:
+            each.run(name, woken, env, name, req["wake"], left)
+        else:
+            each.run(name, _attempt, env, name, req["attempt"], True, left, len(hosts) == 1)
+    each.end("restart")
+
+
+def _settled(env: Env, name: str, n: int) -> dict[str, Any]:
+    from sqlalchemy import func, select
+
+    from models.states import LIVE_GEN, OPEN_STOP, GenState
+    from models.tables import Generation, Host, Stop
+
+    def read(s: Any) -> dict[str, Any]:
+        def count(*where: Any) -> int:
+            return int(s.execute(select(func.count()).select_from(Generation).where(
+                Generation.host == name, *where)).scalar_one())
+        return {"current": count(Generation.state == GenState.current),
+                "beyond": count(Generation.state.in_(LIVE_GEN), Generation.slot >= n),
+                "stops": s.execute(select(func.count()).select_from(Stop).where(
+                    Stop.host == name, Stop.state.in_(OPEN_STOP))).scalar_one(),
+                "up": s.get(Host, name).desired.value}
+    return env.store().read(read)
+
+
+@click.command()
+@click.argument("name")
+@click.argument("instances", type=int)
+@click.option("--wait", is_flag=True, help="Block until N serve and the removed ones are gone.")
+@click.option("--timeout", type=SECONDS, default=300.0, show_default=True)
+@click.pass_obj
+def scale(env: Env, name: str, instances: int, wait: bool, timeout: float) -> None:
+    """Run N instances of a host on its held listeners: up wakes each new slot, down stops
+    the highest slots (each drains and is proven gone); a stopped host starts N at its wake."""
+    from workflows.lifecycle.scale import request_scale
+
+    done = env.store().write(lambda s: request_scale(s, name, instances))
+    ring_doorbell(env.state_dir)  # its wakes and stops rang their boxes
+    click.echo(done.line())
+    if not wait or done.was == done.now:
+        return
+
+    def settled(row: dict[str, Any], _: float) -> bool:
+        serving = row["current"] == instances or row["up"] != "up"
+        return serving and not row["beyond"] and not row["stops"]
+
+    def late(row: dict[str, Any]) -> VigilError:
+        return VigilError(f"timed out after {timeout:.0f}s: {row['current']} of {instances} "
+                          f"instances of {name} serve, {row['beyond']} past slot "
+                          f"{instances - 1} still live",
+                          "watch `vigil obligations`; the agent keeps working on it")
+
+    poll(lambda: _settled(env, name, instances), settled, timeout=timeout, late=late)
+    click.echo(f"host {name}: {instances} instance(s) serving")

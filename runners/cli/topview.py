@@ -42,7 +42,7 @@ class Sampler:
         self.procs: dict[tuple[int, float], psutil.Process] = {}
 
     def sample(self, leaders: dict[str, dict[str, Any]]) -> dict[str, tuple[float, int]]:
-        from runners.backend.known import walk
+        from runners.backend.descendants import walk
         from workflows.base.ports import ProcRef
 
         trees = walk([ProcRef(host, ld["pid"], ld["create_time"], None)

@@ -1,4 +1,4 @@
-"""The descendant walk (runners/backend/known.py): by each process's children files where
+"""The descendant walk (runners/backend/descendants.py): by each process's children files where
 the kernel has them, by one scan of every process's parent otherwise; both see the same
 tree below a leader (a real one: a shell, its child, its grandchild)."""
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from runners.backend import known
+from runners.backend import descendants
 from tests.conftest import wait_for
 from workflows.base.ports import ProcRef
 
@@ -38,10 +38,10 @@ def test_children_files_and_the_scan_see_the_same_tree(tree: subprocess.Popen[by
     wait_for(lambda: len(_below(tree.pid)) == 3, 10, what="the shell's three descendants")
     ref = ProcRef(generation_uuid="u", pid=tree.pid,
                   create_time=psutil.Process(tree.pid).create_time(), cgroup=None)
-    if known._children(tree.pid) is None:
+    if descendants._children(tree.pid) is None:
         pytest.skip("this kernel has no /proc/<pid>/task/<tid>/children")
-    by_files = {pid for pid, _ in known.walk([ref])["u"]}
-    scan = known._by_scan()
+    by_files = {pid for pid, _ in descendants.walk([ref])["u"]}
+    scan = descendants._by_scan()
     todo, by_scan = [tree.pid], set()
     while todo:
         kids = scan(todo.pop())
@@ -56,4 +56,4 @@ def test_a_gone_leader_has_no_children() -> None:
     deadline = time.monotonic() + 10
     while psutil.pid_exists(p.pid) and time.monotonic() < deadline:
         time.sleep(0.01)  # reaped: its pid may linger for a moment in /proc
-    assert known._children(p.pid) in ([], None)
+    assert descendants._children(p.pid) in ([], None)

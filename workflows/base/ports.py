@@ -187,7 +187,7 @@ class ListenerPort(Protocol):
 
 
 class ReadinessPort(Protocol):
-    """A generation's own readiness signal on a shared listener (runners/backend/readiness.py)."""
+    """A generation's own readiness signal on a shared listener (runners/backend/readysignal.py)."""
 
     def open_notify(self, generation_uuid: str, path: str, host: str, generation_id: int) -> None:
         """Bind the generation's NOTIFY_SOCKET at `path` (before its spawn, or again when it
@@ -213,7 +213,7 @@ class Sent:
 
 
 class NoticePort(Protocol):
-    """Sending a notification (runners/backend/notices.py); each call is bounded by `timeout`."""
+    """Sending a notification (runners/backend/notifysend.py); each call is bounded by `timeout`."""
 
     def run(self, command: str, body: bytes, env: dict[str, str], timeout: float) -> Sent:
         """Run the shell command with `body` on its stdin; past the timeout it is killed."""

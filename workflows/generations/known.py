@@ -1,5 +1,5 @@
 """The descendants of a generation's leader that a walk saw, kept in `known_processes`
-(see runners/backend/known.py for why, and for what no walk can catch). Walks run at spawn,
+(see runners/backend/descendants.py for why, and for what no walk can catch). Walks run at spawn,
 after the health check, at each ongoing probe and at the liveness backstop; the proof and
 the kill path read what was recorded before they act.
 

@@ -79,7 +79,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
              unhealthy_restart: bool, **policy: Any) -> None:
     """Add a host and stage its build (copied under <state>/builds, sha256 recorded)."""
     from runners.backend.files import forget_host_files, stage_build
-    from runners.cli.listeners import checked_listeners
+    from runners.cli.listenopts import checked_listeners
     from workflows.config.hosts import add_host
     from workflows.lifecycle.probe import check_probe
 
@@ -161,7 +161,7 @@ def host_rm(env: Env, name: str) -> None:
     from runners.agent.schedules import forget
     from runners.backend.files import forget_host_files
     from runners.base.doorbell import ring
-    from runners.cli.listeners import close_removed
+    from runners.cli.listenopts import close_removed
     from runners.cli.logs import set_aside
     from workflows.config.hosts import remove_host
 
@@ -200,7 +200,7 @@ def apply_cmd(env: Env, file: str, dry_run: bool) -> None:
             check_socket_room(env.state_dir, spec.name)
     store = env.store()
     from runners.cli.applyplan import apply_running, check_running
-    from runners.cli.listeners import probe_stored
+    from runners.cli.listenopts import probe_stored
 
     for spec in specs:  # each new address free now (a port in use, ...): nothing written
         probe_stored(env, spec.name, spec.listens, label=f"{file}: {spec.name}: ")
@@ -248,6 +248,6 @@ def _wanted(env: Env, specs: list[Any], stage: bool) -> list[Any]:
     return out
 
 
-from runners.cli.listeners import attach as _attach_listen  # noqa: E402  (vigil host reopen)
+from runners.cli.listenopts import attach as _attach_listen  # noqa: E402  (vigil host reopen)
 
 _attach_listen(host)
