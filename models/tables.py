@@ -133,7 +133,6 @@ class Host(Base):
     restart_cap: Mapped[float] = mapped_column(Float, default=30.0, server_default="30.0")
     restart_reset: Mapped[float] = mapped_column(Float, default=60.0, server_default="60.0")
     converge_grace: Mapped[float] = mapped_column(Float, default=60.0, server_default="60.0")
-    restart_streak: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     drift_since: Mapped[datetime | None] = mapped_column(DateTime)  # live build != running one
     # Who may connect to its socket (None: the agent-wide setting); see runners/backend/sockets.py.
     socket_group: Mapped[str | None] = mapped_column(String(32))
@@ -272,8 +271,8 @@ class Chore(Base):
 
 
 class SlotStreak(Base):
-    """The restart streak of one slot past 0 of a host of instances (migration 0026): its
-    quick exits in a row, its own backoff's count (slot 0's is Host.restart_streak)."""
+    """The restart streak of one slot of a host (every slot since migration 0033): its
+    quick exits in a row, its own backoff's count; written by models/streaks.py alone."""
 
     __tablename__ = "slot_streaks"
     host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"),

@@ -228,7 +228,7 @@ def test_a_bad_staged_build_is_refused_until_fixed(vigil: Vigil) -> None:
 
 
 def test_restart_delay_doubles_from_the_floor_to_the_cap() -> None:
-    from workflows.lifecycle.workers import restart_delay
+    from workflows.lifecycle.restarts import restart_delay
 
     h = Host(restart_floor=0.5, restart_cap=3.0)
     assert [restart_delay(h, n) for n in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]

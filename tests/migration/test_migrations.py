@@ -454,6 +454,12 @@ def seed_0032(conn: Connection) -> None:
     raw_insert(conn, "rings", {"id": 32, "channel": "vigil", "at": T0})
 
 
+def seed_0033(conn: Connection) -> None:
+    """Slot 0's restart streak of seed_0024's host of instances (0033: every slot's streak
+    in slot_streaks)."""
+    raw_insert(conn, "slot_streaks", {"host": "pair", "slot": 0, "streak": 1})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -484,6 +490,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0029": seed_0029,
     "0030": seed_0030,
     "0032": seed_0032,
+    "0033": seed_0033,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
@@ -607,8 +614,8 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         assert ("wake", "jobs", None) in open_kinds
         # Rows written before 0003 take the new columns' defaults.
         assert tuple(conn.execute(text(
-            "SELECT one_shot, restart_floor, restart_streak FROM hosts WHERE name = 'web'"
-        )).one()) in ((False, 1.0, 0), (0, 1.0, 0))
+            "SELECT one_shot, restart_floor FROM hosts WHERE name = 'web'"
+        )).one()) in ((False, 1.0), (0, 1.0))
         assert tuple(conn.execute(text("SELECT id, next_run_time FROM apscheduler_jobs"
                                        " WHERE id = 'restart:web'")).one()) \
             == ("restart:web", 1767323045.6)
@@ -652,8 +659,34 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
             == ["after-boxed", "after-web"]
         # 0032: a ring row is kept.
         assert tuple(conn.execute(text("SELECT id, channel FROM rings")).one()) == (32, "vigil")
+        # 0033: the worker's streak of 0003 is its slot 0's row; a streak of 0 is no row.
+        assert [tuple(r) for r in conn.execute(text(
+            "SELECT host, slot, streak FROM slot_streaks ORDER BY host, slot"))] == [
+            ("jobs", 0, 2), ("pair", 0, 1), ("pair", 2, 3)]
     with pytest.raises(IntegrityError), engine.begin() as conn:
         conn.execute(text("UPDATE hosts SET on_store_loss = 'maybe' WHERE name = 'web'"))
+
+
+def test_slot_0_streaks_go_back_to_hosts_and_return(store: Store) -> None:
+    """0033 down: slot 0's streak is the host's `restart_streak` again (slots 1.. keep their
+    rows); up again: the same rows as before."""
+    engine = store.engine
+    schema.upgrade(engine, "0032")
+    with engine.begin() as conn:
+        for rev in ("0001", "0003", "0024", "0026"):
+            SEEDS[rev](conn)
+    schema.upgrade(engine)
+    with engine.connect() as conn:
+        before = snapshot(conn)
+    assert ("jobs", 0, 2) in before["slot_streaks"]
+    schema.downgrade(engine, "0032")
+    with engine.connect() as conn:
+        assert dict(conn.execute(text("SELECT name, restart_streak FROM hosts")).all()) == {
+            "web": 0, "jobs": 2, "pair": 0}
+        assert conn.execute(text("SELECT host, slot FROM slot_streaks")).all() == [("pair", 2)]
+    schema.upgrade(engine)
+    with engine.connect() as conn:
+        assert snapshot(conn) == before
 
 
 @pytest.mark.sqlite_only("a PostgreSQL sequence never goes back (the seeds' explicit ids bypass it)")

@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session
 
 from models.errors import NotFound
 from models.states import (
-    CRASHLOOP_STREAK,
     LIVE_GEN,
     OPEN_STOP,
     OPEN_WAKE,
@@ -31,19 +30,10 @@ from models.states import (
     WakeState,
 )
 from models.store import utcnow
-from models.tables import (
-    Attempt,
-    Build,
-    Event,
-    Generation,
-    Host,
-    Lease,
-    Listener,
-    SlotStreak,
-    Stop,
-    Wake,
-)
+from models.streaks import streaks
+from models.tables import Attempt, Build, Event, Generation, Host, Lease, Listener, Stop, Wake
 from workflows.generations.listeners import note, reopened
+from workflows.lifecycle.restarts import crashloop
 
 
 def _iso(d: datetime | None) -> str | None:
@@ -82,8 +72,7 @@ class Facts:
                            .order_by(Listener.host, Listener.position)).scalars():
             self.listeners[r.host].append(r)
         self.exits = self._exits(s, of(Event.host))
-        self.streaks = {(r.host, r.slot): r.streak for r in s.execute(  # slots past 0
-            select(SlotStreak.host, SlotStreak.slot, SlotStreak.streak).where(of(SlotStreak.host)))}
+        self.streaks = streaks(s, names)
         ids = {g.build_id for gs in self.live.values() for g in gs} | {h.build_id for h in self.hosts}
         self.builds = {b.id: b for b in s.execute(select(Build).where(Build.id.in_(ids))).scalars()}
 
@@ -127,9 +116,8 @@ def state_of(f: Facts, h: Host) -> str:
         queued = [w for w in wakes if w.state is WakeState.queued]
         if any(w.waiting_on is not None for w in queued):
             return "waiting"  # on hosts it starts after (workflows/lifecycle/order.py)
-        if h.restart_streak >= CRASHLOOP_STREAK and any(
-                w.cause == "restart" and w.next_attempt_at > f.now for w in queued):
-            return "crashloop"  # quick exits in a row: the next start waits out a backoff
+        if crashloop(f.streaks.get((name, 0), 0), queued, f.now):
+            return "crashloop"
         return "waking"
     if f.live.get(name):
         return "retiring"
@@ -177,7 +165,7 @@ def row(f: Facts, h: Host) -> dict[str, Any]:
         **_deploy_status(f.last_attempt.get(h.name)),
         **_probe_status(h, gen),
         **_listen_status(h, f.listeners.get(h.name, [])),
-        **_worker_status(h, gen, f.last_wake.get(h.name)),
+        **_worker_status(h, gen, f.last_wake.get(h.name), f.streaks.get((h.name, 0), 0)),
         **_exit_status(f.exits.get(h.name)),
         **instance_status(f, h, currents),
     }
@@ -193,16 +181,10 @@ def instance_status(f: Facts, h: Host, currents: list[Generation]) -> dict[str, 
     wakes = f.open_wakes.get(h.name, [])
 
     def slot(n: int, g: Generation | None) -> dict[str, Any]:
-        streak = h.restart_streak if n == 0 else f.streaks.get((h.name, n), 0)
+        streak = f.streaks.get((h.name, n), 0)
         mine = [w for w in wakes if w.slot == n]
-        if g is not None:
-            word = "up"
-        elif streak >= CRASHLOOP_STREAK and any(
-                w.cause == "restart" and w.state is WakeState.queued
-                and w.next_attempt_at > f.now for w in mine):
-            word = "crashloop"
-        else:
-            word = "waking" if mine else "down"
+        word = "up" if g is not None else "crashloop" if crashloop(streak, mine, f.now) \
+            else "waking" if mine else "down"
         return {"slot": n, "state": word, "generation": g.id if g else None,
                 "pid": g.pid if g else None, "build_id": g.build_id if g else None,
                 "since": _iso(g.current_at) if g else None, "restart_streak": streak}
@@ -261,10 +243,11 @@ def _listen_status(h: Host, rows: list[Listener]) -> dict[str, Any]:
         for r in rows]}
 
 
-def _worker_status(h: Host, gen: Generation | None, w: Wake | None) -> dict[str, Any]:
-    """A host's restart state (its streak of quick exits, when the next start is due); a
-    worker's build, and why it is not running when a start failed or was refused."""
-    out: dict[str, Any] = {"restart_streak": h.restart_streak}
+def _worker_status(h: Host, gen: Generation | None, w: Wake | None,
+                   streak: int) -> dict[str, Any]:
+    """A host's restart state (its slot 0's streak of quick exits, when the next start is
+    due); a worker's build, and why it is not running when a start failed or was refused."""
+    out: dict[str, Any] = {"restart_streak": streak}
     if w is not None and w.state in OPEN_WAKE and w.cause == "restart":
         out["restart_at"] = _iso(w.next_attempt_at)
     if w is not None and w.state is WakeState.queued and w.waiting_on:

@@ -7,12 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 from models.errors import BadInput
 from models.states import HostKind
-from models.tables import Host, SlotStreak
 
 MAX_INSTANCES = 64  # more processes of one app than that is a fork bomb, not a deploy
 
@@ -38,32 +34,3 @@ def check_instances(n: Any, listens: list[Any], kind: HostKind, label: str = "--
         raise BadInput(f"{label} {n}: a host with a memory tier runs one instance (its parent "
                        "limit is sized for one)", "drop memory_tier_mb, or leave it at 1")
     return n
-
-
-def slot_streak(s: Session, host: Host, slot: int) -> int:
-    """A slot's quick exits in a row: slot 0's is the host's own (as before instances)."""
-    if slot == 0:
-        return host.restart_streak
-    row = s.get(SlotStreak, (host.name, slot))
-    return row.streak if row is not None else 0
-
-
-def set_slot_streak(s: Session, host: str, slot: int, streak: int) -> None:
-    if slot == 0:
-        s.execute(Host.__table__.update().where(Host.name == host).values(restart_streak=streak))
-        return
-    row = s.get(SlotStreak, (host, slot))
-    if row is None:
-        s.add(SlotStreak(host=host, slot=slot, streak=streak))
-    else:
-        row.streak = streak
-    s.flush()
-
-
-def slot_streaks(s: Session, hosts: list[str]) -> dict[tuple[str, int], int]:
-    """The streaks of slots past 0 of these hosts, by (host, slot)."""
-    if not hosts:
-        return {}
-    return {(r.host, r.slot): r.streak for r in s.execute(
-        select(SlotStreak.host, SlotStreak.slot, SlotStreak.streak)
-        .where(SlotStreak.host.in_(hosts)))}

@@ -21,18 +21,15 @@ from models.transition import move
 from workflows.base.context import Context, Held, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.ports import ProcRef
-from workflows.base.queue import enqueue_wake
 from workflows.base.sanity import impossible_hosts
 from workflows.base.waivers import BY_STATE
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, ref_of
 from workflows.generations.known import note
-from workflows.generations.slots import set_slot_streak, slot_streak
 from workflows.leases.lease import owe_release, release_owed
 from workflows.lifecycle.exits import exit_code, exit_line, oom_line
-from workflows.lifecycle.workers import restart_delay, worker_exited
-
-# Moves that carry no lease fence, each with the reason it needs none.
+from workflows.lifecycle.restarts import schedule, uptime
+from workflows.lifecycle.workers import worker_exited
 
 EXITED = define("member.exited", "a dead current generation is retiring and a member")
 PROVEN = define("member.proven", "a member is proven gone and has left the set")
@@ -43,7 +40,7 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
            code: int | None = None, exited: bool = False) -> None:
     """current -> retiring member (one transaction); queue a restart wake if wanted.
     `exited`: its leader is gone, and `code` is its status when this agent knows it."""
-    move(s, Generation, gen.id,
+    move(s, Generation, {"id": gen.id},
          {"state": GenState.retiring, "end_reason": why},
          f"generation g{gen.id} current -> retiring", fence=BY_STATE, col="state",
          frm=GenState.current)
@@ -59,20 +56,8 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
         queued = s.execute(select(Wake.id).where(Wake.host == gen.host, Wake.slot == gen.slot,
                                                  Wake.state.in_(OPEN_WAKE))).first()
         if queued is None:  # an OOM kill says so, and restarts by the same policy
-            instance_exited(s, host, gen, (oom_line(s, ctx, gen, code) if exited else None) or why)
-
-
-def instance_exited(s: Session, host: Host, gen: Generation, why: str) -> None:
-    """An instance's restart, with the worker's persisted policy (floor, cap, reset): the
-    first exit after a stable run restarts at once (a crash costs no added downtime), each
-    further quick exit waits floor * 2**n, capped; `vigil status` says crashloop."""
-    up = (utcnow() - gen.current_at).total_seconds() if gen.current_at else 0.0
-    streak = 0 if up >= host.restart_reset else slot_streak(s, host, gen.slot)
-    delay = restart_delay(host, streak - 1) if streak else 0.0
-    enqueue_wake(s, host.name, "restart", delay=delay, slot=gen.slot)
-    set_slot_streak(s, host.name, gen.slot, streak + 1)
-    emit(s, "restart_scheduled", host.name, delay=round(delay, 3), streak=streak + 1,
-         uptime=round(up, 3), reason=why, **({"slot": gen.slot} if gen.slot else {}))
+            schedule(s, host, uptime(gen), (oom_line(s, ctx, gen, code) if exited else None)
+                     or why, slot=gen.slot, at_once=True)
 
 
 def current_leaders(ctx: Context) -> dict[int, tuple[int, float]]:

@@ -3,8 +3,8 @@
 A worker's start is a wake like any other (the generation row, naming its build, is
 written before the exec), but what it execs is pinned: a restart, a max-run recycle or a
 converge queues a wake whose `build_id` names the exact staged build to run. A worker that
-exits is respawned onto its *captured* build (the one its generation exec'd), after an
-exponential backoff persisted on the host (`restart_streak`), never onto whatever build
+exits is respawned onto its *captured* build (the one its generation exec'd), after the
+restart policy's backoff (workflows/lifecycle/restarts.py), never onto whatever build
 is newest. It moves to the host's live build (`hosts.build_id`, set by a release) only by
 a release attempt (`vigil deploy`: stop-then-start) or by converging once the drift has
 lasted the host's grace, at most a budgeted number of converges per sweep box-wide.
@@ -29,7 +29,6 @@ from models.transition import Fence, Unfenced, move, move_many
 from workflows.base.context import Context
 from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import open_stop
-from workflows.base.pacing import exponential
 from workflows.base.ports import ProcRef
 from workflows.base.queue import enqueue_wake
 from workflows.base.sanity import impossible_hosts
@@ -41,6 +40,7 @@ from workflows.generations.ending import end_generation, mark_proven, mark_retir
 from workflows.leases.lease import owe_release, release_owed
 from workflows.lifecycle.exits import exit_code, exit_line, oom_line
 from workflows.lifecycle.order import wake_waiters
+from workflows.lifecycle.restarts import schedule, uptime
 
 # Moves that carry no lease fence, each with the reason it needs none.
 ONE_SHOT = Unfenced("the attempt ending its one-shot run: its gate checked the lease")
@@ -88,11 +88,6 @@ def check_policy(kind: HostKind, policy: dict[str, object]) -> dict[str, object]
     return out
 
 
-def restart_delay(host: Host, streak: int) -> float:
-    """floor * 2**streak, capped: the wait before the next start after `streak` quick exits."""
-    return exponential(streak + 1, host.restart_floor, host.restart_cap)
-
-
 def open_attempt(s: Session, host: str) -> Attempt | None:
     return s.execute(select(Attempt).where(Attempt.host == host, Attempt.outcome.is_(None))
                      .order_by(Attempt.id).limit(1)).scalar_one_or_none()
@@ -123,13 +118,11 @@ def worker_exited(s: Session, ctx: Context, gen: Generation, host: Host) -> None
             mark_good(s, gen.build_id)
         emit(s, "run_ended", host.name, gen.id, exit_code=code, one_shot=True)
         return
-    up = (utcnow() - gen.current_at).total_seconds() if gen.current_at else 0.0
-    queue_restart(s, host, gen.build_id, up, code_line)
+    queue_restart(s, host, gen.build_id, uptime(gen), code_line)
 
 
-def queue_restart(s: Session, host: Host, build_id: int, uptime: float, why: str) -> None:
-    """Queue the next start of `build_id` (the captured build) after the backoff. A worker
-    that stayed up for restart_reset seconds starts again from the floor."""
+def queue_restart(s: Session, host: Host, build_id: int, up: float, why: str) -> None:
+    """Queue the next start of `build_id` (the captured build) by the restart policy."""
     if host.desired is not Desired.up or host.one_shot:
         return
     if s.execute(select(Wake.id).where(Wake.host == host.name, Wake.state.in_(OPEN_WAKE))).first():
@@ -142,12 +135,7 @@ def queue_restart(s: Session, host: Host, build_id: int, uptime: float, why: str
     if hold is not None:  # the failure book: a restart never puts a held-down build back
         emit(s, "restart_skipped", host.name, build_id=build_id, reason=held_line(hold))
         return
-    streak = 0 if uptime >= host.restart_reset else host.restart_streak
-    delay = restart_delay(host, streak)
-    enqueue_wake(s, host.name, "restart", build_id=build_id, delay=delay)
-    s.execute(update(Host).where(Host.name == host.name).values(restart_streak=streak + 1))
-    emit(s, "restart_scheduled", host.name, delay=round(delay, 3), streak=streak + 1,
-         uptime=round(uptime, 3), build_id=build_id, reason=why)
+    schedule(s, host, up, why, build_id=build_id)
 
 
 def after_failed_start(s: Session, w: Wake) -> None:
@@ -168,7 +156,7 @@ def coalesce(s: Session, w: Wake) -> Attempt | None:
     a = open_attempt(s, w.host)
     if a is None:
         return None
-    move(s, Wake, w.id,
+    move(s, Wake, {"id": w.id},
          {"state": WakeState.cancelled, "ended_at": utcnow(),
           "reason": f"coalesced: attempt #{a.id} makes the spawn"},
          f"wake #{w.id} queued -> cancelled", fence=BY_STATE, col="state", frm=WakeState.queued)
@@ -237,7 +225,7 @@ def clean_wake(ctx: Context, w: Wake, gen: Generation) -> None:
 
     def step(s: Session) -> None:
         _end_clean_run(s, gen, proven, w.fence or 0)
-        move(s, Wake, w.id,
+        move(s, Wake, {"id": w.id},
              {"state": WakeState.done, "ended_at": utcnow(),
               "reason": "one-shot run exited 0"},
              f"wake #{w.id} checking -> done", fence=Fence(w.host, ctx.agent_id, w.fence or 0), col="state",
@@ -343,9 +331,8 @@ def _sweep_one(ctx: Context, gen: Generation, host: Host, may_converge: bool,
 
 def _note_drift(ctx: Context, host: Host, since: object) -> None:
     def step(s: Session) -> None:
-        move(s, Host, [Host.name == host.name,
-                       Host.drift_since.is_(None) if since is not None
-                       else Host.drift_since.is_not(None)],
+        # A drift is noted once: its age is kept until it is cleared.
+        move(s, Host, {"name": host.name, **({"drift_since": None} if since is not None else {})},
              {"drift_since": since}, f"drift of {host.name}", fence=OWN_SWEEP)
         if since is not None:
             emit(s, "drift", host.name, live_build_id=host.build_id,
@@ -368,7 +355,7 @@ def _replace(ctx: Context, gen: Generation, host: Host, cause: str, build_id: in
         lease = s.get(Lease, gen.host)
         if lease is None:
             raise BrokenInvariant("lease is missing")
-        move(s, Generation, gen.id,
+        move(s, Generation, {"id": gen.id},
              {"state": GenState.retiring, "end_reason": f"{cause}: {why}"},
              f"generation g{gen.id} current -> retiring", fence=Fence(gen.host, ctx.agent_id, lease.fence), col="state",
              frm=GenState.current)

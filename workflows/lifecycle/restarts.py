@@ -1,0 +1,50 @@
+"""The one restart policy, of workers and instances alike: an exit within `restart_reset`
+of its start is quick, and a slot's quick exits in a row are its streak (models/streaks.py
+keeps it); the next start waits floor * 2**n, capped at the host's cap; a streak of
+CRASHLOOP_STREAK whose start still waits out its backoff is a crashloop. The caller gives
+only what differs: a worker restarts its captured build and waits the floor even after a
+stable run; an instance's first exit after a stable run restarts at once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from models.states import CRASHLOOP_STREAK, WakeState
+from models.store import emit, utcnow
+from models.streaks import set_streak, streak
+from models.tables import Generation, Host, Wake
+from workflows.base.pacing import exponential
+from workflows.base.queue import enqueue_wake
+
+
+def uptime(gen: Generation) -> float:
+    return (utcnow() - gen.current_at).total_seconds() if gen.current_at else 0.0
+
+
+def restart_delay(host: Host, n: int) -> float:
+    """floor * 2**n, capped: the wait before the next start after `n` quick exits."""
+    return exponential(n + 1, host.restart_floor, host.restart_cap)
+
+
+def schedule(s: Session, host: Host, up: float, why: str, *, slot: int = 0,
+             build_id: int | None = None, at_once: bool = False) -> None:
+    """Queue the restart of `slot` (onto `build_id`, None: the live build) after `up`
+    seconds up, and count it in the slot's streak. `at_once`: the first exit after a
+    stable run costs no wait."""
+    n = 0 if up >= host.restart_reset else streak(s, host.name, slot)
+    delay = 0.0 if at_once and n == 0 else restart_delay(host, n - at_once)
+    enqueue_wake(s, host.name, "restart", build_id=build_id, delay=delay, slot=slot)
+    set_streak(s, host.name, slot, n + 1)
+    emit(s, "restart_scheduled", host.name, delay=round(delay, 3), streak=n + 1,
+         uptime=round(up, 3), reason=why, **({"slot": slot} if slot else {}),
+         **({"build_id": build_id} if build_id is not None else {}))
+
+
+def crashloop(n: int, wakes: Iterable[Wake], now: datetime) -> bool:
+    """Quick exits in a row, the next start waiting out its backoff."""
+    return n >= CRASHLOOP_STREAK and any(
+        w.cause == "restart" and w.state is WakeState.queued and w.next_attempt_at > now
+        for w in wakes)
