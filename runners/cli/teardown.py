@@ -1,6 +1,6 @@
 """`vigil shutdown`: the reverse of the quickstart. Every host stopped (SIGTERM, drain,
 proof, lease given back), then the agent, then the listening sockets the fd holder keeps
-closed, then the helpers gone: nothing of vigil is left running on this box, and no port
+closed, then the keepers gone: nothing of vigil is left running on this box, and no port
 it held still takes connections.
 
 Not `vigil agent stop`: that one keeps the apps and their sockets on purpose (the next
@@ -25,12 +25,12 @@ HELPERS = (("fd holder", "listeners.lock"), ("log keeper", "logs.lock"),
 
 
 @click.command("shutdown")
-@click.option("--wait", is_flag=True, help="Return once every helper process has exited too "
+@click.option("--wait", is_flag=True, help="Return once every keeper has exited too "
                                            "(else they exit by themselves within seconds).")
 @click.option("--timeout", type=SECONDS, default=300.0, show_default=True)
 @click.pass_obj
 def shutdown(env: Env, wait: bool, timeout: float) -> None:
-    """Stop every host, the agent, the held sockets and the helpers: nothing of vigil left
+    """Stop every host, the agent, the held sockets and the keepers: nothing of vigil left
     running on this box (`vigil agent stop` keeps the apps; this does not)."""
     from runners.base.doorbell import running_agent_pid
     from runners.cli.lifecycle import stopped
@@ -68,7 +68,7 @@ def shutdown(env: Env, wait: bool, timeout: float) -> None:
     click.echo(f"closed {closed} listening socket(s)")
     _end_standbys(env.state_dir)
     if not wait:
-        click.echo("the helpers exit by themselves within seconds (`--wait` waits for them)")
+        click.echo("the keepers exit by themselves within seconds (`--wait` waits for them)")
         return
     while running := [what for what, lock in HELPERS if _holder(env.state_dir / lock)]:
         if time.monotonic() > deadline:
@@ -120,7 +120,7 @@ def _close_sockets(env: Env, box: str | None) -> int:
 
 
 def _end_standbys(state_dir: Path) -> None:
-    """A standby helper holds nothing (it only waits to take over a running one's things):
+    """A standby keeper holds nothing (it only waits to take over a running one's things):
     ended now, so it does not become the next holder of nothing for another idle period."""
     import psutil
 
