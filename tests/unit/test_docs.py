@@ -126,7 +126,7 @@ reconciler recovery recycle release restore retiring ring rollout round slot sta
 stop store streak successor sweep swap switch takeover target trust unproven waiting wake
 walk wave worker
 """.split() + ["box lease", "captured build", "crash point", "failure book", "fd holder",
-               "fence keeper", "group wake", "held down", "known process", "live build",
+               "exit watch", "fence keeper", "group wake", "held down", "known process", "live build",
                "log keeper", "operation set", "parent limit", "quick path", "settle window",
                "state dir"]
 
