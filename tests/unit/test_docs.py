@@ -193,3 +193,16 @@ def test_a_module_name_is_used_in_one_layer_only() -> None:
                 layers.setdefault(f.name, set()).add(top)
     shared = sorted(n for n, tops in layers.items() if len(tops) > 1 and n not in SHARED_NAMES)
     assert not shared, f"module names used in two layers (rename the runners side): {shared}"
+
+
+PATH_IN_TEXT = re.compile(r"\b(?:models|workflows|runners|tests|bench|scripts|migrations)/"
+                          r"[\w./-]*\w")
+
+
+def test_every_path_a_page_names_exists() -> None:
+    """A module renamed or merged away leaves no page pointing at it."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    missing = [f"{page.relative_to(ROOT)}: {path}" for page in pages
+               for path in sorted(set(PATH_IN_TEXT.findall(page.read_text())))
+               if not (ROOT / path).exists()]
+    assert not missing, f"pages name files that do not exist: {missing}"
