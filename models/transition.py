@@ -4,7 +4,10 @@
 the move against the transition table (models/states.py) before any SQL runs and raise
 IllegalTransition (never an assert: `python -O` strips those), then UPDATE only rows still
 in the expected state(s) and, unless waived by name, only while the host's lease still
-carries the writer's fence. `move()` raises LostRace when its row did not match.
+carries the writer's fence. `move()` raises LostRace when its row did not match. A state
+column set without `col`/`frm` is refused (TypeError): the table is always consulted. A
+`move` of no state column writes a fact of one row guarded by its `where` (the other
+protocol facts: models/facts.py; the rule: docs/internals/architecture.md).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
 from models.errors import IllegalTransition, LostRace
-from models.states import allowed
+from models.states import TRANSITIONS, allowed
 from models.tables import Lease
 
 
@@ -66,8 +69,29 @@ def check(frm: enum.Enum | Iterable[enum.Enum], to: enum.Enum, what: str) -> tup
     return states
 
 
-def _expected(col: str, values: dict[str, Any], frm: Any, what: str) -> tuple[Any, ...]:
-    """The states `col` may be in for this move (checked against the table if it moves)."""
+def state_columns(model: Any) -> frozenset[str]:
+    """The columns of `model` whose moves the transition table rules (models/states.py)."""
+    got = _STATE_COLUMNS.get(model)
+    if got is None:
+        got = _STATE_COLUMNS[model] = frozenset(
+            c.name for c in model.__table__.columns
+            if getattr(c.type, "enum_class", None) in TRANSITIONS)
+    return got
+
+
+_STATE_COLUMNS: dict[Any, frozenset[str]] = {}
+
+
+def _expected(model: Any, col: str | None, values: dict[str, Any], frm: Any,
+              what: str) -> tuple[Any, ...]:
+    """The states `col` may be in for this move (checked against the table if it moves).
+    A state column set other than as `col` (with its `frm`) is refused: TypeError."""
+    stray = state_columns(model).intersection(values).difference([col] if frm is not None else [])
+    if stray:
+        raise TypeError(f"{what}: {', '.join(sorted(stray))} is a state column: move it with "
+                        "col= and frm= (the transition table is consulted)")
+    if col is None:
+        return ()
     new = values.get(col)
     if new is not None:
         return check(frm, new, what)
@@ -79,8 +103,8 @@ def _statement(model: Any, where: list[Any], values: dict[str, Any], what: str,
     if not isinstance(fence, Fence | Unfenced):
         raise TypeError(f"{what}: fence must be Fence(...) or Unfenced('why')")
     where = list(where)
+    states = _expected(model, col, values, frm, what)
     if col is not None:
-        states = _expected(col, values, frm, what)
         column = getattr(model, col)
         where.append(column == states[0] if len(states) == 1 else column.in_(states))
     clause = fence.clause()
@@ -118,29 +142,38 @@ def _shaped(model: Any, equal: tuple[tuple[str, bool], ...], values: dict[str, A
     return stmt
 
 
-def move(session: Session, model: Any, where: list[Any] | dict[str, Any] | int | str,
-         values: dict[str, Any], what: str, *, fence: Fence | Unfenced, col: str | None = None,
-         frm: Any = None) -> None:
-    """One row: UPDATE model SET values WHERE where [AND col IN frm] [AND fence holds].
-    `where` is the row's primary key, a dict of column = value, or a list of conditions.
-    Raises IllegalTransition for a move the table forbids, LostRace when no row matched."""
+def move(session: Session, model: Any, where: dict[str, Any] | list[Any] | int | str,
+         values: dict[str, Any], what: str, *, fence: Fence | Unfenced, col: str | None = None, frm: Any = None) -> None:
+    """One row: UPDATE model SET values WHERE where [AND col IN frm] [AND fence holds], `where`
+    a dict of column -> value (None compares IS NULL); flushed before (the fence's lease may
+    be pending), and the session's copy of the row synchronized after. Raises TypeError for
+    a state column set without `col`/`frm`, IllegalTransition for a move the table forbids
+    (both before any SQL), LostRace when no row matched."""
     if not isinstance(fence, Fence | Unfenced):
         raise TypeError(f"{what}: fence must be Fence(...) or Unfenced('why')")
+    if not isinstance(where, dict):  # DELETE with _old_form once no caller passes a list or key
+        return _old_form(session, model, where, values, what, fence, col, frm)
+    if isinstance(fence, Fence) and not isinstance(fence.host, str):
+        raise TypeError(f"{what}: a move by column values is fenced by a host name")
+    stmt, params = _equalities(model, where, values, what, fence, col, frm)  # checks first
+    session.flush()
+    if affected(session.execute(stmt, params)) != 1:
+        raise LostRace(what)
+    _synchronize(session, model, where, values)
+
+
+def _old_form(session: Session, model: Any, where: Any, values: dict[str, Any], what: str,
+              fence: Fence | Unfenced, col: str | None, frm: Any) -> None:
+    """The forms of `where` before the dict (a list of conditions, a primary key)."""
     if isinstance(where, list):
         stmt = _statement(model, where, values, what, fence, col, frm)  # checks before any SQL
-        result = session.execute(stmt)
-    else:
-        if not isinstance(where, dict):
-            where = {_pk(model).name: where}
-        if isinstance(fence, Fence) and not isinstance(fence.host, str):
-            raise TypeError(f"{what}: a move by column values is fenced by a host name")
-        stmt, params = _equalities(model, where, values, what, fence, col, frm)  # checks first
-        session.flush()  # as the ORM form autoflushes: the fence's lease may be pending
-        result = session.execute(stmt, params)
-        if affected(result) == 1:
-            _synchronize(session, model, where, values)
-    if affected(result) != 1:
-        raise LostRace(what)
+        if affected(session.execute(stmt)) != 1:
+            raise LostRace(what)
+        return
+    cols = list(model.__table__.primary_key.columns)
+    if len(cols) != 1:
+        raise TypeError(f"{model.__name__} has a composite primary key: pass a dict")
+    move(session, model, {cols[0].name: where}, values, what, fence=fence, col=col, frm=frm)
 
 
 def _synchronize(session: Session, model: Any, where: dict[str, Any], values: dict[str, Any]) -> None:
@@ -155,19 +188,10 @@ def _synchronize(session: Session, model: Any, where: dict[str, Any], values: di
             set_committed_value(obj, k, v)
 
 
-def _pk(model: Any) -> Any:
-    """The one primary-key column (a row with a composite key is moved by a dict of them)."""
-    cols = list(model.__table__.primary_key.columns)
-    if len(cols) != 1:
-        raise TypeError(f"{model.__name__} has a composite primary key: pass a dict of "
-                        f"{', '.join(c.name for c in cols)}")
-    return cols[0]
-
-
 def _equalities(model: Any, where: dict[str, Any], values: dict[str, Any], what: str,
                 fence: Fence | Unfenced, col: str | None, frm: Any) -> tuple[Any, dict[str, Any]]:
     """The cached statement of this move's shape, and its parameters."""
-    states = _expected(col, values, frm, what) if col is not None else ()
+    states = _expected(model, col, values, frm, what)
     params = {**{f"w_{k}": v for k, v in where.items() if v is not None},
               **{f"v_{k}": v for k, v in values.items()}}
     if isinstance(fence, Fence):
@@ -177,7 +201,7 @@ def _equalities(model: Any, where: dict[str, Any], values: dict[str, Any], what:
 
 
 def move_many(session: Session, model: Any, where: list[Any], values: dict[str, Any], what: str,
-              *, fence: Fence | Unfenced, col: str, frm: Any) -> int:
+              *, fence: Fence | Unfenced, col: str | None = None, frm: Any = None) -> int:
     """Every row matching where, in one of `frm`, with its fence holding: moved in one
     statement. A row that fails its guard is left as it is. Returns how many moved."""
     stmt = _statement(model, where, values, what, fence, col, frm)

@@ -150,7 +150,7 @@ def test_a_box_back_after_its_lease_expired_is_fenced(vigil: Vigil) -> None:
         with pytest.raises(LostRace):
             vigil.store.write(lambda s, n=n: move(
                 s, Host, {"name": n}, {"desired": Desired.down}, f"host {n}",
-                fence=Fence(n, "a", fences[n])))
+                fence=Fence(n, "a", fences[n]), col="desired", frm=tuple(Desired)))
         with pytest.raises(Poke, match="held by agent b"):
             vigil.store.write(lambda s, n=n: acquire(s, a, n))
     assert {who for who, _ in holders(vigil).values()} == {"b"}

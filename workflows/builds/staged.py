@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import os
 
-from sqlalchemy import bindparam, or_, select, update
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from models import facts
 from models.states import OPEN_ROLLOUT, OPEN_WAKE, GenState
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Rollout, RolloutTarget, Wake
+from models.transition import Unfenced, move
 from workflows.base.context import Context
 
-_B = Build.__table__
-_PUBLISH = update(_B).where(_B.c.id == bindparam("build"), _B.c.published_at.is_(None)
-                           ).values(published_at=bindparam("now"))
+# The caller's step holds the host's lease; a build's times are written once (facts.stamp).
+BY_CALLER = Unfenced("the step writing it holds the host's lease (its gate checked it)")
 
 
 def mark_published(s: Session, build_id: int, seen: Build | None = None) -> None:
@@ -23,13 +24,13 @@ def mark_published(s: Session, build_id: int, seen: Build | None = None) -> None
     `seen` published in this transaction needs no write (nothing unpublishes a build)."""
     if seen is not None and seen.published_at is not None:
         return
-    s.execute(_PUBLISH, {"build": build_id, "now": utcnow()})
+    facts.stamp(s, Build, {"id": build_id}, "published_at", utcnow())
 
 
 def set_build(s: Session, host: str, build_id: int) -> None:
     """In the caller's transaction: the host's live build, the one its next start execs
     (a deploy that switched or found it asleep, a worker's converge)."""
-    s.execute(Host.__table__.update().where(Host.name == host).values(build_id=build_id))
+    move(s, Host, {"name": host}, {"build_id": build_id}, f"host {host} build", fence=BY_CALLER)
 
 
 def referenced_ids(s: Session) -> set[int]:
@@ -65,8 +66,7 @@ def collect(s: Session) -> list[Build]:
     doomed = unreferenced(s)
     now = utcnow()
     for b in doomed:
-        s.execute(Build.__table__.update().where(Build.id == b.id, Build.deleted_at.is_(None))
-                  .values(deleted_at=now))
+        facts.stamp(s, Build, {"id": b.id}, "deleted_at", now)
         emit(s, "build_deleted", None, build=b.digest[:12], path=b.path)
     return doomed
 

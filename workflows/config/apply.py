@@ -173,7 +173,7 @@ def apply_host(s: Session, w: Wanted) -> Change:
     if change.action == "update" and h.build_id != build.id:
         values["build_id"] = build.id
     if values:
-        move(s, Host, [Host.name == w.name, Host.build_id == h.build_id],
+        move(s, Host, {"name": w.name, "build_id": h.build_id},
              values, f"host {w.name} update", fence=OPERATOR)
         emit(s, "host_updated", w.name, fields=sorted(values), source="apply")
     if change.action == "deploy":

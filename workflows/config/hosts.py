@@ -18,7 +18,9 @@ from models.states import (
 )
 from models.store import emit, utcnow
 from models.tables import Build, Host, Lease, Listener
+from models.transition import move
 from workflows.base.paths import CONTROL
+from workflows.base.waivers import OPERATOR
 from workflows.generations.listeners import Listen, check_set, stored, write_set
 from workflows.generations.slots import check_instances
 from workflows.leases.lease import still_needed
@@ -79,7 +81,8 @@ def record_build(s: Session, path: str, digest: str, source: str) -> Build:
         s.add(b)
         s.flush()
     elif b.deleted_at is not None:
-        s.execute(Build.__table__.update().where(Build.id == b.id).values(deleted_at=None))
+        move(s, Build, {"id": b.id}, {"deleted_at": None}, f"build {b.id} staged again",
+             fence=OPERATOR)
     return b
 
 

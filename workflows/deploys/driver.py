@@ -129,7 +129,7 @@ def _end(ctx: Context, attempt_id: int, exc: BaseException) -> None:
                       {"role": MemberRole.retiring, "unproven": True},
                       f"member g{successor} retiring", fence=BY_STEP, col="role",
                       frm=tuple(MemberRole))
-        move(s, Attempt, [Attempt.id == a.id, Attempt.outcome.is_(None)],
+        move(s, Attempt, {"id": a.id, "outcome": None},
              {"step": AttemptStep.ended, "outcome": outcome, "reason": reason,
               "executed": executed, "ended_at": utcnow()},
              f"attempt #{a.id} -> ended", fence=BY_STEP, col="step",

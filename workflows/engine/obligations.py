@@ -267,24 +267,23 @@ def pace(ctx: Context, done: list[tuple[Due, Result | Exception]]) -> list[tuple
         result, error, until = _classify(outcome, ctx.store.url)
         out.append((result, error))
         if until is not None:
-            values = {"attempts": 0, "last_error": error, "next_attempt_at": until}
+            paced: tuple[Any, str | None, Any] = (0, error, until)
         elif result in (Result.poked, Result.held):
             tried = item.attempts if item.attempts is not None else _attempts(ctx, kind, item.id)
-            values = {"attempts": kind.model.attempts + 1, "last_error": error,
-                      "next_attempt_at": now + timedelta(seconds=backoff(tried + 1))}
+            paced = (kind.model.attempts + 1, error, now + timedelta(seconds=backoff(tried + 1)))
         elif result is Result.progress:
             if item.attempts == 0 and item.last_error is None and ctx.store.dialect == "sqlite":
                 # Nothing to reset: it was due, and it still is. (On PostgreSQL the claim pushed
                 # its due time ahead, workflows/engine/claim.py: that must be undone.)
                 continue
-            values = {"attempts": 0, "last_error": None, "next_attempt_at": now}
+            paced = (0, None, now)
         else:
             continue
-        writes.append((kind, item.id, values))
+        writes.append((kind, item.id, paced))
     if writes:
         try:
-            ctx.store.write(lambda s: [s.execute(update(k.model).where(k.key == key).values(**v))
-                                       for k, key, v in writes])
+            ctx.store.write(lambda s: [s.execute(update(k.model).where(k.key == key).values(
+                attempts=n, last_error=e, next_attempt_at=at)) for k, key, (n, e, at) in writes])
         except Exception as exc:  # pacing is advisory; the rows stay open and due
             out = [(r, f"{e}; pacing not written: {exc}") for r, e in out]
     return out

@@ -93,13 +93,13 @@ def mark_proven(s: Session, gen_id: int, reason: str | None = None) -> None:
     values: dict[str, object] = {"state": GenState.proven, "ended_at": utcnow()}
     if reason:
         values["end_reason"] = reason
-    move(s, Generation, gen_id, values,
+    move(s, Generation, {"id": gen_id}, values,
          f"generation g{gen_id} retiring -> proven",
          fence=BY_STATE, col="state", frm=GenState.retiring)
 
 
 def mark_retiring(s: Session, gen_id: int, expected: GenState, reason: str) -> None:
-    move(s, Generation, gen_id,
+    move(s, Generation, {"id": gen_id},
          {"state": GenState.retiring, "end_reason": reason},
          f"generation g{gen_id} {expected.value} -> retiring",
          fence=BY_STATE, col="state", frm=expected)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import insert, or_, select, update
 from sqlalchemy.orm import Session
 
+from models import facts
 from models.store import emit, store_clock
-from models.tables import Chore
 from workflows.base.context import Context
 from workflows.base.crash import crashpoint, define
 
@@ -25,23 +24,10 @@ def hold(s: Session, ctx: Context) -> tuple[int, bool] | None:
     """Renew the chores when this agent holds them, else take them when free or expired:
     (epoch, newly taken), or None when another agent holds them."""
     now = store_clock(s)
-    expires = now + timedelta(seconds=ctx.lease_ttl)
-    mine = s.execute(update(Chore).where(Chore.name == STORE, Chore.holder == ctx.agent_id)
-                     .values(expires_at=expires).returning(Chore.epoch)).scalar()
-    if mine is not None:
-        return mine, False
-    if s.execute(select(Chore.name).where(Chore.name == STORE)).first() is None:
-        # The first agent on this store writes the row; two at once: one insert wins
-        # (the primary key), the other's transaction fails and its next heartbeat retries.
-        s.execute(insert(Chore).values(name=STORE, holder=None, epoch=0, expires_at=None))
-    taken = s.execute(update(Chore).where(
-        Chore.name == STORE, or_(Chore.holder.is_(None), Chore.expires_at <= now))
-        .values(holder=ctx.agent_id, epoch=Chore.epoch + 1, expires_at=expires)
-        .returning(Chore.epoch)).scalar()
-    if taken is None:
-        return None
-    emit(s, "chores_taken", None, epoch=taken, box=ctx.agent_id)
-    return taken, True
+    got = facts.hold_chores(s, STORE, ctx.agent_id, now, now + timedelta(seconds=ctx.lease_ttl))
+    if got is not None and got[1]:
+        emit(s, "chores_taken", None, epoch=got[0], box=ctx.agent_id)
+    return got
 
 
 def take_or_renew(ctx: Context) -> tuple[int, bool] | None:
@@ -54,5 +40,4 @@ def take_or_renew(ctx: Context) -> tuple[int, bool] | None:
 
 def let_go(ctx: Context) -> None:
     """A clean stop: the chores are free at once for another agent (no wait for expiry)."""
-    ctx.store.write(lambda s: s.execute(update(Chore).where(
-        Chore.name == STORE, Chore.holder == ctx.agent_id).values(holder=None, expires_at=None)))
+    ctx.store.write(lambda s: facts.free_chores(s, STORE, ctx.agent_id))

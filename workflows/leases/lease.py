@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, delete, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
+from models import facts
 from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE
 from models.store import emit, store_now, utcnow
 from models.tables import (
@@ -25,16 +26,12 @@ from models.tables import (
     Stop,
     Wake,
 )
-from models.transition import Unfenced, affected, move
+from models.transition import affected
 from workflows.base.context import Context, Held, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.lookups import lease_of
 from workflows.base.pacing import backoff
 from workflows.leases import box, placement
-
-# Moves that carry no lease fence, each with the reason it needs none.
-COUNTER = Unfenced("the fence counter itself")
-THE_LEASE = Unfenced("the lease row itself: its fence is in the where")
 
 RELEASE_DONE = define("release.done", "the lease row and the owed release are deleted")
 
@@ -43,13 +40,12 @@ RELEASE_DONE = define("release.done", "the lease row and the owed release are de
 # (Table columns, not the mapped ones: no ORM bookkeeping for a plain row.)
 _H = Host.__table__.c
 _COUNTER_OF = select(_H.fence_seq, _H.box).where(_H.name == bindparam("host"))
-_NEW_LEASE = insert(Lease.__table__)
 _L = Lease.__table__.c
 # Until when another agent's lease of the host is valid (None: not valid, or no lease).
 _VALID_UNTIL = select(func.coalesce(BoxLease.__table__.c.expires_at, _L.expires_at)).select_from(
     Lease.__table__.outerjoin(BoxLease.__table__, and_(
         BoxLease.__table__.c.box == _L.holder, BoxLease.__table__.c.epoch == _L.epoch))).where(
-    _L.host == bindparam("host"), box.live(Lease.__table__, bindparam("now")))
+    _L.host == bindparam("host"), facts.live(Lease.__table__, bindparam("now")))
 
 
 @dataclass(frozen=True)
@@ -85,22 +81,8 @@ def acquire(s: Session, ctx: Context, host: str, known: Holding | None = None) -
             raise Poke(f"lease of {host} expired with agent {other.holder}; only a box the host "
                        "is placed on takes it over (`vigil host add ... --box BOX`)")
     epoch, box_expires = box.my_epoch(s, ctx, now)
-    move(s, Host, {"name": host, "fence_seq": seq}, {"fence_seq": seq + 1},
-         f"fence counter of {host}", fence=COUNTER)
-    fence = seq + 1
-    values = {"holder": ctx.agent_id, "fence": fence, "acquired_at": now,
-              "expires_at": box_expires, "epoch": epoch}
-    if lease is None:
-        s.execute(_NEW_LEASE, {"host": host, **values})
-    elif other is not None:
-        # Taken from another agent only while still not valid: a renewal of its box lease
-        # that commits first wins (the row lock makes this UPDATE re-read the lease).
-        move(s, Lease, [Lease.host == host, Lease.holder == other.holder,
-                        Lease.fence == other.fence, ~box.live(Lease.__table__, now)],
-             values, f"lease of {host}", fence=THE_LEASE)
-    else:
-        move(s, Lease, {"host": host, "fence": lease.fence}, values, f"lease of {host}",
-             fence=THE_LEASE)
+    fence = facts.take_lease(s, host, seq, lease, {"holder": ctx.agent_id, "acquired_at": now,
+                                                   "expires_at": box_expires, "epoch": epoch}, now)
     emit(s, "leased", host, fence=fence)
     return fence
 

@@ -52,7 +52,7 @@ def refuse_build(ctx: Context, w: Wake, reason: str) -> Result:
     """Nothing ran: the wake fails at once and the lease is owed back."""
 
     def step(s: Session) -> None:
-        move(s, Wake, w.id, {"state": WakeState.failed, "reason": reason,
+        move(s, Wake, {"id": w.id}, {"state": WakeState.failed, "reason": reason,
                                           "ended_at": utcnow()},
              f"wake #{w.id} leased -> failed", fence=BY_STATE, col="state", frm=WakeState.leased)
         emit(s, "wake_failed", w.host, reason=reason, executed=False)
@@ -69,7 +69,7 @@ def fail_start(ctx: Context, w: Wake, gen: Generation, wake_from: WakeState,
 
     def step(s: Session) -> None:
         mark_retiring(s, gen.id, gen_from, reason)
-        move(s, Wake, w.id,
+        move(s, Wake, {"id": w.id},
              {"state": WakeState.unproven, "reason": reason, "last_error": reason,
               "since": utcnow()},
              f"wake #{w.id} -> unproven", fence=Fence(w.host, ctx.agent_id, w.fence or 0), col="state", frm=wake_from)
@@ -95,7 +95,7 @@ def prove_failed(ctx: Context, w: Wake) -> Result:
     def step(s: Session) -> None:
         if s.get(Generation, gen.id).state is not GenState.proven:  # type: ignore[union-attr]
             mark_proven(s, gen.id)
-        move(s, Wake, w.id, {"state": WakeState.failed, "ended_at": utcnow()},
+        move(s, Wake, {"id": w.id}, {"state": WakeState.failed, "ended_at": utcnow()},
              f"wake #{w.id} unproven -> failed", fence=BY_STATE, col="state",
              frm=WakeState.unproven)
         emit(s, "proven", w.host, gen.id, after="failed wake")
@@ -114,7 +114,7 @@ def to_reaping(ctx: Context, w: Wake) -> None:
         gen = s.get(Generation, w.generation_id) if w.generation_id else None
         if gen is not None and gen.state in (GenState.spawning, GenState.running):
             mark_retiring(s, gen.id, gen.state, "wake interrupted before it was current")
-        move(s, Wake, w.id, {"state": WakeState.reaping},
+        move(s, Wake, {"id": w.id}, {"state": WakeState.reaping},
              f"wake #{w.id} {w.state.value} -> reaping", fence=BY_STATE, col="state",
              frm=w.state)
         emit(s, "wake_interrupted", w.host, w.generation_id, step=w.state.value)
@@ -134,7 +134,7 @@ def reap_interrupted(ctx: Context, w: Wake) -> None:
     def step(s: Session) -> None:
         if gen is not None and s.get(Generation, gen.id).state is GenState.retiring:  # type: ignore[union-attr]
             mark_proven(s, gen.id, "wake interrupted before it was current")
-        move(s, Wake, w.id, {"state": WakeState.leased, "attempts": 0},
+        move(s, Wake, {"id": w.id}, {"state": WakeState.leased, "attempts": 0},
              f"wake #{w.id} reaping -> leased", fence=BY_STATE, col="state",
              frm=WakeState.reaping)
 

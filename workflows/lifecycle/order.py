@@ -147,7 +147,7 @@ def hold(s: Session, w: Wake, waits: list[str]) -> None:
     due again after RECHECK; said once in the events, when what it waits on changes."""
     on = ", ".join(waits)
     said = w.waiting_on  # (the move below updates the row this session holds)
-    move(s, Wake, w.id, {"waiting_on": on, "last_error": f"waiting on {on}", "attempts": 0,
+    move(s, Wake, {"id": w.id}, {"waiting_on": on, "last_error": f"waiting on {on}", "attempts": 0,
                          "next_attempt_at": utcnow() + timedelta(seconds=RECHECK)},
          f"wake #{w.id} waits on {on}", fence=BY_STATE, col="state", frm=WakeState.queued)
     if said != on:
@@ -157,7 +157,7 @@ def hold(s: Session, w: Wake, waits: list[str]) -> None:
 def go_on(s: Session, w: Wake) -> None:
     """A wake that waited goes on: its row no longer says it waits."""
     if w.waiting_on is not None:
-        move(s, Wake, w.id, {"waiting_on": None, "last_error": None},
+        move(s, Wake, {"id": w.id}, {"waiting_on": None, "last_error": None},
              f"wake #{w.id} waits no more", fence=BY_STATE, col="state", frm=WakeState.queued)
 
 

@@ -19,15 +19,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.durations import check_seconds
-from models.errors import BadInput
+from models.errors import BadInput, LostRace
 from models.states import GenState, HostKind
 from models.store import emit, utcnow
 from models.tables import Generation, Host, Lease
-from models.transition import affected
+from models.transition import Unfenced, move
 from workflows.base.context import Context
 from workflows.base.ports import ProcRef
 from workflows.generations.known import note
@@ -37,6 +37,8 @@ REREAD = 5.0  # seconds between reads of what is probed
 TICK = 0.5  # seconds between looks at which probes are due, while any host is probed
 PROBE_TIMEOUT = 2.0  # one probe's bound (and at most the interval)
 MAX_AFTER = 1000
+# A probe's counters: written only while the generation is current (its state guards them).
+PROBED = Unfenced("the generation's health counters, only while it is current")
 PARALLEL = 8  # probes at once (a hung app costs its own timeout, not the others' turn)
 
 
@@ -151,15 +153,15 @@ class Prober:
         failures = 0 if problem is None else t.failures + 1
 
         def step(s: Session) -> bool:
-            G = Generation
             values: dict[str, Any] = {"health_failures": failures}
             if problem is None:
                 values["unhealthy_since"] = None
             elif failures == t.after:
                 values["unhealthy_since"] = utcnow()
-            hit = affected(s.execute(update(G).where(G.id == t.gen_id, G.state == GenState.current)
-                                     .values(**values)))
-            if not hit:
+            try:
+                move(s, Generation, {"id": t.gen_id}, values, f"g{t.gen_id} health", fence=PROBED,
+                     col="state", frm=GenState.current)
+            except LostRace:
                 return False  # no longer current: the next read drops it
             if problem is None and t.failures >= t.after:
                 emit(s, "healthy", t.host, t.gen_id, after=t.failures)

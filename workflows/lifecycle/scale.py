@@ -14,7 +14,7 @@ from models.errors import NotFound, Refused
 from models.states import OPEN_STOP, Desired, GenState, StopState, WakeState
 from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Host, SlotStreak, Stop, Wake
-from models.transition import move_many
+from models.transition import move, move_many
 from workflows.base.queue import enqueue_slots
 from workflows.base.waivers import OPERATOR
 from workflows.generations.listeners import stored
@@ -54,13 +54,13 @@ def request_scale(s: Session, name: str, n: int) -> Scaled:
     if n == h.instances:
         return out
     _refuse_while_starting(s, name)
-    s.execute(Host.__table__.update().where(Host.name == name).values(instances=n))
+    move(s, Host, {"name": name}, {"instances": n}, f"host {name} scaled", fence=OPERATOR)
     now = utcnow()
-    if n > h.instances and h.desired is Desired.up:
+    if n > out.was and h.desired is Desired.up:
         woken = enqueue_slots(s, name, "scale", n)
         s.flush()
         out.wakes = [w.id for w in woken]
-    elif n < h.instances:
+    elif n < out.was:
         move_many(s, Wake, [Wake.host == name, Wake.slot >= n],
                   {"state": WakeState.cancelled, "ended_at": now, "reason": "scaled down"},
                   f"wakes of {name} past slot {n - 1} cancelled", fence=OPERATOR, col="state",
@@ -72,7 +72,7 @@ def request_scale(s: Session, name: str, n: int) -> Scaled:
         # A slot scaled away forgets its streak: one scaled back later starts afresh.
         s.execute(SlotStreak.__table__.delete().where(SlotStreak.host == name,
                                                       SlotStreak.slot >= n))
-    emit(s, "scaled", name, was=h.instances, to=n, wakes=out.wakes, stops=out.stops)
+    emit(s, "scaled", name, was=out.was, to=n, wakes=out.wakes, stops=out.stops)
     return out
 
 

@@ -135,7 +135,7 @@ def _signal(ctx: Context, st: Stop) -> bool:
             .order_by(Generation.slot)).scalars())
         gen = currents[0] if currents else None  # instances: the others retire beside it
         if gen is None:
-            move(s, Stop, st.id, {"state": StopState.done, "ended_at": now,
+            move(s, Stop, {"id": st.id}, {"state": StopState.done, "ended_at": now,
                                                "reason": "nothing was running"},
                  f"stop #{st.id}", fence=BY_STATE, col="state", frm=StopState.queued)
             emit(s, "stopped", st.host, reason="nothing was running")
@@ -145,11 +145,11 @@ def _signal(ctx: Context, st: Stop) -> bool:
         fence = held_fence(s, ctx, st.host)
         if fence is None:
             raise Poke(f"this agent does not hold the lease of {st.host}")
-        move(s, Generation, gen.id,
+        move(s, Generation, {"id": gen.id},
              {"state": GenState.retiring, "end_reason": "stopped"},
              f"generation g{gen.id} current -> retiring", fence=Fence(st.host, ctx.agent_id, fence), col="state",
              frm=GenState.current)
-        move(s, Stop, st.id,
+        move(s, Stop, {"id": st.id},
              {"state": StopState.signalled, "generation_id": gen.id, "fence": fence,
               "signalled_at": now}, f"stop #{st.id} queued -> signalled",
              fence=BY_STATE, col="state", frm=StopState.queued)
@@ -167,7 +167,7 @@ def retire_siblings(s: Session, ctx: Context, gens: list[Generation], fence: Fen
     stop's own transaction, so they drain beside the stop's generation (the member sweep
     ends and proves each) and none is restarted."""
     for g in gens:
-        move(s, Generation, g.id, {"state": GenState.retiring, "end_reason": "stopped"},
+        move(s, Generation, {"id": g.id}, {"state": GenState.retiring, "end_reason": "stopped"},
              f"generation g{g.id} current -> retiring", fence=fence, col="state",
              frm=GenState.current)
         join_set(s, g.id, g.host, MemberRole.retiring, fence.value)
@@ -215,7 +215,7 @@ def _finish(ctx: Context, st: Stop) -> Result:
     def step(s: Session) -> None:
         if s.get(Generation, gen.id).state is GenState.retiring:  # type: ignore[union-attr]
             mark_proven(s, gen.id, "stopped")
-        move(s, Stop, st.id, {"state": StopState.done, "ended_at": utcnow()},
+        move(s, Stop, {"id": st.id}, {"state": StopState.done, "ended_at": utcnow()},
              f"stop #{st.id} signalled -> done", fence=BY_STATE, col="state",
              frm=StopState.signalled)
         emit(s, "stopped", st.host, gen.id, pid=gen.pid)

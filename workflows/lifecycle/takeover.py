@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import exists, select, tuple_, union_all, update
+from sqlalchemy import exists, select, union_all
 from sqlalchemy.orm import Session
 
+from models import facts
 from models.errors import LostRace
 from models.states import LIVE_GEN, AttemptStep, Desired, GenState, Outcome, StopState, WakeState
 from models.store import emit, store_now, utcnow
@@ -185,19 +186,7 @@ def _take(s: Session, ctx: Context, rows: list[Any]) -> set[str]:
     mine = box.epoch_of(s, ctx.agent_id, now)
     if mine is None:
         raise Poke(f"the box lease of {ctx.agent_id} is not live: it is renewed first")
-    epoch, box_expires = mine
-    hosts = [r.host for r in rows]
-    # The counters first (their rows locked till commit): a counter moved for a host not
-    # taken below only skips a value.
-    s.execute(update(Host).where(Host.name.in_(hosts)).values(fence_seq=Host.fence_seq + 1))
-    counter = select(_H.fence_seq).where(_H.name == _L.host).scalar_subquery()
-    got = s.execute(update(Lease.__table__).where(
-        tuple_(_L.host, _L.holder, _L.fence, _L.epoch).in_(
-            [(r.host, r.holder, r.fence, r.epoch) for r in rows]),
-        ~box.live(Lease.__table__, now))
-        .values(holder=ctx.agent_id, epoch=epoch, fence=counter, acquired_at=now,
-                expires_at=box_expires).returning(_L.host, _L.fence)).all()
-    fences: dict[str, int] = {host: fence for host, fence in got}
+    fences = facts.take_leases(s, rows, ctx.agent_id, mine[0], now, mine[1])
     groups: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         if r.host in fences:
@@ -225,7 +214,8 @@ def _settle(s: Session, ctx: Context, hosts: list[str], old_holder: str, loss: s
               "generations taken over", fence=TAKEN_HERE, col="state", frm=GenState.retiring)
     for model in (Member, Restore, Release):
         s.execute(model.__table__.delete().where(model.host.in_(hosts)))
-    s.execute(update(Host).where(Host.name.in_(hosts)).values(raised=False))  # the old box's
+    move_many(s, Host, [Host.name.in_(hosts)], {"raised": False}, "the old box's raised limits",
+              fence=TAKEN_HERE)
     for state, to in _WAKE_END.items():
         move_many(s, Wake, [Wake.host.in_(hosts)], {"state": to, "ended_at": now, "reason": why},
                   "wakes taken over", fence=TAKEN_HERE, col="state", frm=state)
