@@ -13,6 +13,7 @@ protocol facts: models/facts.py; the rule: docs/internals/architecture.md).
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -69,17 +70,11 @@ def check(frm: enum.Enum | Iterable[enum.Enum], to: enum.Enum, what: str) -> tup
     return states
 
 
+@functools.cache
 def state_columns(model: Any) -> frozenset[str]:
     """The columns of `model` whose moves the transition table rules (models/states.py)."""
-    got = _STATE_COLUMNS.get(model)
-    if got is None:
-        got = _STATE_COLUMNS[model] = frozenset(
-            c.name for c in model.__table__.columns
-            if getattr(c.type, "enum_class", None) in TRANSITIONS)
-    return got
-
-
-_STATE_COLUMNS: dict[Any, frozenset[str]] = {}
+    return frozenset(c.name for c in model.__table__.columns
+                     if getattr(c.type, "enum_class", None) in TRANSITIONS)
 
 
 def _expected(model: Any, col: str | None, values: dict[str, Any], frm: Any,

@@ -134,7 +134,7 @@ def end(store: Store, aid: int | None, outcome: Outcome, executed: bool = True,
 
     def go(s: Session) -> None:
         a = s.get(Attempt, aid)
-        move(s, Attempt, aid, {"step": AttemptStep.ended, "outcome": outcome,
+        move(s, Attempt, {"id": aid}, {"step": AttemptStep.ended, "outcome": outcome,
                                "executed": executed, "reason": reason, "ended_at": utcnow()},
              f"attempt #{aid} ended", fence=BY_HAND, col="step",
              frm=[x for x in AttemptStep if x is not AttemptStep.ended])
@@ -223,7 +223,7 @@ def test_a_failure_halts_cancels_what_has_not_started_and_reverts(store: Store,
     t = targets(store, rid)
     end(store, t["web2"].attempt_id, Outcome.failed, reason="health: status 500")
     # web3's attempt was started by its driver before the halt; web4's was not.
-    store.write(lambda s: move(s, Attempt, t["web3"].attempt_id, {"step": AttemptStep.admitted},
+    store.write(lambda s: move(s, Attempt, {"id": t["web3"].attempt_id}, {"step": AttemptStep.admitted},
                                "admitted", fence=BY_HAND, col="step", frm=AttemptStep.queued))
     assert step(store, rid) == HALTED
     r = the(store, rid)
@@ -384,7 +384,7 @@ def test_pause_resume_abort(store: Store, builds: tuple[int, int]) -> None:
     store.write(lambda s: resume_rollout(s, rid))
     assert step(store, rid) == WAVE_ADMITTED
     t = targets(store, rid)
-    store.write(lambda s: move(s, Attempt, t["web2"].attempt_id, {"step": AttemptStep.admitted},
+    store.write(lambda s: move(s, Attempt, {"id": t["web2"].attempt_id}, {"step": AttemptStep.admitted},
                                "admitted", fence=BY_HAND, col="step", frm=AttemptStep.queued))
     assert "cancelled" in store.write(lambda s: abort_rollout(s, rid))
     assert attempt(store, t["web3"].attempt_id).outcome is Outcome.cancelled
@@ -443,7 +443,7 @@ def test_check_names_a_target_left_in_flight_by_an_ended_rollout(store: Store,
     rid = start(store, new)
     assert step(store, rid) == WAVE_ADMITTED
     assert not [v for v in run_checks(store, tmp_path) if v.name == "rollout_target"]
-    store.write(lambda s: move(s, Rollout, rid, {"state": RolloutState.ended},
+    store.write(lambda s: move(s, Rollout, {"id": rid}, {"state": RolloutState.ended},
                                "by hand", fence=BY_HAND, col="state", frm=RolloutState.running))
     found = {v.message for v in run_checks(store, tmp_path) if v.name == "rollout_target"}
     assert found == {f"target web1 of rollout #{rid} is deploying while the rollout is ended",

@@ -276,7 +276,7 @@ TEST_WAIVER = Unfenced("a unit test")
 
 def to_running(gid: int, fence: Fence | Unfenced = TEST_WAIVER) -> object:
     def step(s: Session) -> None:
-        move(s, Generation, [Generation.id == gid], {"state": GenState.running, "pid": 4242},
+        move(s, Generation, {"id": gid}, {"state": GenState.running, "pid": 4242},
              f"g{gid} running", fence=fence, col="state", frm=GenState.spawning)
 
     return step
@@ -307,7 +307,7 @@ def test_a_move_by_key_updates_the_copy_the_session_holds(store: Store, gen_id: 
     """The cached form runs Core SQL; like the ORM form it leaves no stale copy behind."""
     def step(s: Session) -> tuple[Any, Any]:
         g = s.get(Generation, gen_id)
-        move(s, Generation, gen_id, {"state": GenState.running, "pid": 4242}, "probe",
+        move(s, Generation, {"id": gen_id}, {"state": GenState.running, "pid": 4242}, "probe",
              fence=Unfenced("test"), col="state", frm=GenState.spawning)
         return s.get(Generation, gen_id).state, g.pid  # type: ignore[union-attr]
 
@@ -328,7 +328,7 @@ def test_a_move_by_column_values_compares_none_as_is_null(store: Store, gen_id: 
 
 def test_a_move_names_its_fence_or_its_waiver(store: Store, gen_id: int) -> None:
     with pytest.raises(TypeError, match="fence must be"):
-        store.write(lambda s: move(s, Generation, [Generation.id == gen_id],
+        store.write(lambda s: move(s, Generation, {"id": gen_id},
                                    {"state": GenState.running}, "probe", fence=None,  # type: ignore[arg-type]
                                    col="state", frm=GenState.spawning))
 
@@ -389,13 +389,11 @@ def one_of_each(s: Session, gid: int) -> dict[type, Any]:
                             TargetState.deploying)}
 
 
-@pytest.mark.parametrize("by_key", [False, True], ids=["conditions", "primary-key"])
 @pytest.mark.parametrize("holder,fence", [(AGENT, FENCE + 1), ("agent-2", FENCE)])
 def test_a_stale_fence_is_refused_for_every_kind_of_row(store: Store, gen_id: int, holder: str,
-                                                         fence: int, by_key: bool) -> None:
+                                                         fence: int) -> None:
     """Each kind of row with a state, one legal move each: with a stale fence (or another
-    holder's) nothing moves and LostRace names the row; with the live fence it moves. Both
-    forms of move(): a list of conditions, and the row's primary key (a cached statement)."""
+    holder's) nothing moves and LostRace names the row; with the live fence it moves."""
     rows = store.write(lambda s: one_of_each(s, gen_id))
     store.write(lambda s: s.execute(update(Host).where(Host.name == "web").values(desired=Desired.down)))
     kinds = {model: (col, key) for model, col, key in STATE_MODELS.values()}
@@ -411,9 +409,9 @@ def test_a_stale_fence_is_refused_for_every_kind_of_row(store: Store, gen_id: in
             return store.read(lambda s: s.execute(
                 select(getattr(model, col)).where(*conds)).scalar_one())
 
-        def step(s: Session, f: Fence, model: Any = model, col: str = col, conds: Any = conds,
+        def step(s: Session, f: Fence, model: Any = model, col: str = col, key: Any = key,
                  keyval: Any = keyval, frm: Any = frm, to: Any = to) -> None:
-            move(s, model, keyval if by_key else list(conds), {col: to},
+            move(s, model, keyval if isinstance(keyval, dict) else {key.name: keyval}, {col: to},
                  f"{model.__name__} {keyval}", fence=f, col=col, frm=frm)
 
         with pytest.raises(LostRace):
@@ -476,7 +474,7 @@ def test_illegal_transitions_are_refused(store: Store) -> None:
                     legal = new in TRANSITIONS[cls][old]
                     exc = LostRace if legal else IllegalTransition
                     with pytest.raises(exc) as err:
-                        move(s, model, [key == (-1 if key is not Host.name else "-")],
+                        move(s, model, {key.name: -1 if key is not Host.name else "-"},
                              {col: new}, "probe", fence=Unfenced("probe"), col=col, frm=old)
                     if not legal:
                         assert f"illegal transition {old} -> {new}" in str(err.value)
@@ -508,7 +506,7 @@ def test_no_state_column_is_written_outside_the_primitive() -> None:
 
 def test_illegal_transition_leaves_the_row(store: Store, gen_id: int) -> None:
     def step(s: Session) -> None:
-        move(s, Generation, [Generation.id == gen_id], {"state": GenState.spawning},
+        move(s, Generation, {"id": gen_id}, {"state": GenState.spawning},
              "back to spawning", fence=Unfenced("test"), col="state",
              frm=(GenState.spawning, GenState.current))
 
@@ -517,15 +515,14 @@ def test_illegal_transition_leaves_the_row(store: Store, gen_id: int) -> None:
     assert gen_state(store, gen_id) is GenState.spawning
 
 
-@pytest.mark.parametrize("where", ["[]", "1"], ids=["conditions", "primary-key"])
-def test_illegal_transition_is_refused_under_python_O(where: str) -> None:
-    """`python -O` strips asserts; the transition check is not one (in either form)."""
+def test_illegal_transition_is_refused_under_python_O() -> None:
+    """`python -O` strips asserts; the transition check is not one."""
     probe = ("from models.transition import Unfenced, move\n"
              "from models.states import GenState\n"
              "from models.tables import Generation\n"
              "assert False, 'asserts are on: not running under -O'\n")
     cp = subprocess.run([sys.executable, "-O", "-c", probe + (
-        f"move(None, Generation, {where}, {{'state': GenState.current}}, 'probe',\n"
+        "move(None, Generation, {'id': 1}, {'state': GenState.current}, 'probe',\n"
         "     fence=Unfenced('probe'), col='state', frm=GenState.proven)\n")],
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert cp.returncode != 0, cp.stdout

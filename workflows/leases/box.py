@@ -24,7 +24,7 @@ from models import facts
 from models.store import emit, store_clock
 from models.tables import BoxLease, Host, Lease
 from workflows.base.context import Context
-from workflows.base.crash import crashpoint, define
+from workflows.base.crash import define
 from workflows.leases import placement
 
 TAKEN = define("boxlease.taken", "this agent took its box lease at a new epoch and adopted "
@@ -79,20 +79,6 @@ def adopt(s: Session, ctx: Context, epoch: int, now: Any) -> list[str]:
              why="the store could not be reached past the box lease's expiry; the app "
                  "was kept")
     return sorted(lapsed)
-
-
-def renew(s: Session, ctx: Context, due_only: bool = False) -> int:
-    """hold() in the caller's transaction: the epoch. (The crash point of a new epoch is
-    the caller's, after its commit: see renew_box.)"""
-    return hold(s, ctx, due_only)[0]
-
-
-def renew_box(ctx: Context, due_only: bool = False) -> tuple[int, bool]:
-    """hold() in a transaction of its own; the crash point after a new epoch commits."""
-    got = ctx.store.write(lambda s: hold(s, ctx, due_only))
-    if got[1]:
-        crashpoint(TAKEN)
-    return got
 
 
 def held_hosts(s: Session, ctx: Context, epoch: int) -> set[str]:

@@ -232,12 +232,16 @@ def drive_release(ctx: Context, release_id: int) -> Result:
 def renew_in(s: Session, ctx: Context) -> int:
     """Renew this box's lease past half its length, in the caller's transaction (one
     UPDATE of one row, whatever the number of hosts; none while under half): its epoch."""
-    return box.renew(s, ctx, due_only=True)
+    return box.hold(s, ctx, due_only=True)[0]
 
 
 def renew(ctx: Context) -> int:
-    """Renew (or take anew) this box's lease in a transaction of its own: its epoch."""
-    return box.renew_box(ctx)[0]
+    """Renew (or take anew) this box's lease in a transaction of its own: its epoch (the
+    crash point of a new epoch after its commit)."""
+    epoch, taken = ctx.store.write(lambda s: box.hold(s, ctx))
+    if taken:
+        crashpoint(box.TAKEN)
+    return epoch
 
 
 def renew_held(ctx: Context) -> set[str]:
