@@ -46,6 +46,7 @@ from sqlalchemy import select
 from models.states import LIVE_GEN
 from models.store import emit
 from models.tables import Generation, Host, Lease
+from runners.agent.trust import Trouble, guarded, no_trouble
 from runners.base.pids import pid_status
 from runners.keepers.fencekeeper import keeper_pid, write_fence
 from runners.keepers.wire import kill_and_wait, reap, spawn, start_time
@@ -78,8 +79,9 @@ class Timing:
 
 
 class FenceGuard:
-    def __init__(self, ctx: Context, timing: Timing) -> None:
+    def __init__(self, ctx: Context, timing: Timing, trouble: Trouble = no_trouble) -> None:
         self.ctx = ctx
+        self.trouble = trouble  # True: the store itself failed and the agent has said so
         self.timing = timing
         self.deadline = 0.0  # monotonic; nothing may spawn before the first renewal
         self.held: set[str] = set()
@@ -96,8 +98,6 @@ class FenceGuard:
         self.on_start: Callable[[], None] = lambda: None  # the helper watch registers it
         me = psutil.Process()
         self._me = {"agent_pid": me.pid, "agent_ctime": me.create_time()}
-        # True when the store itself failed and the agent has said so (runners/base/storewatch.py)
-        self.on_store_error: Callable[[BaseException], bool] = lambda exc: False
 
     # -- the keeper ------------------------------------------------------------------------
     def ensure_keeper(self) -> None:
@@ -147,12 +147,9 @@ class FenceGuard:
 
     def _loop(self) -> None:
         while not self.stop.wait(self.timing.renew_every):
-            try:
+            with guarded(self.trouble, log, "lease renewal round failed"):
                 self.renew_now()
                 self._keeper_if_needed()
-            except Exception as exc:
-                if not self.on_store_error(exc):
-                    log.exception("lease renewal round failed")
 
     def renew_now(self) -> None:
         t0 = time.monotonic()
@@ -160,7 +157,7 @@ class FenceGuard:
             held = self._renew()
         except Exception as exc:  # the deadline stays where it was: the keeper will fence
             self.steady_since = None
-            if not self.on_store_error(exc) or self.deadline - time.monotonic() < self.timing.ttl / 3:
+            if not self.trouble(exc) or self.deadline - time.monotonic() < self.timing.ttl / 3:
                 log.warning("lease renewal failed (self-fence in %.1fs): %s",
                             self.deadline - time.monotonic(), exc)
             return

@@ -27,7 +27,6 @@ from models.errors import BadInput, Refused
 from models.states import Outcome, RolloutOutcome, RolloutState
 from models.store import Store, utcnow
 from models.tables import Attempt, Event, Rollout
-from workflows.base.context import Context
 from workflows.config.hostrows import Facts, instance_status, state_of
 
 log = logging.getLogger("vigil.metrics")
@@ -61,16 +60,16 @@ def parse_listen(value: str) -> tuple[str, int]:
     return addr, int(port)
 
 
-def serve(ctx: Context, listen: str) -> Any:
-    """Start the HTTP endpoint (a daemon thread) and count this agent's failed proofs."""
+def serve(store: Store, listen: str) -> Any:
+    """Start the HTTP endpoint (a daemon thread); the agent's Context counts its failed
+    proofs in PROOFS_FAILED (runners/agent/daemon.py)."""
     addr, port = parse_listen(listen)
-    REGISTRY.register(StoreCollector(ctx.store))
+    REGISTRY.register(StoreCollector(store))
     try:
         server, _thread = start_http_server(port, addr, registry=REGISTRY)
     except OSError as exc:
         raise Refused(f"cannot serve metrics on {listen}: {exc.strerror or exc}",
                       "pass a free local ADDRESS:PORT to --metrics-listen") from None
-    ctx.on_proof_failed = PROOFS_FAILED.inc
     log.info("metrics listen=%s:%d path=/metrics", addr, port)
     return server
 

@@ -14,7 +14,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from models.errors import BrokenInvariant
 from models.store import utcnow
-from runners.base.storewatch import StoreWatch
+from runners.agent.trust import StoreTrust
 from workflows.base.context import Context, Result
 from workflows.engine.claim import claim
 from workflows.engine.obligations import (
@@ -49,6 +49,34 @@ def _outside(d: Due) -> bool:
     return KINDS[d.kind].outside
 
 
+class Kick:
+    """A round wanted (a new intent, a drive's end, an exit, a row due): made before the
+    reconciler and the parts that ring it, so each is built with it (runners/agent/daemon.py).
+    `fresh`: the round reads the store afresh (anything but a drive's end)."""
+
+    def __init__(self, shutting_down: threading.Event) -> None:
+        self.shutting_down = shutting_down
+        self.rung = threading.Event()
+        self._fresh = False
+        self._lock = threading.Lock()
+
+    def __call__(self, fresh: bool = True) -> None:
+        if self.shutting_down.is_set():
+            return
+        self.note(fresh)
+        self.rung.set()
+
+    def note(self, fresh: bool) -> None:
+        with self._lock:
+            self._fresh = self._fresh or fresh
+
+    def take(self) -> bool:
+        """Whether a round must read afresh, reset."""
+        with self._lock:
+            fresh, self._fresh = self._fresh, False
+        return fresh
+
+
 class Reconciler:
     """One due row per host per round, rotating which host goes first, at most
     `max_hosts` drives in flight: a drive is one row, or up to GROUP worker wakes started
@@ -65,7 +93,9 @@ class Reconciler:
     trickle hold those, never a slot a host's restart or wake needs."""
 
     def __init__(self, ctx: Context, scheduler: BackgroundScheduler, max_hosts: int = 8,
-                 snapshot: int = 256, max_sends: int = 4) -> None:
+                 snapshot: int = 256, max_sends: int = 4, *, bell: Kick | None = None,
+                 trust: StoreTrust | None = None, on_progress: Callable[[], None] = lambda: None,
+                 on_round: Callable[[float], None] = lambda _seconds: None) -> None:
         self.ctx = ctx
         self.scheduler = scheduler
         self.max_hosts = max_hosts
@@ -81,18 +111,16 @@ class Reconciler:
         self._lock = threading.Lock()
         self._running = False
         self._dirty = False
-        self._fresh = False
         self.rounds = 0
         self.last_round_at: datetime | None = None  # wall clock, for `vigil agent status`
-        self.on_progress: Callable[[], None] = lambda: None  # a drive moved a row
-        self.on_round: Callable[[float], None] = lambda _seconds: None  # metrics, when served
+        self.on_progress = on_progress  # a drive moved a row
+        self.on_round = on_round  # a round's duration: the metrics, when served
         self._thread: threading.Thread | None = None
-        self._kicked = threading.Event()
-        # The store as a whole (runners/base/storewatch.py): while it fails, rounds pause with
+        self.bell = bell or Kick(ctx.shutting_down)
+        # The store as a whole (runners/agent/trust.py): while it fails, rounds pause with
         # the rows' own backoff (0.1 s doubling to 5 s), since no row's pacing can be
         # written; a halted watch (store replaced, schema changed, damaged) ends them.
-        self.watch: StoreWatch | None = None
-        self.may_act: Callable[[], bool] = lambda: True
+        self.trust = trust
         self._paused_until = 0.0
 
     def start(self) -> None:
@@ -104,12 +132,12 @@ class Reconciler:
 
     def _loop(self) -> None:
         while True:
-            self._kicked.wait()
+            self.bell.rung.wait()
             if self.ctx.shutting_down.is_set():
                 return
-            self._kicked.clear()
+            self.bell.rung.clear()
             try:
-                self.round(fresh=False)  # kick() has set _fresh if the round must read afresh
+                self.round(fresh=False)  # the bell notes whether the round must read afresh
             except Exception as exc:
                 if not self._store_failed(exc):
                     log.exception("a round failed; the next kick or the scan retries")
@@ -117,11 +145,11 @@ class Reconciler:
     def _store_failed(self, exc: BaseException) -> bool:
         """The store itself failed (said once by the watch, not as a traceback): pause the
         rounds for the ordinary backoff, then try again."""
-        if self.watch is None or not self.watch.trouble(exc):
+        if self.trust is None or not self.trust.trouble(exc):
             return False
-        wait = backoff(self.watch.failures)
+        wait = backoff(self.trust.failures)
         self._paused_until = time.monotonic() + wait
-        if not self.ctx.shutting_down.is_set() and self.watch.acting:
+        if not self.ctx.shutting_down.is_set() and self.trust.watch.acting:
             at = datetime.now(UTC) + timedelta(seconds=wait)
             try:
                 self.scheduler.add_job(self.kick, "date", run_date=at, id="store-retry",
@@ -136,13 +164,11 @@ class Reconciler:
         if self._thread is None:
             self.scheduler.add_job(self.round, kwargs={"fresh": fresh}, misfire_grace_time=None)
             return
-        with self._lock:
-            self._fresh = self._fresh or fresh
-        self._kicked.set()
+        self.bell(fresh)
 
     def round(self, fresh: bool = True) -> None:
+        self.bell.note(fresh)
         with self._lock:
-            self._fresh = self._fresh or fresh
             if self._running:
                 self._dirty = True
                 return
@@ -163,7 +189,7 @@ class Reconciler:
             raise
 
     def _dispatch(self) -> None:
-        if self.ctx.shutting_down.is_set() or not self.may_act():
+        if self.ctx.shutting_down.is_set() or (self.trust is not None and not self.trust.may_act()):
             return
         if time.monotonic() < self._paused_until:
             return  # the store failed: the store-retry job kicks once the pause is over
@@ -186,7 +212,7 @@ class Reconciler:
             busy = set(self.inflight)
             free = self.max_hosts - self.drives
             room = free > 0 or self.sends < self.max_sends  # a send slot takes only a send
-            fresh, self._fresh = self._fresh, False
+            fresh = self.bell.take()
             if fresh:
                 self.backlog = []
             backlog = [d for d in self.backlog if d.host not in busy]
@@ -326,7 +352,7 @@ class Reconciler:
                 result.value, f" error={error!r}" if error else "")
 
     def shutdown(self) -> None:
-        self._kicked.set()  # shutting_down is set: the loop ends
+        self.bell.rung.set()  # shutting_down is set: the loop ends
         if self._thread is not None:
             self._thread.join(30)
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -7,16 +7,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import update
 
 from models.store import utcnow
 from models.tables import Agent as AgentRow
-from runners.agent.chores import Chores
-from runners.agent.exits import ExitWatcher
+from runners.agent.chore_holder import Chores
+from runners.agent.exit_watch import ExitWatcher
+from runners.agent.fencing import FenceGuard
 from runners.agent.reconciler import Reconciler
 from runners.agent.trust import StoreTrust
+from runners.base.wakeup import Rings
+from workflows.base.context import Context
 from workflows.base.crash import crashpoint
 from workflows.engine.history import Keep, prune, prune_rings
 from workflows.engine.recovery import release_leftovers
@@ -35,66 +40,35 @@ PRUNE_FIRST, PRUNE_EVERY = 5.0, 600.0  # seconds: the history prune after start,
 PRUNE_BATCHES = 20  # batches per table per prune run (workflows/engine/history.py BATCH rows each)
 
 
-class Sweeps(StoreTrust):
-    """The agent daemon's part that runs on a clock (runners/agent/daemon.py)."""
+def liveness(ctx: Context, trust: StoreTrust, kick: Callable[[], None],
+             only: set[int] | None = None, skip: set[int] | None = None) -> bool:
+    """Reap our children and retire every dead current (or those of `only`; none of
+    `skip`); True when some were retired (the reconciler is rung)."""
+    reap = getattr(ctx.proc, "reap", None)
+    if reap is not None:
+        reap()
+    if not trust.may_act() or not retire_dead_currents(ctx, only, skip or ()):
+        return False
+    kick()
+    return True
 
-    stop: threading.Event
-    watcher: ExitWatcher | None
-    logs: Any  # the log keeper's client, once started
-    keep: Keep
-    sweeps: int
-    sweep_interval: float
-    converge_budget: int
-    _rounds_seen: int
-    _workers_to_sweep: bool
-    _last_beat: float
-    _heartbeat_at: float  # monotonic time of the last heartbeat written
-    rings: Any  # runners.base.wakeup.Rings when the agent does not LISTEN (--listen off)
-    kick: Any  # the reconciler's kick, once it runs
-    chores: Chores  # the store-wide chores, while this agent holds them (runners/agent/chores.py)
-    fence_guard: Any = None  # the FenceGuard on PostgreSQL (runners/agent/fencing.py)
 
-    def sweep(self, reconciler: Reconciler) -> None:
-        """The short sweep: worker drift and max-run, lease renewal, takeover, heartbeat.
-        Dead currents too, unless exits arrive as events (then the scan is their backstop)."""
-        self._check_schema()
-        if not self.may_act():
-            if self.watch is not None:  # may_act() is False only through the watch
-                self.watch.remind()
-            if self.ctx.store.dialect == "postgresql":
-                try:  # other boxes must not take over apps that still run here
-                    self._beat()
-                except Exception:
-                    pass  # the halt line says why; the lease fence does the rest
-            return
-        if self.watcher is None:
-            self.liveness(reconciler)
-        self.sweeps += 1
-        if self._rounds_seen != reconciler.rounds:  # rows moved since the last look
-            self._rounds_seen = reconciler.rounds
-            self._workers_to_sweep = any_to_sweep(self.ctx)
-        if self._workers_to_sweep and sweep_workers(self.ctx, self.converge_budget, self.sweeps):
-            reconciler.kick()
-        # Takeover, leases and the heartbeat: every sweep where other boxes share the store
-        # (PostgreSQL); on one box every third of the lease's length (an fsync a second was
-        # most of an idle agent's cost). A renewal pushes leases past half their length.
-        every = 0.0 if self.ctx.store.dialect == "postgresql" else self.ctx.lease_ttl / 3
-        if time.monotonic() - self._last_beat < every:
-            return
-        # Hosts placed here whose owner's lease expired; `keep` hosts once this box has
-        # reached the store for a lease's length (their owner renews first after an outage).
-        # The reconciler is rung as soon as the takeover commits: the wakes start at once.
-        guard = self.fence_guard
-        take_over(self.ctx, keep_too=guard is not None
-                  and guard.steady_for() >= self.ctx.lease_ttl, on_taken=reconciler.kick)
-        self._beat()
+class Heartbeat:
+    """This box's lease renewed and the agents row's heartbeat written (without LISTEN, the
+    intents' rings read in the same transaction); the chores renewed when due."""
 
-    def _beat(self) -> None:
+    def __init__(self, ctx: Context, chores: Chores, rings: Rings | None,
+                 kick: Callable[[], None] | None) -> None:
+        self.ctx, self.chores, self.rings, self.kick = ctx, chores, rings, kick
+        self.last_beat = 0.0  # monotonic time of the last beat
+        self.heartbeat_at = -HEARTBEAT_EVERY  # of the last heartbeat written: the first writes one
+
+    def beat(self) -> None:
         # The agents row's heartbeat (read only by a command asking whether some agent acts,
         # runners/quick/ops.py: within 10 s) every HEARTBEAT_EVERY, not every sweep: an idle
         # box then writes a row a few seconds, not one a second (1,000 boxes: 330/s, not 1,000).
         now = time.monotonic()
-        heartbeat = now - self._heartbeat_at >= HEARTBEAT_EVERY
+        heartbeat = now - self.heartbeat_at >= HEARTBEAT_EVERY
         rings = self.rings  # without LISTEN (--listen off): the intents' rings, read here
 
         def beat(s):  # type: ignore[no-untyped-def]
@@ -107,103 +81,124 @@ class Sweeps(StoreTrust):
         fresh, rung = self.ctx.store.write(beat)
         if fresh:
             crashpoint(box.TAKEN)
-        self._last_beat = time.monotonic()
+        self.last_beat = time.monotonic()
         if heartbeat:
-            self._heartbeat_at = now
+            self.heartbeat_at = now
         if rings is not None and rings.new(rung) and self.kick is not None:
             self.kick()  # an intent written for this box (or the shared channel): a round
         self.chores.tick()  # every TTL/6 at most: one row the whole fleet shares
 
-    def _sweep_loop(self, reconciler: Reconciler) -> None:
+
+@dataclass
+class Sweeper:
+    """The agent's part that runs on a clock (runners/agent/daemon.py builds it)."""
+
+    ctx: Context
+    trust: StoreTrust
+    reconciler: Reconciler
+    heartbeat: Heartbeat
+    watcher: ExitWatcher | None  # exits as events (pidfds); None: the sweep finds them
+    fence: FenceGuard | None  # on PostgreSQL (runners/agent/fencing.py)
+    stop: threading.Event
+    keep: Keep  # what history the store keeps (workflows/engine/history.py)
+    logs: Any  # the log keeper's client (runners/keepers/logkeeper.py), if any
+    interval: float  # the short sweep's: --sweep-interval
+    converge_budget: int  # worker converges per sweep, box-wide
+    sweeps: int = 0
+    _rounds_seen: int = -1
+    _workers_to_sweep: bool = True
+
+    def sweep(self) -> None:
+        """The short sweep: worker drift and max-run, lease renewal, takeover, heartbeat.
+        Dead currents too, unless exits arrive as events (then the scan is their backstop)."""
+        self.trust.check_schema()
+        reconciler = self.reconciler
+        if not self.trust.may_act():
+            self.trust.watch.remind()
+            if self.ctx.store.dialect == "postgresql":
+                try:  # other boxes must not take over apps that still run here
+                    self.heartbeat.beat()
+                except Exception:
+                    pass  # the halt line says why; the lease fence does the rest
+            return
+        if self.watcher is None:
+            liveness(self.ctx, self.trust, reconciler.kick)
+        self.sweeps += 1
+        if self._rounds_seen != reconciler.rounds:  # rows moved since the last look
+            self._rounds_seen = reconciler.rounds
+            self._workers_to_sweep = any_to_sweep(self.ctx)
+        if self._workers_to_sweep and sweep_workers(self.ctx, self.converge_budget, self.sweeps):
+            reconciler.kick()
+        # Takeover, leases and the heartbeat: every sweep where other boxes share the store
+        # (PostgreSQL); on one box every third of the lease's length (an fsync a second was
+        # most of an idle agent's cost). A renewal pushes leases past half their length.
+        every = 0.0 if self.ctx.store.dialect == "postgresql" else self.ctx.lease_ttl / 3
+        if time.monotonic() - self.heartbeat.last_beat < every:
+            return
+        # Hosts placed here whose owner's lease expired; `keep` hosts once this box has
+        # reached the store for a lease's length (their owner renews first after an outage).
+        # The reconciler is rung as soon as the takeover commits: the wakes start at once.
+        take_over(self.ctx, keep_too=self.fence is not None
+                  and self.fence.steady_for() >= self.ctx.lease_ttl, on_taken=reconciler.kick)
+        self.heartbeat.beat()
+
+    def loop(self) -> None:
         """The short sweep on its own thread: APScheduler re-reads its job store on every
         wake-up, which a once-a-second job would pay for every second."""
-        while not self.stop.wait(self.sweep_interval):
-            try:
-                self.sweep(reconciler)
-            except Exception as exc:
-                if self.watch is None or not self.watch.trouble(exc):
-                    log.exception("sweep failed; the next one retries")
+        while not self.stop.wait(self.interval):
+            with self.trust.guarded(log, "sweep failed; the next one retries"):
+                self.sweep()
 
-    def liveness(self, reconciler: Reconciler, only: set[int] | None = None,
-                 skip: set[int] | None = None) -> None:
-        """Reap our children and retire every dead current (or those of `only`; none of
-        `skip`)."""
-        reap = getattr(self.ctx.proc, "reap", None)
-        if reap is not None:
-            reap()
-        if not self.may_act():
-            return
-        if retire_dead_currents(self.ctx, only, skip or ()):
-            reconciler.kick()
-            if self.watcher is not None:
-                self.watcher.refresh()
-
-    def backstop(self, reconciler: Reconciler) -> None:
+    def backstop(self) -> None:
         """With exits as events: a full liveness check now and then, for what no pidfd
         reported (a leader this agent could not watch). A leader whose pidfd is open is not
         checked again: its exit is an event (1,000 pid reads every 30 s were most of an idle
         agent's cost)."""
-        try:
-            self.liveness(reconciler, skip=self.watcher.watched() if self.watcher else None)
-        except Exception as exc:  # a scheduler job: said here, not as APScheduler's traceback
-            if self.watch is None or not self.watch.trouble(exc):
-                log.exception("the liveness backstop failed; the next one retries")
-            return
-        if self.watcher is not None:
-            self.watcher.refresh()
-        if self.logs is not None:
-            try:
-                self.logs.ensure()  # a keeper that died meanwhile: started again
-            except OSError as exc:
-                log.warning("log keeper: %s; the next backstop tries again", exc)
+        # A scheduler job: a failure is said here, not as APScheduler's traceback.
+        with self.trust.guarded(log, "the liveness backstop failed; the next one retries"):
+            liveness(self.ctx, self.trust, self.reconciler.kick,
+                     skip=self.watcher.watched() if self.watcher else None)
+            if self.watcher is not None:
+                self.watcher.refresh()
+            if self.logs is not None:
+                try:
+                    self.logs.ensure()  # a keeper that died meanwhile: started again
+                except OSError as exc:
+                    log.warning("log keeper: %s; the next backstop tries again", exc)
 
-    def _probe_loop(self, prober: Prober) -> None:
+    def probe_loop(self, prober: Prober) -> None:
         """The ongoing health probes that are due (workflows/lifecycle/probe.py), every tick while a
         host is probed (else a read every few seconds); nothing while the agent is halted."""
         while not self.stop.is_set():
             prober.wake.wait(prober.pause())
             prober.wake.clear()
-            if self.stop.is_set() or not self.may_act() or self.ctx.shutting_down.is_set():
+            if self.stop.is_set() or not self.trust.may_act() or self.ctx.shutting_down.is_set():
                 continue
-            try:
+            with self.trust.guarded(log, "the health probe failed; the next tick retries"):
                 prober.round()
-            except Exception as exc:  # said once by the store watch, or here
-                if self.watch is None or not self.watch.trouble(exc):
-                    log.exception("the health probe failed; the next tick retries")
         prober.close()
 
     def release_leftovers(self) -> None:
         """A job once after start: the cgroup dirs a death between a proof and its release
         left (workflows/engine/recovery.py). Not on the way to ready: it lists every dir
         under the box's cgroup base, every store's (0.45 s of each start with 79,000 there)."""
-        try:
+        with self.trust.guarded(log, "releasing leftover cgroups failed; the next start retries"):
             released = release_leftovers(self.ctx)
-        except Exception as exc:
-            if self.watch is None or not self.watch.trouble(exc):
-                log.exception("releasing leftover cgroups failed; the next start retries")
-            return
-        if released:
-            log.info("released %d leftover cgroup dirs of proven generations", released)
+            if released:
+                log.info("released %d leftover cgroup dirs of proven generations", released)
 
     def prune_history(self) -> None:
         """A scheduled job: delete history nothing needs, a batch at a time (at most
         PRUNE_BATCHES per table per run: a backlog goes over several runs)."""
-        if not self.may_act() or not self.chores.held:
+        if not self.trust.may_act() or not self.heartbeat.chores.held:
             return  # the whole store's: the agent holding the chores prunes it
         if self.ctx.store.dialect == "postgresql":  # only PostgreSQL's trigger writes rings
-            try:
+            with self.trust.guarded(log, "pruning rings failed; the next run retries"):
                 prune_rings(self.ctx.store)
-            except Exception as exc:
-                if self.watch is None or not self.watch.trouble(exc):
-                    log.exception("pruning rings failed; the next run retries")
         if self.keep.older_than is None:
             return
-        try:
+        with self.trust.guarded(log, "pruning history failed; the next run retries"):
             done = prune(self.ctx.store, self.keep, max_batches=PRUNE_BATCHES,
-                         go_on=lambda: not self.ctx.shutting_down.is_set() and self.may_act())
-        except Exception as exc:
-            if self.watch is None or not self.watch.trouble(exc):
-                log.exception("pruning history failed; the next run retries")
-            return
-        if any(done.values()):
-            log.info("history pruned %s", " ".join(f"{k}={v}" for k, v in done.items() if v))
+                         go_on=lambda: not self.ctx.shutting_down.is_set() and self.trust.may_act())
+            if any(done.values()):
+                log.info("history pruned %s", " ".join(f"{k}={v}" for k, v in done.items() if v))

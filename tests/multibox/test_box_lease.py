@@ -161,20 +161,19 @@ def test_an_idle_box_writes_its_heartbeat_every_few_seconds_not_every_sweep(vigi
     (HEARTBEAT_EVERY), a sweep past it writes one again."""
     from types import SimpleNamespace
 
-    from runners.agent.sweep import HEARTBEAT_EVERY, Sweeps
+    from runners.agent.sweep import HEARTBEAT_EVERY, Heartbeat
     from workflows.leases import box
 
     a = ctx(vigil, "a")
     vigil.store.write(lambda s: box.hold(s, a))
-    agent = SimpleNamespace(ctx=a, chores=SimpleNamespace(tick=lambda: None), _last_beat=0.0,
-                            _heartbeat_at=-HEARTBEAT_EVERY, rings=None, kick=None)
+    agent = Heartbeat(a, SimpleNamespace(tick=lambda: None), None, None)  # type: ignore[arg-type]
     beats = []
     for _ in range(2):
         with statements(vigil) as seen:
-            Sweeps._beat(agent)  # type: ignore[arg-type]
+            agent.beat()
         beats.append([q.split()[1] for q, _ in writes(seen)])
     assert beats == [["box_leases", "agents"], ["box_leases"]], beats
-    agent._heartbeat_at -= HEARTBEAT_EVERY  # as if HEARTBEAT_EVERY had passed
+    agent.heartbeat_at -= HEARTBEAT_EVERY  # as if HEARTBEAT_EVERY had passed
     with statements(vigil) as seen:
-        Sweeps._beat(agent)  # type: ignore[arg-type]
+        agent.beat()
     assert [q.split()[1] for q, _ in writes(seen)] == ["box_leases", "agents"], seen

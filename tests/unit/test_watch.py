@@ -1,4 +1,4 @@
-"""The exit watcher (runners/agent/exits.py): real processes, real pidfds. An exit is reported
+"""The exit watcher (runners/agent/exit_watch.py): real processes, real pidfds. An exit is reported
 by its generation id as it happens; a leader already gone, or a pid now naming another
 process, is reported at once; a generation no longer wanted is no longer watched."""
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from runners.agent.exits import ExitWatcher, pidfds_supported
+from runners.agent.exit_watch import ExitWatcher, pidfds_supported
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.skipif(not pidfds_supported(), reason="this kernel has no pidfds")

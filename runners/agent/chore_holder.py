@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from runners.agent.trust import Trouble, guarded
 from workflows.base.context import Context
 from workflows.leases.chores import let_go, take_or_renew
 
@@ -19,8 +20,8 @@ log = logging.getLogger("vigil.agent")
 
 class Chores:
     def __init__(self, ctx: Context, attach: Callable[[], None], detach: Callable[[], None],
-                 on_error: Callable[[BaseException], bool]) -> None:
-        self.ctx, self.attach, self.detach, self.on_error = ctx, attach, detach, on_error
+                 trouble: Trouble) -> None:
+        self.ctx, self.attach, self.detach, self.trouble = ctx, attach, detach, trouble
         self.held = False
         self.epoch: int | None = None
         self._renewed = 0.0  # monotonic time of the last renewal that committed
@@ -32,11 +33,10 @@ class Chores:
         if now < self._next:
             return
         self._next = now + self.ctx.lease_ttl / 6
-        try:
-            got = take_or_renew(self.ctx)
-        except Exception as exc:  # the store watch says it once; the deadline below decides
-            if not self.on_error(exc):
-                log.exception("chores: renewing failed; the next heartbeat retries")
+        got, failed = None, True
+        with guarded(self.trouble, log, "chores: renewing failed; the next heartbeat retries"):
+            got, failed = take_or_renew(self.ctx), False
+        if failed:  # the store watch has said why; the deadline decides
             if self.held and now - self._renewed > self.ctx.lease_ttl * 2 / 3:
                 self._lose("this box could not renew them in time: another agent may take them")
             return
@@ -63,10 +63,7 @@ class Chores:
             return
         self.held = False
         self.detach()
-        if may_write:
-            try:
+        if may_write:  # else they expire by themselves
+            with guarded(self.trouble, log, "chores: letting go failed (they expire in %gs)",
+                         self.ctx.lease_ttl):
                 let_go(self.ctx)
-            except Exception as exc:  # they expire by themselves
-                if not self.on_error(exc):
-                    log.warning("chores: letting go failed (they expire in %gs): %s",
-                                self.ctx.lease_ttl, exc)

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from runners.agent.trust import Trouble, guarded, no_trouble
 from runners.base.pids import CTIME_TOLERANCE, pid_status
 
 log = logging.getLogger("vigil.watch")
@@ -48,18 +49,19 @@ def make_room_for(fds: int) -> None:
 class ExitWatcher:
     """Watches leaders by (generation id, pid, create time); calls `on_exit(ids)` from its
     own thread with the generations whose leader exited (or was already gone, or whose pid
-    now names another process). `refresh()` asks it to re-read what to watch from
+    now names another process), and re-reads what to watch when it returns True (it
+    retired some). `refresh()` asks it to re-read what to watch from
     `leaders()` (one query); it does so at most every `settle` seconds, so a burst of
     drives costs one read, and at most every `per_leader` seconds per leader watched, so
     a storm of wakes does not re-read a thousand rows four times a second."""
 
     def __init__(self, leaders: Callable[[], dict[int, tuple[int, float]]],
-                 on_exit: Callable[[set[int]], None], settle: float = 0.25,
+                 on_exit: Callable[[set[int]], bool | None], settle: float = 0.25,
                  per_leader: float = 0.001, settle_max: float = 2.0,
-                 on_error: Callable[[BaseException], bool] = lambda exc: False) -> None:
+                 trouble: Trouble = no_trouble) -> None:
         self.leaders = leaders
         self.on_exit = on_exit
-        self.on_error = on_error  # True: the store failed and the agent has said so
+        self.trouble = trouble  # True: the store failed and the agent has said so
         self.settle = settle
         self.per_leader = per_leader
         self.settle_max = settle_max
@@ -127,19 +129,17 @@ class ExitWatcher:
                 if self._dirty and time.monotonic() >= last_sync + settle:
                     self._dirty = False
                     last_sync = time.monotonic()
-                    try:
+                    synced = False
+                    with guarded(self.trouble, log, "reading the leaders to watch failed; retrying"):
                         exited |= self._sync(self.leaders())
-                    except Exception as exc:  # the store is busy or down: try again shortly
-                        if not self.on_error(exc):
-                            log.exception("reading the leaders to watch failed; retrying")
+                        synced = True
+                    if not synced:  # the store is busy or down: try again shortly
                         self._dirty = True
                 if exited:
-                    try:
-                        self.on_exit(exited)
-                    except Exception as exc:
-                        if not self.on_error(exc):
-                            log.exception("handling the exit of %s failed; the scan retries it",
-                                          sorted(exited))
+                    with guarded(self.trouble, log, "handling the exit of %s failed; the scan "
+                                 "retries it", sorted(exited)):
+                        if self.on_exit(exited):
+                            self.refresh()
         finally:
             for fd in list(self._gen_of):
                 self._forget_fd(fd)
