@@ -12,11 +12,11 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, exists, insert, or_, select, tuple_, update
+from sqlalchemy import and_, delete, exists, insert, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from models.errors import LostRace
-from models.tables import BoxLease, Chore, Host, Lease
+from models.tables import BoxLease, Chore, Host, Lease, Release
 from models.transition import Unfenced, _shaped, affected, move
 
 _B, _L, _H, _C = BoxLease.__table__.c, Lease.__table__.c, Host.__table__.c, Chore.__table__.c
@@ -87,6 +87,24 @@ def adopt_leases(s: Session, holder: str, epoch: int, now: Any,
                                  .returning(_L.host, _L.fence)).tuples().all())
     s.execute(update(_LEASES).where(_L.holder == holder, _L.epoch != epoch).values(epoch=epoch))
     return retaken
+
+
+def give_back(s: Session, host: str, holder: str, fence: int) -> bool:
+    """Guard: the lease still `holder`'s at `fence` (False: given back meanwhile, or taken
+    by a newer fence). The lease row is deleted: the host is free."""
+    return affected(s.execute(delete(_LEASES).where(_L.host == host, _L.holder == holder,
+                                                    _L.fence == fence))) == 1
+
+
+def give_back_owed(s: Session, releases: Any, hosts: list[str],
+                   needed: Any) -> list[tuple[str, int]]:
+    """Guard: each lease of `hosts` still at the holder and fence of an owed release among
+    `releases` (a condition on the releases table), its host not `needed` (a condition on a
+    host column: something retains it). The leases given back: (host, fence)."""
+    r = Release.__table__.c
+    owed = exists().where(releases, r.host == _L.host, r.holder == _L.holder, r.fence == _L.fence)
+    return list(s.execute(delete(_LEASES).where(_L.host.in_(hosts), owed, ~needed(_L.host))
+                          .returning(_L.host, _L.fence)).tuples().all())
 
 
 def hold_box(s: Session, box: str, now: Any, ttl: timedelta,
