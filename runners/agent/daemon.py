@@ -33,7 +33,7 @@ from runners.agent.openfiles import raise_open_file_limit, say_open_file_limit
 from runners.agent.reconciler import Kick, Reconciler
 from runners.agent.startup import Signals, doorbell, lock_state_dir, register, wait_for_stop
 from runners.agent.sweep import BACKSTOP, PRUNE_EVERY, PRUNE_FIRST, Heartbeat, Sweeper, liveness
-from runners.agent.trust import StoreTrust
+from runners.agent.trust import StoreTrust, guarded
 from runners.backend.sockets import settle_state_dir
 from runners.base import wakeup
 from runners.base.doorbell import ring as ring_doorbell
@@ -70,10 +70,6 @@ def _after_events(events: list[tuple[str, str | None, int | None, dict[str, obje
         kick()
 
 
-def _unobserved(_seconds: float) -> None:
-    pass  # no metrics served
-
-
 def _pause(scheduler: BackgroundScheduler) -> None:
     """The agent stops acting (the store watch halted): its timers stop (scan, backstop,
     schedules); the sweep only says so again now and then."""
@@ -93,7 +89,7 @@ class Parts:
     guard: FenceGuard | None
     scheduler: BackgroundScheduler
     bell: Kick
-    observe_round: Observer  # a round's duration: to the metrics when served
+    observe_round: Observer | None  # a round's duration: to the metrics when served
     signals: Signals
     locks: object  # the state dir's and the SQLite file's (startup.lock_state_dir), held
 
@@ -169,8 +165,7 @@ class AgentDaemon:
         require_head(ctx.store.engine)
         say_open_file_limit(ctx, limits)
         settle_state_dir(ctx)
-        observe_round: Observer = _unobserved
-        proof_failed = ctx.on_proof_failed
+        observe_round, proof_failed = None, ctx.on_proof_failed
         if self.metrics_listen:  # prometheus_client is imported only then (start-up time)
             from runners.agent import metrics
 
@@ -206,7 +201,8 @@ class AgentDaemon:
             prober.refresh()
 
         reconciler = Reconciler(ctx, scheduler, self.max_hosts, bell=bell, trust=trust,
-                                on_progress=progressed, on_round=parts.observe_round)
+                                on_progress=progressed,
+                                on_round=parts.observe_round or (lambda _seconds: None))
         if watcher is not None:
             watcher.start()
         helpers.start()  # each checked, restored and watched before the first round
@@ -274,10 +270,7 @@ class AgentDaemon:
         running.helpers.close()  # after the drives: one may still have handed a helper something
         if not trust.may_act():
             return 1  # nothing more is written to a store it no longer trusts
-        try:
+        with guarded(trust.trouble):
             ctx.store.write(lambda s: s.execute(update(AgentRow).where(
                 AgentRow.id == ctx.agent_id).values(stopped_at=utcnow())))
-        except Exception as exc:
-            if not trust.trouble(exc):
-                raise
         return 0

@@ -46,6 +46,43 @@ def make_room_for(fds: int) -> None:
         pass
 
 
+class PipeBell:
+    """A self-pipe that wakes a poll loop, rung from any thread. Once stopped it is never
+    written again: a drive that ends after the stop still rings, and once the bell is
+    closed its fd number may be another file's."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.stopped = threading.Event()
+        self._lock = threading.Lock()
+
+    def ring(self) -> None:
+        with self._lock:
+            if self.stopped.is_set():
+                return
+            try:
+                os.write(self.w, b"x")
+            except BlockingIOError:
+                pass  # already rung
+
+    def stop(self) -> None:
+        """Stopped, and rung once more: the loop ends (then close() it)."""
+        with self._lock:
+            self.stopped.set()
+            os.write(self.w, b"x")
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self.w)
+
+
 class ExitWatcher:
     """Watches leaders by (generation id, pid, create time); calls `on_exit(ids)` from its
     own thread with the generations whose leader exited (or was already gone, or whose pid
@@ -70,10 +107,8 @@ class ExitWatcher:
         self._fd_of: dict[int, int] = {}  # generation id -> pidfd
         self._gen_of: dict[int, int] = {}  # pidfd -> generation id
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._bell_lock = threading.Lock()
-        self._bell_r, self._bell_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._poll.register(self._bell_r, select.EPOLLIN)
+        self._bell = PipeBell()
+        self._poll.register(self._bell.r, select.EPOLLIN)
         self._thread = threading.Thread(target=self._run, name="exit-watch", daemon=True)
 
     def start(self) -> None:
@@ -82,49 +117,35 @@ class ExitWatcher:
     def refresh(self) -> None:
         """The set of current generations may have changed: re-read it soon."""
         self._dirty = True
-        self._ring()
+        self._bell.ring()
 
     def watched(self) -> set[int]:
         with self._lock:
             return set(self._fd_of)
 
     def close(self) -> None:
-        with self._bell_lock:
-            self._stop.set()
-            os.write(self._bell_w, b"x")
+        self._bell.stop()
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
-            os.close(self._bell_r)
-            os.close(self._bell_w)
-
-    def _ring(self) -> None:
-        # A drive that ends after close() (one that waited on a stopped helper) still calls
-        # refresh(): once stopped the bell may be closed, and its fd number reused.
-        with self._bell_lock:
-            if self._stop.is_set():
-                return
-            try:
-                os.write(self._bell_w, b"x")
-            except BlockingIOError:
-                pass  # already rung
+            self._bell.close()
 
     def _run(self) -> None:
         last_sync = 0.0
         try:
-            while not self._stop.is_set():
+            while not self._bell.stopped.is_set():
                 timeout = -1.0
                 settle = min(self.settle_max, max(self.settle, self.per_leader * len(self._fd_of)))
                 if self._dirty:
                     timeout = max(0.0, last_sync + settle - time.monotonic())
                 exited: set[int] = set()
                 for fd, _ in self._poll.poll(timeout):
-                    if fd == self._bell_r:
-                        self._drain_bell()
+                    if fd == self._bell.r:
+                        self._bell.drain()
                         continue
                     gen = self._forget_fd(fd)
                     if gen is not None:
                         exited.add(gen)
-                if self._stop.is_set():
+                if self._bell.stopped.is_set():
                     break
                 if self._dirty and time.monotonic() >= last_sync + settle:
                     self._dirty = False
@@ -146,13 +167,6 @@ class ExitWatcher:
             self._poll.close()
             # The bell stays open: close() rings it after setting stop, and this loop may
             # have seen stop (woken by an exit) before that ring; close() closes it.
-
-    def _drain_bell(self) -> None:
-        try:
-            while os.read(self._bell_r, 512):
-                pass
-        except BlockingIOError:
-            pass
 
     def _forget_fd(self, fd: int) -> int | None:
         with self._lock:

@@ -33,7 +33,6 @@ runs, so a single box behaves exactly as before.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +45,7 @@ from sqlalchemy import select
 from models.states import LIVE_GEN
 from models.store import emit
 from models.tables import Generation, Host, Lease
-from runners.agent.trust import Trouble, guarded, no_trouble
+from runners.agent.trust import Trouble, guarded
 from runners.base.pids import pid_status
 from runners.keepers.fencekeeper import keeper_pid, write_fence
 from runners.keepers.wire import kill_and_wait, reap, spawn, start_time
@@ -79,7 +78,7 @@ class Timing:
 
 
 class FenceGuard:
-    def __init__(self, ctx: Context, timing: Timing, trouble: Trouble = no_trouble) -> None:
+    def __init__(self, ctx: Context, timing: Timing, trouble: Trouble) -> None:
         self.ctx = ctx
         self.trouble = trouble  # True: the store itself failed and the agent has said so
         self.timing = timing
@@ -280,7 +279,3 @@ class FencedProcess:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
-
-
-def lease_ttl() -> float:
-    return float(os.environ.get("VIGIL_LEASE_TTL", "30"))

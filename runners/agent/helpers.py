@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Protocol
 
+from runners.agent.exit_watch import PipeBell
+
 log = logging.getLogger("vigil.helpers")
 
 TICK = 1.0  # seconds between the bounded checks of the running helpers
@@ -43,16 +45,14 @@ class HelperWatch:
         self.tick = tick
         self._poll = select.epoll()
         self._fds: dict[int, tuple[Helper, int]] = {}  # pidfd -> (helper, pid)
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._bell_r, self._bell_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._poll.register(self._bell_r, select.EPOLLIN)
+        self._bell = PipeBell()
+        self._poll.register(self._bell.r, select.EPOLLIN)
         self._thread = threading.Thread(target=self._run, name="helper-watch", daemon=True)
         self.restarts = 0
         for h in helpers:  # a helper started on demand (a first socket, a first pipe)
             target = getattr(h, "peer", h)
             if hasattr(target, "on_start"):
-                target.on_start = self.ring
+                target.on_start = self._bell.ring
 
     def start(self) -> None:
         """Before the agent's first round: every helper checked, restored, watched."""
@@ -60,26 +60,14 @@ class HelperWatch:
             self._attend(h, check=True)
         self._thread.start()
 
-    def ring(self) -> None:
-        with self._lock:
-            if self._stop.is_set():
-                return  # the bell may be closed
-            try:
-                os.write(self._bell_w, b"x")
-            except BlockingIOError:
-                pass
-
     def close(self) -> None:
-        with self._lock:
-            self._stop.set()
-            os.write(self._bell_w, b"x")
+        self._bell.stop()
         self._thread.join(timeout=10)
         if not self._thread.is_alive():
             for fd in list(self._fds):
                 os.close(fd)
             self._poll.close()
-            os.close(self._bell_r)
-            os.close(self._bell_w)
+            self._bell.close()
 
     def _attend(self, h: Helper, check: bool) -> None:
         """Check (bounded), restore and watch one helper; a failure is said, not raised.
@@ -123,18 +111,14 @@ class HelperWatch:
 
     def _run(self) -> None:
         checked = time.monotonic()
-        while not self._stop.is_set():
+        while not self._bell.stopped.is_set():
             events = self._poll.poll(max(0.0, checked + self.tick - time.monotonic()))
-            if self._stop.is_set():
+            if self._bell.stopped.is_set():
                 return
             died = []
             for fd, _ in events:
-                if fd == self._bell_r:
-                    try:
-                        while os.read(self._bell_r, 512):
-                            pass
-                    except BlockingIOError:
-                        pass
+                if fd == self._bell.r:
+                    self._bell.drain()
                 elif fd in self._fds:
                     h, pid = self._fds[fd]
                     self._forget(fd)

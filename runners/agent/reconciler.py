@@ -41,10 +41,6 @@ def _drives(rows: list[Due]) -> list[list[Due]]:
     return single + [grouped[i:i + GROUP] for i in range(0, len(grouped), GROUP)]
 
 
-def _slots(rows: list[Due]) -> int:
-    return len(_drives(rows))
-
-
 def _outside(d: Due) -> bool:
     return KINDS[d.kind].outside
 
@@ -55,16 +51,13 @@ class Kick:
     `fresh`: the round reads the store afresh (anything but a drive's end)."""
 
     def __init__(self, shutting_down: threading.Event) -> None:
-        self.shutting_down = shutting_down
-        self.rung = threading.Event()
+        self.shutting_down, self.rung, self._lock = shutting_down, threading.Event(), threading.Lock()
         self._fresh = False
-        self._lock = threading.Lock()
 
     def __call__(self, fresh: bool = True) -> None:
-        if self.shutting_down.is_set():
-            return
-        self.note(fresh)
-        self.rung.set()
+        if not self.shutting_down.is_set():
+            self.note(fresh)
+            self.rung.set()
 
     def note(self, fresh: bool) -> None:
         with self._lock:
@@ -266,7 +259,7 @@ class Reconciler:
                     sends += 1
                 else:
                     drives = [x for x in admitted if not _outside(x)]
-                    if full or self.drives + _slots([*drives, d]) > self.max_hosts:
+                    if full or self.drives + len(_drives([*drives, d])) > self.max_hosts:
                         full = True
                         left.append(d)
                         continue

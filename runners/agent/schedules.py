@@ -24,6 +24,7 @@ from apscheduler.triggers.cron import CronTrigger
 from models.errors import BadInput, NotFound
 from models.store import JOBS_POOL, Store, make_engine
 from models.tables import Host
+from runners.agent.trust import Trouble, guarded
 from workflows.base.context import Context
 from workflows.deploys.schedules import request_restart
 
@@ -106,8 +107,6 @@ def remove(store: Store, host: str) -> None:
         try:
             scheduler.remove_job(job_id(host))
         except JobLookupError:
-            from models.tables import Host
-
             if store.read(lambda s: s.get(Host, host)) is None:
                 raise NotFound(f"no host named {host!r}", "see `vigil host list`") from None
             raise NotFound(f"host {host!r} has no restart schedule",
@@ -141,37 +140,27 @@ class AgentJobStore(SQLAlchemyJobStore):
     wake-up of its loop, or the traceback that ends that loop when the failure comes while
     it asks for the next run time."""
 
-    def __init__(self, on_error: Callable[[BaseException], bool], **kw: Any) -> None:
+    def __init__(self, on_error: Trouble, **kw: Any) -> None:
         super().__init__(**kw)
         self.on_error = on_error
 
     def get_due_jobs(self, now: datetime) -> list[Any]:
-        try:
+        with guarded(self.on_error):
             return super().get_due_jobs(now)  # type: ignore[no-any-return]
-        except Exception as exc:
-            if not self.on_error(exc):
-                raise
-            return []
+        return []
 
     def get_next_run_time(self) -> datetime | None:
-        try:
+        with guarded(self.on_error):
             return super().get_next_run_time()  # type: ignore[no-any-return]
-        except Exception as exc:
-            if not self.on_error(exc):
-                raise
-            return datetime.now(UTC) + timedelta(seconds=STORE_RETRY)
+        return datetime.now(UTC) + timedelta(seconds=STORE_RETRY)
 
     def update_job(self, job: Any) -> None:
-        try:
+        with guarded(self.on_error):  # the run happened; a run again is coalesced (55 s guard)
             super().update_job(job)
-        except Exception as exc:  # the run happened; a run again is coalesced (55 s guard)
-            if not self.on_error(exc):
-                raise
 
 
 def attach(scheduler: BackgroundScheduler, ctx: Context, kick: Callable[[], None],
-           on_error: Callable[[BaseException], bool] = lambda exc: False,
-           may_act: Callable[[], bool] = lambda: True) -> None:
+           on_error: Trouble, may_act: Callable[[], bool]) -> None:
     """Give the agent's scheduler the job store (before it starts: misfired runs go first).
     `on_error(exc)`: True when the store failed and the agent has said so; `may_act()`:
     False once the agent stopped acting on its store."""
@@ -193,12 +182,8 @@ def fire(host: str) -> None:
     ctx: Context = _agent["ctx"]
     if ctx.shutting_down.is_set() or not _agent["may_act"]():
         return
-    try:
+    with guarded(_agent["on_error"]):  # said by the agent's store watch, not as APScheduler's traceback
         attempt = ctx.store.write(lambda s: request_restart(s, host))
-    except Exception as exc:  # said by the agent's store watch, not as APScheduler's traceback
-        if not _agent["on_error"](exc):
-            raise
-        return
-    log.info("scheduled restart host=%s attempt=%s", host,
-             attempt.id if attempt is not None else "skipped")
-    _agent["kick"]()
+        log.info("scheduled restart host=%s attempt=%s", host,
+                 attempt.id if attempt is not None else "skipped")
+        _agent["kick"]()

@@ -57,7 +57,7 @@ def register(ctx: Context) -> None:
     ctx.store.write(step)
 
 
-def doorbell(ctx: Context, stop: threading.Event, kick: Callable[[], None]) -> threading.Thread:
+def doorbell(ctx: Context, stop: threading.Event, kick: Callable[[], None]) -> None:
     path = ctx.state_dir / DOORBELL
     try:
         path.unlink()
@@ -77,9 +77,7 @@ def doorbell(ctx: Context, stop: threading.Event, kick: Callable[[], None]) -> t
                 kick()
         sock.close()
 
-    t = threading.Thread(target=loop, name="doorbell", daemon=True)
-    t.start()
-    return t
+    threading.Thread(target=loop, name="doorbell", daemon=True).start()
 
 
 class Signals:

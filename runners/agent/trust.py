@@ -28,15 +28,19 @@ def no_trouble(exc: BaseException) -> bool:
 
 
 @contextmanager
-def guarded(trouble: Trouble, logger: logging.Logger, what: str, *args: object) -> Iterator[None]:
-    """The one guard of the agent's loops (each sweep, round, renewal, probe, job): an
-    exception out of the step is either the store's own failure, which `trouble` has the
-    store watch say (once, then at a slow cadence; never a traceback), or the step's, logged
-    here with its traceback as `what`. Either way the loop goes on: the next turn retries."""
+def guarded(trouble: Trouble, logger: logging.Logger | None = None, what: str = "",
+            *args: object) -> Iterator[None]:
+    """The one guard of the agent's loops and jobs (each sweep, round, renewal, probe,
+    scheduled run): an exception out of the step is either the store's own failure, which
+    `trouble` has the store watch say (once, then at a slow cadence; never a traceback) and
+    which ends here, or the step's: logged here with its traceback as `what` (the loop goes
+    on; the next turn retries), or without a `logger` raised on to the caller."""
     try:
         yield
     except Exception as exc:
         if not trouble(exc):
+            if logger is None:
+                raise
             logger.exception(what, *args)
 
 

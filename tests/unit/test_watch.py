@@ -80,8 +80,8 @@ def test_close_after_the_loop_already_saw_stop() -> None:
     bell, and a reused fd number would have taken the write)."""
     w = ExitWatcher(dict, lambda ids: None, settle=0.01)
     w.start()
-    w._stop.set()  # what close() does first; then the loop wakes for another reason (a
-    os.write(w._bell_w, b"x")  # ring from before the stop: refresh() no longer rings after it)
+    w._bell.stopped.set()  # what close() does first; then the loop wakes for another reason (a
+    os.write(w._bell.w, b"x")  # ring from before the stop: refresh() no longer rings after it)
     w._thread.join(5)
     assert not w._thread.is_alive()
     w.close()
