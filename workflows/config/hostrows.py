@@ -165,7 +165,8 @@ def row(f: Facts, h: Host) -> dict[str, Any]:
         **_deploy_status(f.last_attempt.get(h.name)),
         **_probe_status(h, gen),
         **_listen_status(h, f.listeners.get(h.name, [])),
-        **_worker_status(h, gen, f.last_wake.get(h.name), f.streaks.get((h.name, 0), 0)),
+        "restart_streak": f.streaks.get((h.name, 0), 0),  # slot 0's
+        **_worker_status(h, gen, f.last_wake.get(h.name)),
         **_exit_status(f.exits.get(h.name)),
         **instance_status(f, h, currents),
     }
@@ -173,8 +174,7 @@ def row(f: Facts, h: Host) -> dict[str, Any]:
 
 def instance_status(f: Facts, h: Host, currents: list[Generation]) -> dict[str, Any]:
     """A host of instances: each slot, with its current generation and pid (none: down),
-    its own restart streak, and its word: up, crashloop (quick exits in a row, its next
-    start waiting out its backoff), waking, or down."""
+    its own restart streak, and its word: up, crashloop, waking, or down."""
     if h.instances == 1 and all(g.slot == 0 for g in currents):
         return {}
     by_slot = {g.slot: g for g in currents}
@@ -243,11 +243,10 @@ def _listen_status(h: Host, rows: list[Listener]) -> dict[str, Any]:
         for r in rows]}
 
 
-def _worker_status(h: Host, gen: Generation | None, w: Wake | None,
-                   streak: int) -> dict[str, Any]:
-    """A host's restart state (its slot 0's streak of quick exits, when the next start is
-    due); a worker's build, and why it is not running when a start failed or was refused."""
-    out: dict[str, Any] = {"restart_streak": streak}
+def _worker_status(h: Host, gen: Generation | None, w: Wake | None) -> dict[str, Any]:
+    """When a host's next restart is due; a worker's build, and why it is not running when
+    a start failed or was refused."""
+    out: dict[str, Any] = {}
     if w is not None and w.state in OPEN_WAKE and w.cause == "restart":
         out["restart_at"] = _iso(w.next_attempt_at)
     if w is not None and w.state is WakeState.queued and w.waiting_on:

@@ -50,14 +50,14 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
     how = {"exit_code": code, "status": exit_line(code)} if exited else {}
     emit(s, "exited", gen.host, gen.id, pid=gen.pid, reason=why, **how)
     host = s.get(Host, gen.host)
-    if restart and host is not None and host.kind is HostKind.worker:
+    if not restart or host is None:
+        return
+    if host.kind is HostKind.worker:
         worker_exited(s, ctx, gen, host)  # backoff, onto its captured build; one-shot: none
-    elif restart and host is not None and host.desired is Desired.up and gen.slot < host.instances:
-        queued = s.execute(select(Wake.id).where(Wake.host == gen.host, Wake.slot == gen.slot,
-                                                 Wake.state.in_(OPEN_WAKE))).first()
-        if queued is None:  # an OOM kill says so, and restarts by the same policy
-            schedule(s, host, uptime(gen), (oom_line(s, ctx, gen, code) if exited else None)
-                     or why, slot=gen.slot, at_once=True)
+    elif host.desired is Desired.up and gen.slot < host.instances and s.execute(select(Wake.id).where(
+            Wake.host == gen.host, Wake.slot == gen.slot, Wake.state.in_(OPEN_WAKE))).first() is None:
+        schedule(s, host, uptime(gen), (oom_line(s, ctx, gen, code) if exited else None) or why,
+                 slot=gen.slot, at_once=True)  # an OOM kill says so
 
 
 def current_leaders(ctx: Context) -> dict[int, tuple[int, float]]:

@@ -1,20 +1,17 @@
-"""The one restart policy, of workers and instances alike: an exit within `restart_reset`
-of its start is quick, and a slot's quick exits in a row are its streak (models/streaks.py
-keeps it); the next start waits floor * 2**n, capped at the host's cap; a streak of
-CRASHLOOP_STREAK whose start still waits out its backoff is a crashloop. The caller gives
-only what differs: a worker restarts its captured build and waits the floor even after a
-stable run; an instance's first exit after a stable run restarts at once."""
+"""The one restart policy of workers and instances: an exit within `restart_reset` of its
+start is quick, a slot's quick exits in a row its streak (models/streaks.py), the next start
+waits floor * 2**n capped, a streak of CRASHLOOP_STREAK still waiting is a crashloop. Given
+by callers: a worker restarts its captured build; an instance at streak 0 restarts at once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
 
 from sqlalchemy.orm import Session
 
 from models.states import CRASHLOOP_STREAK, WakeState
 from models.store import emit, utcnow
-from models.streaks import set_streak, streak
+from models.streaks import set_streak, streaks
 from models.tables import Generation, Host, Wake
 from workflows.base.pacing import exponential
 from workflows.base.queue import enqueue_wake
@@ -34,7 +31,7 @@ def schedule(s: Session, host: Host, up: float, why: str, *, slot: int = 0,
     """Queue the restart of `slot` (onto `build_id`, None: the live build) after `up`
     seconds up, and count it in the slot's streak. `at_once`: the first exit after a
     stable run costs no wait."""
-    n = 0 if up >= host.restart_reset else streak(s, host.name, slot)
+    n = 0 if up >= host.restart_reset else streaks(s, [host.name]).get((host.name, slot), 0)
     delay = 0.0 if at_once and n == 0 else restart_delay(host, n - at_once)
     enqueue_wake(s, host.name, "restart", build_id=build_id, delay=delay, slot=slot)
     set_streak(s, host.name, slot, n + 1)
@@ -43,7 +40,7 @@ def schedule(s: Session, host: Host, up: float, why: str, *, slot: int = 0,
          **({"build_id": build_id} if build_id is not None else {}))
 
 
-def crashloop(n: int, wakes: Iterable[Wake], now: datetime) -> bool:
+def crashloop(n: int, wakes: list[Wake], now: datetime) -> bool:
     """Quick exits in a row, the next start waiting out its backoff."""
     return n >= CRASHLOOP_STREAK and any(
         w.cause == "restart" and w.state is WakeState.queued and w.next_attempt_at > now
