@@ -3,6 +3,7 @@ build is started (for apps that cannot run twice at once)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC
 
 from sqlalchemy import select
@@ -12,16 +13,17 @@ from models.errors import BrokenInvariant
 from models.states import AttemptStep, GenState, MemberRole, Mode, Outcome
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Member
-from models.transition import move, move_many
+from models.transition import move_many
 from workflows.base.context import Context, Poke
-from workflows.base.crash import crashpoint, define
-from workflows.builds.book import attempt_ended
-from workflows.builds.staged import mark_published, set_build
-from workflows.deploys import steps
-from workflows.generations.create import intend, join_set
+from workflows.base.crash import define
+from workflows.builds.staged import set_build
+from workflows.deploys import steps as deploy
+from workflows.deploys.steps import Run
+from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.leases.lease import owe_release, release_owed
 from workflows.lifecycle.members import leave_set
+from workflows.lifecycle.start import Step, Steps, link
 from workflows.lifecycle.workers import COALESCED, ONESHOT_DONE, clean_attempt
 
 OLD_STOPPING = define("swap.old_stopping", "hold: the old current is a retiring member, unlinked")
@@ -34,131 +36,128 @@ def run_hold(ctx: Context, a: Attempt) -> None:
     instances: every one is stopped and proven first (the sockets stay held, connections
     wait in their backlog), then each slot without a current generation is started and
     made current in turn, the last one in the attempt's end."""
-    build = _resume(ctx, a) if a.step is not AttemptStep.queued else _admit(ctx, a)
-    if build is None:
-        return
-    while not _start_one(ctx, a, build):
-        crashpoint(steps.SWITCHED)  # one slot's successor is current; the next one's not written
+    run, steps = deploy.begin(ctx, a)
+    if a.step is AttemptStep.queued:
+        admitted = _admit(ctx, run, steps)
+        if admitted is None:
+            return
+        run, steps, build = admitted
+    else:
+        build = _resume(ctx, run, steps)
+    going: Run | None = run
+    while going is not None:
+        going = _start_one(ctx, going, steps, build)
 
 
-def _start_one(ctx: Context, a: Attempt, build: Build) -> bool:
-    """The next successor, spawned, checked and made current; True when it was the last
+def _start_one(ctx: Context, run: Run, steps: Steps, build: Build) -> Run | None:
+    """The next successor, spawned, checked and made current; None when it was the last
     (the attempt ended)."""
-    if a.step in (AttemptStep.admitted, AttemptStep.stopping_old):
-        _finish_old(ctx, a)
-    host = ctx.store.read(lambda s: s.get(Host, a.host))
+    if steps.row.at in (AttemptStep.admitted, AttemptStep.stopping_old):
+        run = _finish_old(ctx, run, steps)
+    host = ctx.store.read(lambda s: s.get(Host, run.host))
     if host is None:
         raise BrokenInvariant("host is missing")
-    gen, last = ctx.store.write(lambda s: _new_successor(s, ctx, a, host))
-    a.successor_id = gen.id
-    crashpoint(SUCCESSOR)
-    spawned = steps.spawn(ctx, a, host, build, gen)
-    clean = steps.check(ctx, a, host, gen, spawned)
+    gen, last = steps.decide(lambda s: _new_successor(s, ctx, run, host))
+    run = replace(run, successor_id=gen.id)
+    gen = deploy.start(ctx, steps, run, host, build, gen)
+    clean = deploy.answer(ctx, host, gen)
+    steps.commit(deploy.healthy(gen))
+    if run.canary and not clean:
+        deploy.settle(ctx, steps, run, gen)
     if not last and not clean:
-        ctx.store.write(lambda s: _slot_current(s, ctx, a, gen))
-        if gen.socket:
-            ctx.files.point_link(ctx.link_for(a.host), gen.socket)
-        return False
+        # This slot's successor is current; the attempt goes on to the next slot (back at
+        # stopping_old: nothing is left to stop, the build is published).
+        steps.commit(Step(AttemptStep.stopping_old, deploy.SWITCHED, lambda s: _current_in(
+            s, run, gen), then=lambda: link(ctx, run.host, gen)))
+        return run
     proven = clean and end_generation(ctx, gen, drain_until=None) is None
-    ctx.store.write(lambda s: _current(s, ctx, a, gen, clean, proven))
-    if proven:
-        ctx.proc.release(ref_of(gen))
-    crashpoint(ONESHOT_DONE if clean else steps.SWITCHED)
+    steps.commit(Step(AttemptStep.switched), Step(
+        AttemptStep.ended, ONESHOT_DONE if clean else deploy.SWITCHED,
+        lambda s: _current(s, ctx, run, gen, clean, proven),
+        {"outcome": Outcome.done, "executed": True, "ended_at": utcnow(),
+         "reason": "one-shot run exited 0" if clean else "replaced",
+         **({"clean_exit": True} if clean else {})},
+        then=(lambda: ctx.proc.release(ref_of(gen))) if proven else None))
     if clean:
-        release_owed(ctx, a.host)
-    if gen.socket:
-        ctx.files.point_link(ctx.link_for(a.host), gen.socket)
-    return True
+        release_owed(ctx, run.host)
+    link(ctx, run.host, gen)
+    return None
 
 
-def _slot_current(s: Session, ctx: Context, a: Attempt, gen: Generation) -> None:
-    """A host of instances: this slot's successor is current, the attempt goes on to the
-    next slot (back at stopping_old: nothing is left to stop, the build is published)."""
-    steps.gate(s, ctx, a)
-    steps.make_current_in(s, gen)
-    set_build(s, a.host, a.build_id)
-    steps.step_to(s, a, AttemptStep.stopping_old)
-    emit(s, "switched_slot", a.host, gen.id, attempt=a.id, slot=gen.slot)
+def _current_in(s: Session, run: Run, gen: Generation) -> None:
+    deploy.make_current_in(s, gen)
+    set_build(s, run.host, run.build_id)
+    emit(s, "switched_slot", run.host, gen.id, attempt=run.id, slot=gen.slot)
 
 
-def _admit(ctx: Context, a: Attempt) -> Build | None:
+def _admit(ctx: Context, run: Run, steps: Steps) -> tuple[Run, Steps, Build] | None:
     """A queued attempt: admitted, then the old generation made a retiring member. None when it
     ended at admission (the host was asleep) or gave way to it (a worker's own restart)."""
-    build = steps.verify(ctx, a)
-    coalesced: list[int] = []  # a worker's own queued restart that gave way to this
+    build = deploy.verify(ctx, run)
 
-    def admit(s: Session) -> bool:
-        if steps.admit_in(s, ctx, a, coalesced) is None:
-            return False
-        steps.step_to(s, a, AttemptStep.admitted, fence=a.fence)
-        return True
+    def admission(s: Session) -> tuple[Run | None, list[Step]]:
+        coalesced: list[int] = []  # a worker's own queued restart that gave way to this
+        admitted = deploy.admit_in(s, ctx, run, coalesced)
+        if isinstance(admitted, Step):
+            return None, [admitted, *([Step(None, COALESCED)] if coalesced else [])]
+        ran = admitted[1]
+        return ran, [Step(AttemptStep.admitted, deploy.ADMITTED, values={"fence": ran.fence})]
 
-    if not ctx.store.write(admit):
-        if coalesced:
-            crashpoint(COALESCED)
+    ran = steps.decide(admission, gated=False)  # it gates once it has read the fence
+    if ran is None:
         return None
-    crashpoint(steps.ADMITTED)
-    _stop_old(ctx, a)
-    return build
+    steps = deploy.gated(ctx, ran, steps.row.at)
+    return _stop_old(ctx, ran, steps), steps, build
 
 
-def _resume(ctx: Context, a: Attempt) -> Build:
+def _resume(ctx: Context, run: Run, steps: Steps) -> Build:
     """An attempt found mid-way: a successor of an earlier try is ended before another one
     is written."""
-    if a.step in (AttemptStep.spawning, AttemptStep.spawned, AttemptStep.healthy,
-                  AttemptStep.settled):
+    if steps.row.at in (AttemptStep.spawning, AttemptStep.spawned, AttemptStep.healthy,
+                        AttemptStep.settled):
         # Interrupted after the old one was stopped: end what was starting, start again.
-        def back(s: Session) -> None:
-            _retire_successor(s, a)
-            steps.step_to(s, a, AttemptStep.stopping_old)
-
-        ctx.store.write(back)
-        if a.successor_id is not None:
-            steps.reap_inline(ctx, a.successor_id)
-    elif a.successor_id is not None:
+        steps.commit(Step(AttemptStep.stopping_old, write=lambda s: _retire_successor(s, run)),
+                     gated=False)
+        if run.successor_id is not None:
+            deploy.reap_inline(ctx, run.successor_id)
+    elif run.successor_id is not None:
         # A successor written by a try that died before its spawn step: it never ran,
         # but it is a member; reap it before another one is written.
-        ctx.store.write(lambda s: _retire_successor(s, a))
-        steps.reap_inline(ctx, a.successor_id)
-    return steps.verify(ctx, a)
+        steps.commit(Step(None, write=lambda s: _retire_successor(s, run)), gated=False)
+        deploy.reap_inline(ctx, run.successor_id)
+    return deploy.verify(ctx, run)
 
 
-def _new_successor(s: Session, ctx: Context, a: Attempt, host: Host) -> tuple[Generation, bool]:
+def _new_successor(s: Session, ctx: Context, run: Run, host: Host
+                   ) -> tuple[tuple[Generation, bool], list[Step]]:
     """The successor of the lowest slot with nothing current; True when it is the last."""
-    steps.gate(s, ctx, a)
     taken = set(s.execute(select(Generation.slot).where(
-        Generation.host == a.host, Generation.state == GenState.current)).scalars())
+        Generation.host == run.host, Generation.state == GenState.current)).scalars())
     free = [n for n in range(host.instances) if n not in taken] or [0]
-    g = intend(s, ctx, host, a.build_id, a.fence, slot=free[0])
-    join_set(s, g.id, a.host, MemberRole.spawning, a.fence or 0, attempt_id=a.id)
-    move(s, Attempt, a.id, {"successor_id": g.id},
-         f"attempt #{a.id} successor", fence=steps.BY_STEP)
-    s.flush()
-    return g, len(free) == 1
+    g = deploy.successor_in(s, ctx, run, host, slot=free[0])
+    return (g, len(free) == 1), [Step(None, SUCCESSOR, values={"successor_id": g.id})]
 
 
-def _current(s: Session, ctx: Context, a: Attempt, gen: Generation, clean: bool,
+def _current(s: Session, ctx: Context, run: Run, gen: Generation, clean: bool,
              proven: bool) -> None:
     """The successor is current and the attempt done (a one-shot run that exited 0: nothing
     becomes current, and the lease goes back once nothing else needs it)."""
-    steps.gate(s, ctx, a)
     if clean:
+        a = s.get(Attempt, run.id)
+        if a is None:
+            raise BrokenInvariant(f"attempt #{run.id} is missing")
         clean_attempt(s, ctx, a, gen, proven)
     else:
-        steps.make_current_in(s, gen)
-    set_build(s, a.host, a.build_id)
-    steps.step_to(s, a, AttemptStep.switched)
-    steps.step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=True,
-                  reason="one-shot run exited 0" if clean else "replaced", ended_at=utcnow(),
-                  **({"clean_exit": True} if clean else {}))
-    emit(s, "swapped", a.host, gen.id, attempt=a.id, mode=Mode.hold.value,
-         retired=a.retiring_id, drain_seconds=round(a.drain_seconds or 0.0, 3))
-    attempt_ended(s, a, Outcome.done)
+        deploy.make_current_in(s, gen)
+    set_build(s, run.host, run.build_id)
+    emit(s, "swapped", run.host, gen.id, attempt=run.id, mode=Mode.hold.value,
+         retired=run.retiring_id, drain_seconds=round(run.drain_seconds or 0.0, 3))
+    deploy.ended(s, run)
     if clean:
-        owe_release(s, ctx, a.host)
+        owe_release(s, ctx, run.host)
 
 
-def _retire_successor(s: Session, a: Attempt) -> None:
+def _retire_successor(s: Session, a: Run) -> None:
     """hold: the successor of an interrupted try becomes a retiring member to be reaped."""
     if a.successor_id is None:
         return
@@ -167,56 +166,55 @@ def _retire_successor(s: Session, a: Attempt) -> None:
         mark_retiring(s, g.id, g.state, "hold interrupted before it was current")
         move_many(s, Member, [Member.generation_id == g.id],
                   {"role": MemberRole.retiring, "unproven": True}, f"member g{g.id} retiring",
-                  fence=steps.BY_STEP, col="role", frm=tuple(MemberRole))
+                  fence=deploy.BY_STEP, col="role", frm=tuple(MemberRole))
 
 
-def _stop_old(ctx: Context, a: Attempt) -> None:
-    def step(s: Session) -> None:
-        steps.gate(s, ctx, a)
+def _stop_old(ctx: Context, run: Run, steps: Steps) -> Run:
+    def stop(s: Session) -> tuple[int | None, list[Step]]:
         olds = list(s.execute(select(Generation).where(
-            Generation.host == a.host, Generation.state == GenState.current)
+            Generation.host == run.host, Generation.state == GenState.current)
             .order_by(Generation.slot)).scalars())  # instances: every one
         if not olds:  # a one-shot worker with no run in progress: nothing to stop
-            steps.step_to(s, a, AttemptStep.stopping_old)
-            return
+            return None, [Step(AttemptStep.stopping_old, OLD_STOPPING)]
         for old in olds:
             mark_retiring(s, old.id, GenState.current, "hold swap")
-            join_set(s, old.id, a.host, MemberRole.retiring, a.fence or 0, attempt_id=a.id)
-        steps.step_to(s, a, AttemptStep.stopping_old, retiring_id=olds[0].id)
-        a.retiring_id = olds[0].id
+            join_set(s, old.id, run.host, MemberRole.retiring, run.fence or 0, attempt_id=run.id)
         for old in olds:
             if old.socket:
-                ctx.files.remove_link(ctx.link_for(a.host), only_if_target=old.socket)
+                ctx.files.remove_link(ctx.link_for(run.host), only_if_target=old.socket)
+        return olds[0].id, [Step(AttemptStep.stopping_old, OLD_STOPPING,
+                                 values={"retiring_id": olds[0].id})]
 
-    ctx.store.write(step)
-    crashpoint(OLD_STOPPING)
+    retiring = steps.decide(stop)
+    return run if retiring is None else replace(run, retiring_id=retiring)
 
 
-def _finish_old(ctx: Context, a: Attempt) -> None:
+def _finish_old(ctx: Context, run: Run, steps: Steps) -> Run:
     """The old generation: drain, kill, proof; then the build is published for the start."""
-    if a.step is AttemptStep.admitted:
-        _stop_old(ctx, a)
-    old, drain = steps.end_retiring(ctx, a, mark_unproven=False) if a.retiring_id is not None \
-        else (None, 0.0)
-    others = _end_others(ctx, a)
+    if steps.row.at is AttemptStep.admitted:
+        run = _stop_old(ctx, run, steps)
+    old, drain = deploy.end_retiring(ctx, run, mark_unproven=False) \
+        if run.retiring_id is not None else (None, 0.0)
+    gone = [*_end_others(ctx, run), *([old] if old is not None else [])]
 
-    def step(s: Session) -> None:
-        for g in [*others, *([old] if old is not None else [])]:
+    def proven(s: Session) -> None:
+        for g in gone:
             if s.get(Generation, g.id).state is GenState.retiring:  # type: ignore[union-attr]
                 mark_proven(s, g.id, "hold swap")
             if s.get(Member, g.id) is not None:
-                leave_set(s, ctx, a.host, g.id)
-        mark_published(s, a.build_id)
-        steps.step_to(s, a, AttemptStep.published, drain_seconds=drain)
+                leave_set(s, ctx, run.host, g.id)
 
-    ctx.store.write(step)
-    a.drain_seconds = drain
-    for g in [*others, *([old] if old is not None else [])]:
-        ctx.proc.release(ref_of(g))
-    crashpoint(OLD_STOPPED)
+    def release() -> None:
+        for g in gone:
+            ctx.proc.release(ref_of(g))
+
+    steps.commit(Step(None, write=proven), replace(
+        deploy.published(run.build_id), point=OLD_STOPPED, values={"drain_seconds": drain},
+        then=release), gated=False)
+    return replace(run, drain_seconds=drain)
 
 
-def _end_others(ctx: Context, a: Attempt) -> list[Generation]:
+def _end_others(ctx: Context, a: Run) -> list[Generation]:
     """A host of instances: the attempt's other retiring members (every old slot but the
     one it names), each drained from when it became a member, killed and proven."""
     rows = ctx.store.read(lambda s: s.execute(select(Generation, Member.since).join(

@@ -1,9 +1,12 @@
-"""The steps every deploy attempt shares, overlap or hold: the gate before each step, the
-step written on the attempt row before it is taken, the artifact check, the spawn of the
-successor and its health check, and ending a retiring generation."""
+"""The steps every deploy attempt shares, overlap or hold: the attempt as a plain record
+(`Run`) and the runner of its steps (workflows/lifecycle/start.py) with the gate before
+each one, the artifact check, admission, the successor's start (spawn, record, answer),
+and ending a retiring generation."""
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass, replace
 from datetime import UTC
 
 from sqlalchemy import select
@@ -15,34 +18,29 @@ from models.states import (
     AttemptStep,
     Desired,
     GenState,
-    HostKind,
     MemberRole,
+    Mode,
     Outcome,
 )
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Listener, Member, Wake
-from models.transition import Unfenced, move, move_many
+from models.transition import Unfenced, move_many
 from workflows.base.classify import BuildFailed, Cancelled, Stale
 from workflows.base.context import Context, Held, Poke
-from workflows.base.crash import crashpoint, define
+from workflows.base.crash import define
 from workflows.base.lookups import newest_revision, open_stop
 from workflows.base.queue import wake_host
 from workflows.base.waivers import BY_STATE
 from workflows.builds.book import attempt_ended
 from workflows.builds.staged import mark_published, set_build, staged_problem
-from workflows.generations.access import grant_socket
-from workflows.generations.create import launch, record
+from workflows.generations.create import intend, join_set
 from workflows.generations.ending import end_generation, ref_of
-from workflows.generations.known import note
 from workflows.generations.listeners import stored
-from workflows.generations.readiness import ready_problem
 from workflows.leases.lease import acquire, held_fence
 from workflows.lifecycle.members import drive_member
 from workflows.lifecycle.scale import scaling_down
-from workflows.lifecycle.workers import (
-    settle_one_shot,
-    yield_own_starts,
-)
+from workflows.lifecycle.start import Carrier, Start, Step, Steps, check, current_in, record, spawn
+from workflows.lifecycle.workers import yield_own_starts
 
 # Moves that carry no lease fence, each with the reason it needs none.
 BY_STEP = Unfenced("the attempt's own step guards it; the gate checks the lease before each step")
@@ -59,11 +57,42 @@ DRAIN_TERMED = define("swap.drain_termed", "the retiring generation was sent SIG
 DRAIN_KILLED = define("swap.drain_killed", "the retiring generation's containment was sent SIGKILL")
 
 
+@dataclass(frozen=True)
+class Run:
+    """An attempt as this drive knows it: a plain record, replaced (never changed) as its
+    steps commit. Its step is its runner's (`Steps.row.at`)."""
+
+    id: int
+    host: str
+    build_id: int
+    digest: str
+    revision: int
+    canary: bool
+    mode: Mode
+    fence: int | None
+    successor_id: int | None
+    retiring_id: int | None
+    drain_seconds: float | None
+
+
 def load(ctx: Context, attempt_id: int) -> Attempt | None:
     return ctx.store.read(lambda s: s.get(Attempt, attempt_id))
 
 
-def gate(s: Session, ctx: Context, a: Attempt) -> None:
+def begin(ctx: Context, a: Attempt) -> tuple[Run, Steps]:
+    """The attempt as a record, and the runner of its steps from the step it is at."""
+    run = Run(a.id, a.host, a.build_id, a.digest, a.revision, a.canary, a.effective_mode,
+              a.fence, a.successor_id, a.retiring_id, a.drain_seconds)
+    return run, gated(ctx, run, a.step)
+
+
+def gated(ctx: Context, run: Run, at: enum.Enum) -> Steps:
+    """The runner of the attempt's steps, each commit gated for `run` (its fence)."""
+    return Steps(ctx, Carrier(Attempt, {"id": run.id, "outcome": None}, "step", at, BY_STEP,
+                              gate=lambda s: gate(s, ctx, run), label=f"attempt #{run.id}"))
+
+
+def gate(s: Session, ctx: Context, a: Run) -> None:
     """Re-checked before every step that acts: the newest attempt, the lease, not stopping."""
     if ctx.shutting_down.is_set():  # the gate refusing: stale, not a build failure
         raise Stale("the agent is shutting down")
@@ -77,14 +106,16 @@ def gate(s: Session, ctx: Context, a: Attempt) -> None:
         raise Stale(f"lease of {a.host} lost (fence {a.fence} is no longer held)")
 
 
-def step_to(s: Session, a: Attempt, new: AttemptStep, **values: object) -> None:
-    move(s, Attempt, {"id": a.id, "outcome": None},
-         {"step": new, **values}, f"attempt #{a.id} {a.step.value} -> {new.value}",
-         fence=BY_STEP, col="step", frm=a.step)
-    a.step = new
+def ended(s: Session, run: Run, outcome: Outcome = Outcome.done) -> None:
+    """In the commit that ends the attempt: its failure book and rollout (the row read
+    again in this commit)."""
+    a = s.get(Attempt, run.id)
+    if a is None:
+        raise BrokenInvariant(f"attempt #{run.id} is missing")
+    attempt_ended(s, a, outcome)
 
 
-def verify(ctx: Context, a: Attempt) -> Build:
+def verify(ctx: Context, a: Run) -> Build:
     """The bytes first: an artifact that is not the one chosen never reaches admission."""
     build = ctx.store.read(lambda s: s.get(Build, a.build_id))
     if build is None:
@@ -95,103 +126,100 @@ def verify(ctx: Context, a: Attempt) -> Build:
     return build
 
 
-def admit_in(s: Session, ctx: Context, a: Attempt,
-             coalesced: list[int] | None = None) -> tuple[Host, int] | None:
-    """In the caller's transaction, the checks every admission makes: the gate, a host with
-    nothing current (the attempt ends here: None), and the lease this agent holds (a
-    one-shot run, with nothing running, takes it). Returns the host and the fence."""
+def admit_in(s: Session, ctx: Context, a: Run, coalesced: list[int] | None = None
+             ) -> tuple[Host, Run] | Step:
+    """In the admission's commit, the checks every admission makes: the gate, a host with
+    nothing current (the attempt ends here: the Step that ends it), and the lease this
+    agent holds (a one-shot run, with nothing running, takes it). Returns the host and the
+    attempt with its fence."""
     h = s.get(Host, a.host)
     if h is None:
         raise BrokenInvariant("h is missing")
-    a.fence = held_fence(s, ctx, a.host)
+    a = replace(a, fence=held_fence(s, ctx, a.host))
     scaling = scaling_down(s, a.host)
     if scaling is not None:  # not "being stopped": one slot is, and this replaces the rest after
         raise Held(f"waiting for stop #{scaling[0]} of slot {scaling[1]} of {a.host} (a "
                    "scale-down) to end")
     gate(s, ctx, a)
-    if asleep(s, ctx, a, h, coalesced):
-        return None
+    asleep = _asleep(s, a, h, coalesced)
+    if asleep is not None:
+        return asleep
     if a.fence is None and h.one_shot:  # nothing runs: the run takes the lease
-        a.fence = acquire(s, ctx, a.host)
+        a = replace(a, fence=acquire(s, ctx, a.host))
     if a.fence is None:
         raise Stale(f"this agent does not hold the lease of {a.host}")
-    return h, a.fence
+    return h, a
 
 
-def asleep(s: Session, ctx: Context, a: Attempt, h: Host,
-            coalesced: list[int] | None = None) -> bool:
+def _asleep(s: Session, a: Run, h: Host, coalesced: list[int] | None) -> Step | None:
     """A host with nothing current: the build is set for its next start (a documented
-    choice), and a host that should be up gets a wake. True when the attempt ended here."""
+    choice), and a host that should be up gets a wake. The Step that ends the attempt."""
     if s.execute(select(Generation.id).where(Generation.host == a.host,
                                              Generation.state == GenState.current)).first():
-        return False
+        return None
     waking = s.execute(select(Wake.id).where(Wake.host == a.host, Wake.state.in_(OPEN_WAKE))).first()
     # A worker's own restart still waiting out its backoff gives way: this attempt spawns.
     if waking is not None and not yield_own_starts(s, a.host, coalesced):
         raise Held(f"waiting for wake #{waking.id} of {a.host}")
     if h.one_shot:
-        return False  # a one-shot worker's attempt runs the job itself (clean_exit recorded)
+        return None  # a one-shot worker's attempt runs the job itself (clean_exit recorded)
     set_build(s, a.host, a.build_id)
     reason = "host was not running: build set for its next wake"
     if h.desired is Desired.up:
         wake_host(s, a.host, "deploy")
         reason = "host was down: build set and a wake queued"
-    step_to(s, a, AttemptStep.ended, outcome=Outcome.done, executed=False, reason=reason,
-            ended_at=utcnow())
     emit(s, "deployed_asleep", a.host, attempt=a.id, reason=reason)
-    attempt_ended(s, a, Outcome.done)
-    return True
+    return Step(AttemptStep.ended, None, lambda s: ended(s, a), {
+        "outcome": Outcome.done, "executed": False, "reason": reason, "ended_at": utcnow()})
 
 
-def publish_in(s: Session, a: Attempt) -> None:
-    """In the caller's transaction: the build is written as referenced, the step moves."""
-    mark_published(s, a.build_id)
-    step_to(s, a, AttemptStep.published)
+def successor_in(s: Session, ctx: Context, a: Run, host: Host, slot: int = 0) -> Generation:
+    """In the caller's commit: the successor's generation (intent) and its member row."""
+    g = intend(s, ctx, host, a.build_id, a.fence, slot=slot)
+    join_set(s, g.id, a.host, MemberRole.spawning, a.fence or 0, attempt_id=a.id)
+    return g
 
 
-def publish(ctx: Context, a: Attempt) -> None:
+def published(build_id: int) -> Step:
     """Publish before exec: the build is referenced in the store before any of it runs."""
-
-    def step(s: Session) -> None:
-        gate(s, ctx, a)
-        publish_in(s, a)
-
-    ctx.store.write(step)
-    crashpoint(PUBLISHED)
+    return Step(AttemptStep.published, PUBLISHED, lambda s: mark_published(s, build_id))
 
 
-def spawn(ctx: Context, a: Attempt, host: Host, build: Build, gen: Generation) -> Generation:
-    def intent(s: Session) -> list[Listener]:
-        gate(s, ctx, a)
+def start(ctx: Context, steps: Steps, a: Run, host: Host, build: Build,
+          gen: Generation) -> Generation:
+    """The successor's spawn: its step written (gated, the build published), exec'd, its
+    pid recorded; the generation as recorded."""
+    def intent(s: Session) -> tuple[list[Listener], list[Step]]:
         if s.execute(select(Build.published_at).where(Build.id == a.build_id)).scalar() is None:
             raise Stale("build not published")
-        step_to(s, a, AttemptStep.spawning)
-        return stored(s, host.name)  # the listeners, read here rather than in a read of their own
+        return stored(s, host.name), [Step(AttemptStep.spawning, SPAWNING)]
 
-    listeners = ctx.store.write(intent)
-    crashpoint(SPAWNING)
-    spawned = launch(ctx, host, build, gen, listeners)
-    crashpoint(EXECD)
-
-    def recorded(s: Session) -> None:
-        record(s, gen, spawned, BY_STATE)
-        step_to(s, a, AttemptStep.spawned)
-
-    ctx.store.write(recorded)
-    gen.pid, gen.create_time, gen.state = spawned.pid, spawned.create_time, GenState.running
-    crashpoint(SPAWNED)
-    note(ctx, {gen.id: ref_of(gen)})  # what it forked already (mostly nothing yet)
-    return gen
+    listeners = steps.decide(intent)  # the listeners, read here rather than in a read of their own
+    go = Start(host, build, gen, EXECD, Step(AttemptStep.spawned, SPAWNED), listeners)
+    running = spawn(ctx, go)
+    record(steps, go, running, BY_STATE)
+    return running
 
 
-def check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Generation) -> bool:
-    """Health, then the optional canary settle: failures here are the build's own.
-    True when a one-shot run already exited 0."""
-    clean = probe(ctx, host, gen)
-    ctx.store.write(lambda s: healthy_in(s, ctx, a, gen))
-    crashpoint(HEALTHY)
-    if not a.canary or clean:
-        return clean
+def answer(ctx: Context, host: Host, gen: Generation, *, walk: bool = True) -> bool:
+    """The successor's health (a worker: that it lives). Raises BuildFailed for the build's
+    own failure; True when a one-shot run already exited 0."""
+    found = check(ctx, host, gen, walk=walk)
+    if found.problem is not None:
+        raise (BuildFailed if found.build_fault else Stale)(found.problem)
+    return found.clean
+
+
+def healthy(gen: Generation) -> Step:
+    """The successor is written healthy (its member a successor)."""
+    return Step(AttemptStep.healthy, HEALTHY, lambda s: move_many(
+        s, Member, [Member.generation_id == gen.id], {"role": MemberRole.successor},
+        f"member g{gen.id} successor", fence=BY_STEP, col="role", frm=MemberRole.spawning))
+
+
+def settle(ctx: Context, steps: Steps, a: Run, gen: Generation) -> None:
+    """The optional canary settle: the successor must stay alive (the gate re-checked
+    every half second), then its step is written."""
     ref = ref_of(gen)
     deadline = ctx.clock.now() + ctx.settle_seconds
     next_gate = 0.0
@@ -202,57 +230,16 @@ def check(ctx: Context, a: Attempt, host: Host, gen: Generation, _spawned: Gener
             ctx.store.read(lambda s: gate(s, ctx, a))
             next_gate = ctx.clock.now() + 0.5
         ctx.clock.sleep(0.05)
-    def settled(s: Session) -> None:
-        gate(s, ctx, a)
-        step_to(s, a, AttemptStep.settled)
-    ctx.store.write(settled)
-    crashpoint(SETTLED)
-    return False
-
-
-def probe(ctx: Context, host: Host, gen: Generation, *, walk: bool = True) -> bool:
-    """The successor's health (a worker: that it lives). Raises BuildFailed for the build's
-    own failure; True when a one-shot run already exited 0. `walk` False: the caller walks
-    the descendants (readiness.ready_problem)."""
-    ref = ref_of(gen)
-    clean = False
-    if host.kind is HostKind.instance:
-        problem = ready_problem(ctx, host, gen, walk=walk)
-        if problem is not None:
-            raise BuildFailed(problem)
-        # before the switch makes it canonical
-        problem = grant_socket(ctx, host, gen.socket) if gen.socket else None
-        if problem is not None:
-            raise Stale(problem)
-    elif host.one_shot:
-        code = settle_one_shot(ctx, ref)
-        if code not in (None, 0):
-            raise BuildFailed(f"one-shot run exited with status {code}")
-        clean = code == 0
-    elif not ctx.proc.leader_alive(ref):
-        raise BuildFailed("worker exited right after its start")
-    return clean
-
-
-def healthy_in(s: Session, ctx: Context, a: Attempt, gen: Generation) -> None:
-    """In the caller's transaction: the successor is written healthy."""
-    gate(s, ctx, a)
-    move_many(s, Member, [Member.generation_id == gen.id], {"role": MemberRole.successor},
-              f"member g{gen.id} successor", fence=BY_STEP, col="role",
-              frm=MemberRole.spawning)
-    step_to(s, a, AttemptStep.healthy)
+    steps.commit(Step(AttemptStep.settled, SETTLED))
 
 
 def make_current_in(s: Session, gen: Generation) -> None:
     """In the caller's transaction: the successor is current and no longer a member."""
-    move(s, Generation, gen.id,
-         {"state": GenState.current, "current_at": utcnow()},
-         f"generation g{gen.id} running -> current", fence=BY_STATE, col="state",
-         frm=GenState.running)
+    current_in(s, gen, BY_STATE)
     s.execute(Member.__table__.delete().where(Member.generation_id == gen.id))
 
 
-def end_retiring(ctx: Context, a: Attempt, *, mark_unproven: bool) -> tuple[Generation, float]:
+def end_retiring(ctx: Context, a: Run, *, mark_unproven: bool) -> tuple[Generation, float]:
     """SIGTERM the attempt's retiring generation, its drain up to the host's drain timeout
     (counted from when it became a member), SIGKILL, proof. Returns it and the drain time;
     raises Poke while it is not proven gone (optionally marking the member unproven)."""

@@ -1,6 +1,6 @@
-"""The one place a generation is created, exec'd and has its leader recorded, for a wake
-and for a deploy's successor alike: the row first (write-ahead of the exec), then the
-spawn from the host's spec, then pid and start time in a guarded move."""
+"""A generation's row and its exec, for a wake and a deploy's successor alike (their one
+start is workflows/lifecycle/start.py): the row first (write-ahead of the exec), then the
+spawn from the host's spec; and a generation's member row."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from models.statedir import private_dirs
 from models.states import GenState, HostKind, MemberRole
 from models.store import utcnow
 from models.tables import Build, Generation, Host, Listener, Member
-from models.transition import Fence, Unfenced, move
 from workflows.base.context import Context
 from workflows.base.ports import Spawned, SpawnError, SpawnSpec
 from workflows.generations.access import prepare_socket_dir
@@ -80,14 +79,6 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation,
         raise SpawnError(f"spawn {build.path}: {exc}") from exc
     except OSError as exc:  # the box's fault (log dir, fork), never the build's
         raise SpawnError(f"spawn {build.path}: {exc}", build_fault=False) from exc
-
-
-def record(s: Session, gen: Generation, spawned: Spawned, fence: Fence | Unfenced) -> None:
-    """spawning -> running with the leader's pid and start time (its identity on the box)."""
-    move(s, Generation, gen.id,
-         {"state": GenState.running, "pid": spawned.pid, "create_time": spawned.create_time},
-         f"generation g{gen.id} spawning -> running", fence=fence, col="state",
-         frm=GenState.spawning)
 
 
 _NEW_MEMBER = insert(Member.__table__)  # built once, as _NEW

@@ -21,24 +21,22 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from models.tables import Generation
 from workflows.base.context import Context, Result
-from workflows.base.crash import crashpoint
-from workflows.base.ports import Spawned
 from workflows.generations.ending import ref_of
 from workflows.generations.known import note
 from workflows.lifecycle.order import wake_waiters
+from workflows.lifecycle.start import Step
 from workflows.lifecycle.wake import (
-    CURRENT,
-    RECORDED,
-    Intent,
     Launch,
-    after_intent,
+    at_once,
+    begun,
     drive_wake,
     intent,
-    settle_started,
-    spawn,
+    serve,
+    settle,
+    spawned,
 )
-from workflows.lifecycle.wake_steps import always_on, recorded_current
 
 GROUP = 16  # wakes per group: one drive's share of a round
 Outcome = Result | Exception
@@ -47,14 +45,15 @@ Outcome = Result | Exception
 def drive_wakes(ctx: Context, ids: list[int]) -> dict[int, Outcome]:
     """Advance several wakes as far as each can go now; what each ended as, or raised."""
     out: dict[int, Outcome] = {}
-    started = shared(ctx, [(wake_id, _intent_part(ctx, wake_id)) for wake_id in ids])
+    started = shared(ctx, [(wake_id, functools.partial(intent, ctx=ctx, wake_id=wake_id))
+                           for wake_id in ids])  # each start's first commit
     going: list[Launch] = []
     for wake_id in ids:
         got = started[wake_id]
         try:
             if isinstance(got, Exception):
                 raise got
-            go = after_intent(ctx, *got)
+            go = begun(got)
             if go is None:  # found mid-flight: the single drive settles it
                 out[wake_id] = drive_wake(ctx, wake_id)
             elif isinstance(go, Result):
@@ -105,48 +104,37 @@ def shared(ctx: Context, parts: list[tuple[int, Callable[[Session], Any]]]) -> d
     return ctx.store.write(each)
 
 
-def _intent_part(ctx: Context, wake_id: int) -> Callable[[Session], Any]:
-    """One start's first commit (workflows/lifecycle/wake.py `intent`): (intent, coalesced,
-    elsewhere)."""
-
-    def part(s: Session) -> tuple[Intent | Result, bool, bool]:
-        coalesced: list[int] = []
-        elsewhere: list[bool] = []
-        it = intent(s, ctx, wake_id, coalesced, elsewhere)
-        return it, bool(coalesced), bool(elsewhere)
-
-    return part
-
-
 def _spawn_all(ctx: Context, going: list[Launch], out: dict[int, Outcome]
-               ) -> list[tuple[Launch, Spawned]]:
+               ) -> list[tuple[Launch, Generation]]:
     """Spawn each in turn (its intent is committed); those that must be checked go the
     single wake's way at once, the always-on workers alive come back to be made current."""
     ready = []
     for go in going:
         try:
-            spawned = spawn(ctx, go)
-            if isinstance(spawned, Result):
-                out[go.wake.id] = spawned
-            elif always_on(go.host, go.gen) and ctx.proc.leader_alive(ref_of(go.gen)):
-                ready.append((go, spawned))
+            gen = spawned(ctx, go)
+            if isinstance(gen, Result):
+                out[go.wake.id] = gen
+            elif at_once(ctx, go, gen):
+                ready.append((go, gen))
             else:
-                out[go.wake.id] = settle_started(ctx, go, spawned)
+                out[go.wake.id] = settle(ctx, go, gen)
         except Exception as exc:
             out[go.wake.id] = exc
     return ready
 
 
-def _recorded_current(go: Launch, spawned: Spawned, s: Session) -> None:
-    recorded_current(s, go.wake, go.gen, go.build, spawned, go.ours)
+def _part(go: Launch, steps: tuple[Step, ...]) -> Callable[[Session], Any]:
+    return lambda s: go.steps.take(s, *steps)
 
 
-def _make_current(ctx: Context, ready: list[tuple[Launch, Spawned]],
+def _make_current(ctx: Context, ready: list[tuple[Launch, Generation]],
                   out: dict[int, Outcome]) -> None:
     """One commit: each spawned worker's pid recorded and current, the waiting wakes told
     once; then one walk of all their descendants."""
+    taken = {go.wake.id: (go.start.recorded, serve(go, gen, recorded=False, waiters=False))
+             for go, gen in ready}
     parts: list[tuple[int, Callable[[Session], Any]]] = [
-        (go.wake.id, functools.partial(_recorded_current, go, spawned)) for go, spawned in ready]
+        (go.wake.id, _part(go, taken[go.wake.id])) for go, _ in ready]
     parts.append((0, wake_waiters))  # no wake has id 0
     try:
         written = shared(ctx, parts)
@@ -154,13 +142,12 @@ def _make_current(ctx: Context, ready: list[tuple[Launch, Spawned]],
         out.update({go.wake.id: exc for go, _ in ready})
         return
     failed = {k: v for k, v in written.items() if isinstance(v, Exception) and k}
-    done = [go for go, _ in ready if go.wake.id not in failed]
+    done = [(go, gen) for go, gen in ready if go.wake.id not in failed]
     out.update(failed)
-    for go in done:
-        crashpoint(RECORDED)
-        crashpoint(CURRENT)
+    for go, _ in done:
+        go.steps.taken(*taken[go.wake.id])
         out[go.wake.id] = Result.progress
     try:
-        note(ctx, {go.gen.id: ref_of(go.gen) for go in done})  # the walk at spawn
+        note(ctx, {gen.id: ref_of(gen) for _, gen in done})  # the walk at spawn
     except Exception as exc:  # a sighting lost: the next walk records it again
-        out.update({go.wake.id: exc for go in done})
+        out.update({go.wake.id: exc for go, _ in done})
