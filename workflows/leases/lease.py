@@ -91,39 +91,29 @@ def held_fence(s: Session, ctx: Context, host: str) -> int | None:
     return lease.fence if lease is not None and lease.holder == ctx.agent_id else None
 
 
+def _retainers(host: Any) -> list[tuple[Any, str]]:
+    """What keeps a host's lease (retain until proven): SQL conditions on a host column or
+    name, each with the words that say it."""
+    return [(exists().where(Generation.host == host, Generation.state.in_(LIVE_GEN)),
+             "a generation is live"),
+            (exists().where(Wake.host == host, Wake.state.in_(OPEN_WAKE)), "a wake is open"),
+            (exists().where(Stop.host == host, Stop.state.in_(OPEN_STOP)), "a stop is open"),
+            (exists().where(Member.host == host), "its operation set is not empty"),
+            (exists().where(Restore.host == host), "a parent-limit restore is pending"),
+            (exists().where(Attempt.host == host, Attempt.outcome.is_(None)),
+             "a deploy attempt is open"),
+            (exists().where(Host.name == host, Host.raised.is_(True)),
+             "its parent limit is still raised")]
+
+
 def still_needed(s: Session, host: str) -> str | None:
-    """Why the host must keep its lease (retain until proven), or None when it may go."""
-    gen = s.execute(select(Generation.id, Generation.state).where(
-        Generation.host == host, Generation.state.in_(LIVE_GEN))).first()
-    if gen is not None:
-        return f"generation g{gen.id} is {gen.state.value}"
-    checks: list[tuple[Any, Any, str]] = [
-        (Wake, Wake.state.in_(OPEN_WAKE), "a wake is open"),
-        (Stop, Stop.state.in_(OPEN_STOP), "a stop is open"),
-        (Member, None, "its operation set is not empty"),
-        (Restore, None, "a parent-limit restore is pending"),
-        (Attempt, Attempt.outcome.is_(None), "a deploy attempt is open"),
-    ]
-    for model, cond, why in checks:
-        where = [model.host == host] + ([cond] if cond is not None else [])
-        if s.execute(select(exists().where(*where))).scalar():
-            return why
-    if s.execute(select(Host.raised).where(Host.name == host)).scalar():
-        return "its parent limit is still raised"
-    return None
+    """Why the host must keep its lease, or None when it may go."""
+    return next((why for cond, why in _retainers(host) if s.execute(select(cond)).scalar()), None)
 
 
 def needed(host: Any) -> Any:
     """still_needed() as one SQL condition on a host column, for set-based statements."""
-    return or_(
-        exists().where(Generation.host == host, Generation.state.in_(LIVE_GEN)),
-        exists().where(Wake.host == host, Wake.state.in_(OPEN_WAKE)),
-        exists().where(Stop.host == host, Stop.state.in_(OPEN_STOP)),
-        exists().where(Member.host == host),
-        exists().where(Restore.host == host),
-        exists().where(Attempt.host == host, Attempt.outcome.is_(None)),
-        exists().where(Host.name == host, Host.raised.is_(True)),
-    )
+    return or_(*(cond for cond, _ in _retainers(host)))
 
 
 _LEASES, _RELEASES, _EVENTS = Lease.__table__, Release.__table__, Event.__table__
