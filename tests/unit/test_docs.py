@@ -118,7 +118,7 @@ def test_errors_page_names_every_exit_code() -> None:
 # The words vigil coins, each of which must have a row in the glossary (docs/concepts.md,
 # "Words"). A new word in the code or the docs goes here and there together.
 COINED = """
-adopt agent app attempt backstop bookkeeping box build canary cause chore coalesce
+adopt agent app attempt backstop bookkeeping box build canary carrier cause chore coalesce
 containment converge crashloop current delivery desired doorbell drain drift drive epoch
 fence generation gate halt hold host instance intent keeper kind lease leader listener
 member mode notifier obligation one-shot outcome overlap pacing placement poked probe
@@ -126,9 +126,9 @@ proven raised reap reconciler recovery recycle release restore retiring ring rol
 slot standby step stop store streak successor sweep swap switch takeover target trust
 unproven waiting wake walk wave worker
 """.split() + ["box lease", "canonical link", "captured build", "crash point", "exit watch",
-               "failure book", "fd holder", "fence keeper", "group wake", "held down",
-               "known process", "live build", "log keeper", "operation set", "parent limit",
-               "protocol fact", "quick path", "settle window", "state dir"]
+               "failure book", "fd holder", "fence keeper", "generation start", "group wake",
+               "held down", "known process", "live build", "log keeper", "operation set",
+               "parent limit", "protocol fact", "quick path", "settle window", "state dir"]
 
 
 def glossary() -> set[str]:
