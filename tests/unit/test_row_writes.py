@@ -21,8 +21,7 @@ BOOKKEEPING_COLUMNS = {"next_attempt_at", "attempts", "last_error"}  # pacing: p
 BOOKKEEPING_TABLES = {"AgentRow"}  # the agent's own status row (heartbeat, start, stop)
 # Files other engineers are rewriting (issue 38); the coordinator empties this once they land.
 PENDING = {"workflows/deploys/overlap.py", "workflows/deploys/steps.py",
-           "workflows/lifecycle/members.py", "workflows/lifecycle/workers.py",
-           "workflows/generations/create.py", "workflows/generations/slots.py"}
+           "workflows/generations/create.py"}
 
 
 def _update_root(node: ast.expr) -> ast.Call | None:

@@ -17,7 +17,7 @@ from models.errors import BrokenInvariant, LostRace
 from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole
 from models.store import emit, utcnow
 from models.tables import Generation, Host, Lease, Listener, Member, Restore, Wake
-from models.transition import move
+from models.transition import Unfenced, move, move_many
 from workflows.base.context import Context, Held, Poke, Result
 from workflows.base.crash import crashpoint, define
 from workflows.base.ports import ProcRef
@@ -30,6 +30,10 @@ from workflows.leases.lease import owe_release, release_owed
 from workflows.lifecycle.exits import exit_code, exit_line, oom_line
 from workflows.lifecycle.restarts import schedule, uptime
 from workflows.lifecycle.workers import worker_exited
+
+# What a member's or a restore's write needs instead of the lease fence.
+MEMBER_NOTE = Unfenced("a note on a member row (unproven, retried_at): it moves no state")
+BY_RESTORE = Unfenced("the restore row guards it: deleted in the same commit, it is done once")
 
 EXITED = define("member.exited", "a dead current generation is retiring and a member")
 PROVEN = define("member.proven", "a member is proven gone and has left the set")
@@ -139,8 +143,10 @@ def drive_member(ctx: Context, gen_id: int) -> Result:
         problem = end_generation(ctx, gen, drain_until=since + host.drain_timeout,
                                  drain_rest=shared)
         if problem is not None:
-            ctx.store.write(lambda s: s.execute(Member.__table__.update().where(
-                Member.generation_id == gen_id).values(unproven=True, retried_at=utcnow())))
+            ctx.store.write(lambda s: move_many(
+                s, Member, [Member.generation_id == gen_id],
+                {"unproven": True, "retried_at": utcnow()}, f"member g{gen_id} unproven",
+                fence=MEMBER_NOTE))
             raise Poke(problem)
 
     def step(s: Session) -> None:
@@ -191,7 +197,8 @@ def drive_restore(ctx: Context, restore_id: int) -> Result:
             raise Poke(f"parent limit restore of {r.host} failed: {exc}") from None
 
     def step(s: Session) -> None:
-        s.execute(Host.__table__.update().where(Host.name == r.host).values(raised=False))
+        move_many(s, Host, [Host.name == r.host], {"raised": False},
+                  f"parent limit of {r.host} restored", fence=BY_RESTORE)
         s.execute(Restore.__table__.delete().where(Restore.id == restore_id))
         emit(s, "restored", r.host, tier_mb=host.memory_tier_mb)
         owe_release(s, ctx, r.host)

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from models import facts
 from models.durations import check_seconds
 from models.errors import BadInput, BrokenInvariant, LostRace
 from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole, WakeState
@@ -179,8 +180,7 @@ def yield_own_starts(s: Session, host: str, cancelled: list[int] | None = None) 
 
 
 def mark_good(s: Session, build_id: int) -> None:
-    s.execute(update(Build).where(Build.id == build_id, Build.good_at.is_(None))
-              .values(good_at=utcnow()))
+    facts.stamp(s, Build, {"id": build_id}, "good_at", utcnow())
 
 
 def stage_live(s: Session, host: str, build: Build) -> None:
@@ -362,7 +362,8 @@ def _replace(ctx: Context, gen: Generation, host: Host, cause: str, build_id: in
         join_set(s, gen.id, gen.host, MemberRole.retiring, lease.fence)
         enqueue_wake(s, gen.host, cause, build_id=build_id)
         if cause == "converge":  # a recycle keeps the drift's age: it must not starve it
-            s.execute(update(Host).where(Host.name == gen.host).values(drift_since=None))
+            move_many(s, Host, [Host.name == gen.host], {"drift_since": None},
+                      f"drift of {gen.host} cleared", fence=BY_STATE)
         emit(s, "converging" if cause == "converge" else "recycling", gen.host, gen.id,
              reason=why, sweep=sweep_no, onto_build_id=build_id or host.build_id)
         return True
