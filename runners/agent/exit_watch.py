@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from runners.agent.trust import Trouble, guarded, no_trouble
+from runners.agent.trust import Trouble, guarded
 from runners.base.pids import CTIME_TOLERANCE, pid_status
 
 log = logging.getLogger("vigil.watch")
@@ -95,7 +95,7 @@ class ExitWatcher:
     def __init__(self, leaders: Callable[[], dict[int, tuple[int, float]]],
                  on_exit: Callable[[set[int]], bool | None], settle: float = 0.25,
                  per_leader: float = 0.001, settle_max: float = 2.0,
-                 trouble: Trouble = no_trouble) -> None:
+                 trouble: Trouble = lambda exc: False) -> None:
         self.leaders = leaders
         self.on_exit = on_exit
         self.trouble = trouble  # True: the store failed and the agent has said so

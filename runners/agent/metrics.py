@@ -81,7 +81,6 @@ def _histogram(name: str, doc: str, values: Sequence[float],
     return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=float(sum(values)))
 
 
-
 def _instances(slots: list[tuple[str, dict[str, Any]]]) -> Iterator[Metric]:
     """Each instance of a host of instances, as `vigil status` shows its slot."""
     up = GaugeMetricFamily("vigil_instance_up", "Each instance of a host of instances: 1 "

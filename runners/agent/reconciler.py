@@ -14,7 +14,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from models.errors import BrokenInvariant
 from models.store import utcnow
-from runners.agent.trust import StoreTrust
+from runners.agent.trust import StoreTrust, guarded
 from workflows.base.context import Context, Result
 from workflows.engine.claim import claim
 from workflows.engine.obligations import (
@@ -129,18 +129,15 @@ class Reconciler:
             if self.ctx.shutting_down.is_set():
                 return
             self.bell.rung.clear()
-            try:
+            with guarded(self._store_failed, log, "a round failed; the next kick or the scan retries"):
                 self.round(fresh=False)  # the bell notes whether the round must read afresh
-            except Exception as exc:
-                if not self._store_failed(exc):
-                    log.exception("a round failed; the next kick or the scan retries")
 
     def _store_failed(self, exc: BaseException) -> bool:
         """The store itself failed (said once by the watch, not as a traceback): pause the
         rounds for the ordinary backoff, then try again."""
         if self.trust is None or not self.trust.trouble(exc):
             return False
-        wait = backoff(self.trust.failures)
+        wait = backoff(self.trust.watch.failures)
         self._paused_until = time.monotonic() + wait
         if not self.ctx.shutting_down.is_set() and self.trust.watch.acting:
             at = datetime.now(UTC) + timedelta(seconds=wait)
@@ -288,26 +285,21 @@ class Reconciler:
 
     def _drain(self) -> None:
         """Store-only rows go in groups, one transaction per batch (workflows/obligations)."""
-        try:
+        with guarded(self._store_failed, log,
+                     "a batch of store-only obligations failed; the next round retries it"):
             n, more = drain_batches(self.ctx)
-        except Exception as exc:
-            if not self._store_failed(exc):
-                log.exception("a batch of store-only obligations failed; the next round retries it")
-            return
-        if n:
-            log.info("batch rows=%d", n)
-        if more:  # the cap let this round's per-host rows go first; the rest next round
-            self.kick()
+            if n:
+                log.info("batch rows=%d", n)
+            if more:  # the cap let this round's per-host rows go first; the rest next round
+                self.kick()
 
     def _claim(self, admitted: list[Due]) -> list[Due] | None:
         """On PostgreSQL, only the rows this agent claimed (workflows/engine/claim.py); rows another
         agent claimed first free their slot for the next due host. None: the claim failed."""
-        try:
+        with guarded(self._store_failed, log, "claiming %d row(s) failed; the next round tries "
+                     "again", len(admitted)):
             return claim(self.ctx, admitted)
-        except Exception as exc:
-            if not self._store_failed(exc):
-                log.exception("claiming %d row(s) failed; the next round tries again", len(admitted))
-            return None
+        return None
 
     def _drive(self, work: list[Due]) -> None:
         try:

@@ -23,10 +23,6 @@ SCHEMA_EVERY = 2.0  # seconds between checks that the schema is still the one it
 Trouble = Callable[[BaseException], bool]  # True: the store's own failure, said by the watch
 
 
-def no_trouble(exc: BaseException) -> bool:
-    return False
-
-
 @contextmanager
 def guarded(trouble: Trouble, logger: logging.Logger | None = None, what: str = "",
             *args: object) -> Iterator[None]:
@@ -67,10 +63,6 @@ class StoreTrust:
             self.check_schema(now=True)
             return not self.watch.acting
         return False
-
-    @property
-    def failures(self) -> int:
-        return self.watch.failures  # consecutive whole-store failures: the rounds' backoff
 
     def may_act(self) -> bool:
         """False once the store cannot be trusted: the files this agent opened are no longer
