@@ -131,11 +131,20 @@ unproven waiting wake walk wave worker
                "parent limit", "protocol fact", "quick path", "settle window", "state dir"]
 
 
-def glossary() -> set[str]:
-    """The words with a row in the glossary (a word of two senses: `held (listener)`)."""
+def glossary_rows() -> list[str]:
+    """The glossary's words in the order of its rows (`held (listener)`: one of two senses)."""
     text = (ROOT / "docs/concepts.md").read_text()
     table = text[text.index("## Words"):text.index("\n## ", text.index("## Words") + 1)]
-    return {re.sub(r" \(.*\)$", "", m) for m in re.findall(r"^\| ([^|]+?) \|", table, re.M)}
+    return re.findall(r"^\| ([^|]+?) \|", table, re.M)[2:]  # past `word` and `---`
+
+
+def glossary() -> set[str]:
+    return {re.sub(r" \(.*\)$", "", w) for w in glossary_rows()}
+
+
+def test_the_glossary_is_in_alphabetical_order() -> None:
+    rows = glossary_rows()
+    assert rows == sorted(rows, key=str.lower), "docs/concepts.md: keep the glossary's rows sorted"
 
 
 def singular(table: str) -> str:
