@@ -59,7 +59,7 @@ from tests.model.apps import write_app
 from tests.model.box import Box, CrashTrap, template_db
 from workflows.base import crash as crash_mod
 from workflows.deploys.request import request_deploy
-from workflows.leases.box import live
+from models.facts import live
 from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.wake import request_wake
 
