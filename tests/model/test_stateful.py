@@ -49,6 +49,7 @@ from sqlalchemy.orm import Session
 
 import workflows.engine.obligations  # noqa: F401  (registers every crash point)
 import workflows.engine.recovery  # noqa: F401
+from models.facts import live
 from models.states import Cause, Mode
 from models.store import utcnow
 from models.tables import Attempt, BoxLease, Build, Host, Lease
@@ -59,7 +60,6 @@ from tests.model.apps import write_app
 from tests.model.box import Box, CrashTrap, template_db
 from workflows.base import crash as crash_mod
 from workflows.deploys.request import request_deploy
-from models.facts import live
 from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.wake import request_wake
 
