@@ -1,5 +1,6 @@
-"""The agent's start and stop: the state dir's lock (one agent per state dir), its row in
-the store, the doorbell the CLI rings, and the wait for SIGTERM/SIGINT."""
+"""The agent's start and stop: the state dir's lock (one agent per state dir) and the SQLite
+file's (one agent per store), its row in the store, the doorbell the CLI rings, and the
+wait for SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
 import psutil
@@ -17,9 +19,48 @@ from sqlalchemy import update
 from models.errors import Refused
 from models.store import emit, utcnow
 from models.tables import Agent as AgentRow
-from runners.agent.storelock import hold_sqlite_store
 from runners.base.doorbell import DOORBELL, LOCK, take_lock
 from workflows.base.context import Context
+
+
+def _holder(path: Path) -> str | None:
+    """The pid holding a flock on `path`, from /proc/locks (which names it)."""
+    try:
+        st = os.stat(path)
+        rows = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for row in rows:
+        cols = row.split()
+        if len(cols) >= 6 and cols[1] == "FLOCK" and cols[3] == "WRITE":
+            if int(cols[5].rsplit(":", 1)[-1]) == st.st_ino:
+                return cols[4]
+    return None
+
+
+def hold_sqlite_store(url: str, state_dir: Path) -> IO[bytes] | None:
+    """The open database file, flocked for as long as the agent runs: the state dir's own
+    lock keeps out a second agent of the same state dir; this one keeps out an agent of
+    another state dir pointed at the same file, which would take hosts into its own `run/`
+    (SQLite's POSIX record locks are independent of flock on Linux: the two never meet).
+    None when the store is not a SQLite file (agents on one PostgreSQL store are fenced by
+    leases)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = Path(url.removeprefix("sqlite:///").split("?", 1)[0])
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (held for the agent's life)
+    except OSError:
+        return None  # no file yet: the store's own open says why
+    if not take_lock(f):
+        f.close()
+        other = _holder(path)
+        who = f"pid {other}" if other else "another process"
+        raise Refused(f"another agent ({who}) already runs on the database {path}, from another "
+                      f"state dir than {state_dir}",
+                      "one agent per SQLite store: stop it, or run this one with its state dir "
+                      "(VIGIL_HOME)") from None
+    return f
 
 
 def lock_state_dir(ctx: Context) -> tuple[IO[str], IO[bytes] | None]:
