@@ -1,23 +1,16 @@
-"""Limits on a generation's cgroup (`host add --memory-max --cpu-quota --pids-max`) and its
-rlimits (`--limit-nofile`, `--limit-core`: the two of systemd's Limit*= an app server
-needs; the others are the agent's own).
+"""Limits on a generation's cgroup (`--memory-max --cpu-quota --pids-max`) and its rlimits
+(`--limit-nofile`, `--limit-core`: the two of systemd's Limit*= an app server needs).
 
-Each limit lives on the controller of the same name: cgroup v2 where vigil's cgroup base
-has it in `cgroup.subtree_control` (delegated), else the cgroup v1 hierarchy of that name
-where one is mounted writable (hybrid and legacy boxes: `<mount>/vigil/<uuid>`). Neither:
-the limit is refused at `host add`/`apply` naming what is missing, and a start that meets
-such a box (the host was added elsewhere) fails without running anything.
+Each cgroup limit lives on the controller of its name: cgroup v2 where vigil's base has it in
+`cgroup.subtree_control`, else that v1 hierarchy where mounted writable
+(`<mount>/vigil/<uuid>`); neither: refused at `host add`/`apply`, and a start on such a box
+fails before running anything. A host with a memory tier (`memory_tier_mb`) has a v1 memory
+parent of its own, `<mount>/vigil/hosts/<box>/<host>` limited to the tier, so an overlap's
+raise to twice the tier (runners/backend/limits.py) holds both generations.
 
-A host with a memory tier (`memory_tier_mb`, the seeds' parent limit) has a parent of its
-own on the v1 memory hierarchy, `<mount>/vigil/hosts/<box>/<host>` (the box: the agent's id,
-so two state dirs on one machine never share one), made with the tier as its
-limit; each of its generations' memory cgroups lives inside it, so an overlap's raise to
-twice the tier (runners/backend/limits.py) holds the old and the new generation together.
-
-The join is the shim's, as root, before the user switch and the exec: `echo $$` into each
-v1 `cgroup.procs`, `ulimit -n`/`-c` for the rlimits, then exec what follows (setpriv or the app).
-An app killed by the kernel's OOM killer is told apart by its cgroup's `oom_kill` counter
-(v1 `memory.oom_control`, v2 `memory.events`), read before its cgroups are removed.
+The shim joins, as root before the user switch: `echo $$` into each v1 `cgroup.procs`,
+`ulimit -n`/`-c`, then exec. An OOM kill is told by the cgroup's `oom_kill` counter (v1
+`memory.oom_control`, v2 `memory.events`), read before its cgroups are removed.
 """
 
 from __future__ import annotations

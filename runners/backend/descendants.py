@@ -1,35 +1,18 @@
 """Known descendants: what a walk of the process table saw below a generation's leader.
 
-A generation's containment is its cgroup (where the box delegates one) or its session plus
-the `VIGIL_GENERATION` marker. A descendant running as the agent's user (root, for a root
-app) can leave both: it writes its pid into another cgroup's `cgroup.procs` and re-execs
-with an empty environment. Neither the cgroup nor the marker scan finds it then. What
-still names it is its parentage: until its parent exits it is a child of a process of the
-generation, whatever cgroup or environment it has. So the agent walks the leader's
-descendants (each process's children files, /proc/<pid>/task/<tid>/children; by ppid, in
-one read of the process table, where the kernel has none) at spawn, after the health check,
-at every ongoing probe and at the liveness backstop, and the workflows write what it sees
-(pid + start time) to `known_processes`. The proof counts a recorded pid whose start time
-still matches and that is not a zombie as a live process of the generation, and the kill
-path signals it (pidfd-verified); `vigil check` flags one alive after its generation was
-proven gone.
+A descendant running as the agent's user can leave both the cgroup (writing another
+`cgroup.procs`) and the `VIGIL_GENERATION` marker (re-exec with an empty environment);
+until its parent exits, its parentage still names it. So the agent walks the leader's
+descendants (/proc/<pid>/task/<tid>/children, else by ppid in one read of the process table)
+at spawn, after health, at each probe and at the liveness backstop, and the workflows record
+them (pid + start time) in `known_processes`: the proof counts a live matching one, the kill
+path signals it (pidfd-verified), `vigil check` flags one alive after its generation's proof.
 
-What remains uncatchable, honestly:
-- a descendant that escapes *and* is reparented (its parent exits: a double fork, or its
-  parent dies) between two walks, before any walk saw it: nothing on the box ties it to the
-  generation any more (its ppid is 1 or a subreaper, its cgroup and environment are
-  someone else's). The walks run at spawn, after health, at each probe (every
-  `--health-interval`) and at the backstop (30 s), so the window is that long;
-- a double fork faster than the walk at spawn (the leader forks, the child forks and
-  exits at once): the same case, in the first milliseconds;
-- a descendant that runs as another user (after setuid) and clears its environment: the
-  walk still sees it while it has a parent in the generation, but the marker scan counts
-  only the generation's own uid (so another user cannot pose as a generation);
-- a pid recorded and then reused by an unrelated process started within CTIME_TOLERANCE
-  of the recorded start time (the same margin every pid identity here gives up).
-Making the agent a child subreaper (PR_SET_CHILD_SUBREAPER) would catch the reparented
-ones that started below it, but the agent is restarted and its apps outlive it, so the
-orphans of a previous agent would still go to PID 1; not done.
+Still uncatchable: a descendant that escapes *and* is reparented before any walk saw it (a
+double fork between two walks, or faster than the walk at spawn); one of another user that
+clears its environment once it has no parent in the generation (the marker scan counts the
+generation's uid only); a recorded pid reused within CTIME_TOLERANCE of its start time. A
+child subreaper would not help: the agent restarts and its apps' orphans go to PID 1.
 """
 
 from __future__ import annotations

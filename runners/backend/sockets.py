@@ -1,20 +1,15 @@
-"""Socket access: let a non-root proxy (nginx) connect to a host's canonical socket while
-the state directory stays private.
+"""Socket access: a non-root proxy (nginx) in socket group G (`vigil agent --socket-group`,
+or per host `host add --socket-group`, which wins) connects to a host's canonical socket
+while the state directory stays private:
 
-With a socket group G (agent-wide `vigil agent --socket-group G`, or per host
-`host add --socket-group G`, which wins):
+- the state dir and `run/` are group G, 0710 (pass, not list); 0711 when hosts name
+  different groups, and the next two steps keep each app private;
+- `run/<host>/` is group G, 0710;
+- each generation's socket is group G, mode `socket_mode` (0660), set after the health check
+  and before the switch makes it canonical (a crash between: nothing ever linked to it).
 
-- the state dir and `run/` are group G, mode 0710: members of G may pass through them,
-  not list them. When hosts name different groups, both become 0711 (anyone may pass, no
-  one may list), and what keeps each app private is the next two steps;
-- `run/<host>/` is group G, mode 0710;
-- each generation's socket is group G, mode `socket_mode` (default 0660). The agent sets
-  it after the health check and before the switch makes the socket canonical, so a crash
-  in between is harmless: the successor is abandoned and nothing ever linked to it.
-
-Everything else in the state dir is owner-only: `settle` (on agent start) makes `builds/`
-and `logs/` 0700 and strips group and other bits from every other entry; the database is
-0600. Without any socket group all of it stays (or becomes again) 0700.
+All else is owner-only: `settle` (agent start) makes `builds/` and `logs/` 0700 and strips
+group and other bits elsewhere; the database is 0600; no socket group: all 0700.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Running a host's generations as a user of their own (`host add --user/--group`).
 
-The switch happens in the child, after the cgroup join and before the app's exec, and
-costs no interpreter of its own: what is exec'd (after the shims, which run as root: only
-root may join a cgroup) is `setpriv --reuid --regid --groups -- APP` (util-linux), which
-calls setgroups (the user's groups from the group database), setregid and setreuid, then
-execs the app. One exec more than today. Popen's own switch (`user=`, `group=`,
-`extra_groups=`, done in C between fork and exec) was measured slower on these boxes: it
-keeps Popen from using vfork, so the agent's whole address space is copied at each spawn
-(bench/spawn_user.py: 12.3 ms against setpriv's 6.9 ms, today's spawn 2.9-4.5 ms).
+The switch is in the child, after the shims (root: only root may join a cgroup) and before
+the app: `setpriv --reuid --regid --groups -- APP` (util-linux), one exec more. Popen's own
+`user=`/`group=` keeps it from using vfork, copying the agent's address space at each spawn
+(bench/spawn_user.py: 12.3 ms against setpriv's 6.9 ms).
 
-What the app is given, and nothing more: traversal (never listing) of the state dir,
-`builds/` and its own build's directory (0711), its `run/<host>/` directory as owner (it
-binds `$VIGIL_SOCKET` there), its NOTIFY_SOCKET as owner; the log pipe and listeners are
-fds it inherits. The store (0600), the control socket (0600), `logs/` (0700) and every
-other host's `run/<host>/` (0700, another owner) stay closed to it.
+The app gets only: traversal (not listing) of the state dir, `builds/` and its build's
+directory (0711), its `run/<host>/` and NOTIFY_SOCKET as owner, and the fds it inherits
+(log pipe, listeners). The store and control socket (0600), `logs/` (0700) and every other
+host's `run/<host>/` stay closed to it.
 """
 
 from __future__ import annotations

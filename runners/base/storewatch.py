@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from sqlalchemy.exc import DBAPIError
 
 from models.errors import StoreTrouble
 from models.store import Store
@@ -101,7 +100,6 @@ class StoreWatch:
         self.back_after = back_after
         self.url = url
         self.on_halt = on_halt
-        self.recheck: Callable[[], None] | None = None  # checks the schema now (the agent's)
         self.state_dir = state_dir
         self.log = log
         self.clock = clock
@@ -131,11 +129,6 @@ class StoreWatch:
         if t is not None:
             t = refine(t, self.url)
         if t is None or not t.whole_store:
-            # A statement the store refused ("no such table", "no such column"): is the
-            # schema still the one this agent knows? If not, that is the line to say.
-            if self.recheck is not None and isinstance(exc, DBAPIError):
-                self.recheck()
-                return self.halted is not None
             return False
         line = exc.line() if isinstance(exc, StoreTrouble) else explain(t, self.url, agent=True).line()
         if t.halts:

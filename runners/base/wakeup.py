@@ -1,19 +1,14 @@
 """Wake-up across boxes: a round starts as soon as any box writes an intent.
 
-- PostgreSQL: an intent row rings, in its own transaction, the channel of each box its host
-  is placed on (box_channel()), or the shared channel `vigil` for an unplaced host or a
-  rollout: a trigger on each intent table does it (migration 0031), so every writer rings,
-  the CLI, an agent admitting a rollout's wave for other boxes' hosts, plain SQL. A change
-  tied to no intent row (a host's config, a rollout's pause) rings the shared channel
-  (notify_boxes()). Every agent LISTENs on a dedicated connection to its own box's channel
-  and the shared one, and kicks a round per notification: an intent costs a round on the
-  boxes that may act on it, not on the whole fleet.
+- PostgreSQL: a trigger on each intent table (migration 0031) rings the channel of each box
+  its host is placed on (box_channel()), or the shared channel `vigil` for an unplaced host
+  or a rollout, whoever writes (CLI, agent, plain SQL); a change tied to no intent row rings
+  the shared channel (notify_boxes()). Each agent LISTENs to its box's channel and the
+  shared one on a connection of its own: an intent costs a round only where it may be acted on.
 - SQLite (one box): the CLI rings the doorbell socket; the agent also polls
-  `PRAGMA data_version` on a connection of its own every second, which changes whenever
-  another connection committed (a writer that did not ring, e.g. the sqlite3 shell).
-  The agent's own commits change it too (its other connections): a change in a second
-  when this agent also wrote starts a round only when an obligation is open, so an idle
-  agent's heartbeat (every TTL/3) is not a round over every host.
+  `PRAGMA data_version` every second (a writer that did not ring, e.g. the sqlite3 shell).
+  Its own commits change it too, so a change in a second when it also wrote starts a round
+  only while an obligation is open (an idle agent's heartbeat is not a round).
 """
 
 from __future__ import annotations

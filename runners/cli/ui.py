@@ -1,24 +1,18 @@
-"""`vigil ui`: a read-only status page served from the store by a process of its own, never
-the agent's: every host and its generation (what `vigil top` shows), every open obligation
-with its age and what it waits for, the last hour's deploys and rollouts (waves, halts,
-reverts) and each host's restarts over that hour. The page (ui.html, ui.js, ui.css beside
-this file, nothing fetched from elsewhere) asks /api/state every 2 s and redraws in place.
+"""`vigil ui`: a read-only status page served from the store by a process of its own: every
+host and generation (`vigil top`'s cells), every open obligation with its age and what it
+waits for, the last hour's deploys, rollouts and restarts. The page (ui.html, ui.js, ui.css
+beside this file, nothing fetched from elsewhere) asks /api/state every 2 s.
 
-Served by waitress: a small, well-kept, pure-Python WSGI server with a thread pool (a slow
-browser holds no other), so no HTTP is written here, only the routes. Loopback (or a
-unix socket, 0600) by default; any other address requires --token-file, whose token each
-data request carries (`Authorization: Bearer TOKEN`; the page sends what its URL's `?token=`
-gave it, then drops it from the address bar), compared in constant time; the page, its
-script and its style hold no data and need none. Nothing on the page is an env value or a
-credential: the rows are `vigil top`'s cells, the events' details are cut to ids, builds,
-modes, waves and reasons.
+Served by waitress (a pure-Python WSGI server with a thread pool): only the routes are here.
+Loopback or a unix socket (0600) by default; any other address requires --token-file, whose
+token each data request carries (`Authorization: Bearer`, compared in constant time; the page
+takes it from `?token=` and drops it from the address bar). No env value or credential is
+shown: events' details are cut to ids, builds, modes, waves and reasons.
 
-Hostile requests: without a token the page answers only to the Host names of its listen
-address (localhost, 127.0.0.1, [::1] with its port, and --allow-host names), so a page in
-the operator's browser cannot read it by DNS rebinding (421 to any other). Waitress is held
-to GET: a request body is refused (413) before a byte of it is read, a request's headers
-must come whole within HEADER_TIME and in HEADER_BYTES, an idle connection is closed after
-IDLE_TIME, and at most CONNECTIONS are open at once."""
+Hostile requests: without a token only the Host names of its listen address (and
+--allow-host) are answered (421 otherwise: no DNS rebinding). GET only: a body is refused
+(413) unread; headers must come whole within HEADER_TIME and HEADER_BYTES; idle connections
+close after IDLE_TIME; at most CONNECTIONS at once."""
 
 from __future__ import annotations
 

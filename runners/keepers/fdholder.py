@@ -1,11 +1,8 @@
-"""The box's fd holder: a small process of vigil's own that keeps every listening socket
-the agent opened, so the socket outlives the agent (kill -9 included) and the restarted
-agent gets the very same socket back (same inode), never a second one on the same address.
+"""The box's fd holder: keeps every listening socket the agent opened, so it outlives the
+agent (kill -9 included) and the restarted agent gets the same socket (inode) back.
 
-The agent starts it (own session, like the fence keeper) the first time it opens a
-listener, hands it each socket over `<state>/listeners.sock` (SOCK_SEQPACKET, SCM_RIGHTS),
-and on start asks it for them again. Every message is one JSON object, with the fds it
-carries in the same datagram:
+The agent starts it (own session) at its first listener and talks over
+`<state>/listeners.sock` (SOCK_SEQPACKET, SCM_RIGHTS):
 
     {"op": "put", "key": K} + [fd]      keep fd as K (replacing what K held)
     {"op": "list"}                      -> {"keys": {K: inode, ...}}
@@ -13,14 +10,10 @@ carries in the same datagram:
     {"op": "drop", "keys": [K, ...]}    close them (the host was removed)
     {"op": "keep", "keys": [K, ...]}    close every other one (the store names no other)
 
-It holds the sockets and nothing else: it never accepts on them. It exits once it holds
-none and nobody has talked to it for IDLE seconds; while it holds one it sleeps in
-select() without a timeout. One per state dir (flock on listeners.lock). The loop and the
-rules every request meets (own uid only, a bad request refused with nothing touched) are
-runners/keepers/wire.py's: a `put` keeps only a listening socket, and replaces what the key
-held only once the new one is taken.
-
-Run as `python -m runners.keepers.fdholder STATE_DIR`.
+It never accepts on them; it exits once it holds none and is idle IDLE seconds. One per
+state dir (flock on listeners.lock); `python -m runners.keepers.fdholder STATE_DIR`. The
+loop and request rules are runners/keepers/wire.py's: a `put` keeps only a listening
+socket, and replaces what the key held only once the new one is taken.
 """
 
 from __future__ import annotations

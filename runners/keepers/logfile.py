@@ -1,47 +1,27 @@
 """One generation's log file, written by the log keeper (runners/keepers/logkeeper.py)
 from the app's pipe, capped and rotated, with no byte ever only in the keeper's memory.
 
-Why in the kernel. A keeper that read() a chunk and then write() it lost the chunk when it
-was killed between the two (kill -9 at a random instant of its draining lost 960 to 17,520
-lines of 25,000 to 100,000 in 20 kills). Here the bytes go from the pipe to the file by
-splice(2): the kernel writes them into the file and only then takes them out of the pipe,
-so at every instant a byte is either still in the pipe (whose read end the agent holds too:
-the next keeper writes it) or in the file, never both and never neither. The file's end is
-the only cursor, and it is on disk: a new keeper opens the file and appends, exactly once
-and in order, whatever the instant the last one died. (A keeper that kept its own buffer
-or a journal of what it had read would need that journal to be as crash-proof as the file;
-the pipe already is one.)
+Why splice(2): a keeper that read() then write() lost the chunk when killed between the two
+(960 to 17,520 lines of 25,000 to 100,000 in 20 kill -9s). splice moves the bytes into the
+file before it takes them out of the pipe (whose read end the agent holds too), so a byte is
+always in exactly one of the two; the file's end is the only cursor, and a new keeper
+appends exactly once and in order whatever the instant the last one died.
 
-Rotation at the cap still cuts at a line end: when what waits in the pipe would cross the
-cap, tee(2) (through ctypes: os has splice but not tee) copies the bytes up to the cap into
-a scratch pipe, without taking them out of the app's pipe; the keeper looks there for the
-last line end and splices exactly that much. A line longer than the cap starts a fresh file
-and is cut at the cap. The shift of the old files (g.log -> g.log.1 ...) is one rename at a
-time: a keeper killed in between leaves a gap in the numbers, never two copies, and the
-next one opens g.log again (or creates it) and appends.
+Rotation cuts at a line end: tee(2) (ctypes: os has no tee) copies up to the cap into a
+scratch pipe to find the last newline; a line longer than the cap starts a fresh file and
+is cut at the cap. The shift g.log -> g.log.1 ... is one rename at a time (a kill between
+leaves a gap in the numbers, never two copies).
 
-What the app sees while no keeper runs (between a keeper's death and its restart by the
-agent): its writes go into the pipe (64 KiB by default) and, once the pipe is full, the
-app waits in its write() until a keeper is back and drains it, as an app under systemd's
-journal does; nothing it writes is dropped, and an app that writes faster than the pipe
-drains is slowed to the keeper's pace. An app whose pipe is non-blocking gets EAGAIN
-instead, as from any full pipe. Only a file that cannot be written (disk full, the dir
-gone) drops output: those bytes are read and discarded, so the app is never blocked on
-disk trouble. Linux only (splice, tee), like the rest of vigil.
+While no keeper runs the app's writes fill the pipe, then block (EAGAIN if non-blocking),
+as under systemd's journal. Only a file that cannot be written (disk full, dir gone) drops
+output: those bytes are read and discarded, so the app never waits on disk trouble.
 
-When each line was written. The bytes never pass through the keeper, so a line cannot carry
-its time inside the file; beside each file the keeper keeps its times, `g<N>.times` (rotated
-with it: g<N>.times.1 beside g<N>.log.1 ...), one text line per splice: the file's size
-after it and the wall time it was taken, `<end offset> <unix seconds>`. A line's time is the
-first record whose offset reaches the line's end (runners/cli/loglines.py reads them). The
-splices of one GRANULE (10 ms) share one record, so the times are at most one line of about
-30 bytes per 10 ms of output beside the file, outside its cap (0.3 % of a file written at
-1 MB/s; about 260 KB for a day of output without a pause). A keeper killed between a splice
-and its record loses no byte, and its successor writes the missing record from the file's
-mtime (the time of its last write) before it appends. The times file is
-written with plain write(2) after the bytes are in the log, so no record names an offset the
-log does not have; a times file left naming more than its log holds (a keeper killed between
-the two renames of a rotation) is started afresh.
+Times: the bytes never pass through the keeper, so beside each file it keeps `g<N>.times`
+(rotated with it), one `<end offset> <unix seconds>` record per GRANULE of splices; a line's
+time is the first record reaching its end (runners/cli/loglines.py). Records are written
+after the bytes, so none names an offset the log lacks; a successor writes a killed
+keeper's missing record from the file's mtime, and a times file naming more than its log
+(killed between a rotation's two renames) is started afresh.
 """
 
 from __future__ import annotations

@@ -1,37 +1,26 @@
-"""The box's log keeper: one small process of vigil's own that writes every generation's
-output to `<state>/logs/<host>/g<N>.log`, capped and rotated (at most FILES files of at most
-MAX_BYTES each: g<N>.log, g<N>.log.1, ...; the oldest is dropped), each with its lines' times
-beside it (g<N>.times: runners/keepers/logfile.py), so a chatty app cannot fill the disk.
-Older generations' files beyond the newest KEEP of a host are deleted when a new one starts.
+"""The box's log keeper: one process of vigil's own that writes every generation's output
+to `<state>/logs/<host>/g<N>.log`, capped and rotated (FILES files of MAX_BYTES; the times
+beside it: runners/keepers/logfile.py); a host's files beyond its newest KEEP generations
+are deleted when a new one starts.
 
-Each app writes its stdout and stderr into a pipe; the agent hands the pipe's read end to
-the keeper over `<state>/logs.sock` (SOCK_SEQPACKET, SCM_RIGHTS) and keeps a copy of it.
-The keeper runs in its own session, outside every generation's containment: it outlives
-the agent (apps keep running when the agent stops or dies, and so does their output). A
-restarted agent takes copies of the read ends back from the keeper; a keeper that died
-under a running agent is started again and given every read end the agent holds, so an
-app's pipe never loses its reader while either of the two runs (an app whose pipe is full
-meanwhile waits in its write). Only the death of both at once leaves an app's pipe with no
-reader (its next write fails with EPIPE).
+The agent hands each app's pipe read end to the keeper over `<state>/logs.sock`
+(SOCK_SEQPACKET, SCM_RIGHTS) and keeps a copy. The keeper runs in its own session and
+outlives the agent; a restarted agent takes copies back, and a keeper that died under a
+running agent is restarted with every read end, so a pipe has a reader while either runs.
 
-One process for the box, whatever the number of hosts: a python process per generation
-cost 3.8 MB and 12 ms of CPU at every spawn. It holds one descriptor per app (the pipe's
-read end) and the files of the OPEN_FILES pipes that wrote last (a quiet pipe's files are
-closed and opened again at its next output: 10,000 sleeping apps under a limit of 20,000 hit
-EMFILE at 6,650 when each held its log and times open). It sleeps in epoll and never blocks
-an app on disk trouble: a write that fails (disk full) drops that output.
-
-Messages are one JSON object, with the fds it carries in the same datagram:
+One process for the box (a python process per generation cost 3.8 MB and 12 ms of CPU a
+spawn). It holds one fd per app and the files of the OPEN_FILES pipes that wrote last (a
+quiet pipe's files are reopened at its next output: 10,000 apps each holding two files
+hit EMFILE at 6,650). It sleeps in epoll; a write that fails (disk full) drops that output.
 
     {"op": "put", "key": UUID, "path": P, "max_bytes": N, "files": K} + [fd]
     {"op": "list", "after": K}         -> {"keys": {UUID: {"path": P, ...}, ...}, "more": B}
     {"op": "get", "keys": [UUID, ...]} -> {"keys": [found, ...]} + copies of their fds
 
 It exits once it writes for no pipe and nobody has talked to it for IDLE seconds. One per
-state dir (flock on logs.lock). Run as `python -m runners.keepers.logkeeper STATE_DIR`; the standard
-library only, like the rest of what it imports. The loop, its bounds and the rules every
-request meets (own uid only; a bad request refused with nothing touched: a `put` takes only
-a pipe's read end, a file of at least MIN_BYTES) are runners/keepers/wire.py's.
+state dir (flock on logs.lock); `python -m runners.keepers.logkeeper STATE_DIR`, standard
+library only. The loop and the rules every request meets (own uid only; a `put` takes only
+a pipe's read end and a file of at least MIN_BYTES) are runners/keepers/wire.py's.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """The keepers' wire, written once: the request loop of the fd holder and the log keeper
 (lock file, bind, select, recv_fds/send_fds, JSON) and the agent's side of it (connect,
-start one when none runs, ask with a bound, hand everything back to a new one).
+start one when none runs, ask with a bound, hand everything back to a new one). Messages
+are one JSON object per SOCK_SEQPACKET datagram with its fds (SCM_RIGHTS); a reply is
+`{"ok": true, ...}` or `{"ok": false, "error": why}`, the format older helpers speak.
 
-Every message is one JSON object on a SOCK_SEQPACKET unix socket, the fds it carries in
-the same datagram (SCM_RIGHTS); a reply is `{"ok": true, ...}` or `{"ok": false, "error":
-why}`. The format is the one the helpers always spoke, so an agent of this code talks to
-helpers an older one started, and the other way round.
-
-Bounds (issue 20): a running helper answers each exchange within BOUND seconds, or it is
-treated as dead: the agent SIGKILLs it by pid and start time, but only when it holds a
-copy of everything that helper holds (the helper was started by this agent, or this agent
-has taken back all it had); a new helper is then started and given everything. A helper
-that holds what the agent has no copy of is left running and the exchange fails with a
-line that says so (killing it would lose what only it has). A new helper has START_BOUND
-seconds to answer. The helpers' side: a connection is served only for its own uid
-(SO_PEERCRED), and a bad request is answered with an error, nothing held is touched.
+Bounds (issue 20): a helper that does not answer within BOUND seconds (START_BOUND for a
+new one) is treated as dead: SIGKILLed by pid and start time and replaced, but only when
+the agent holds a copy of everything it holds; otherwise it is left running and the
+exchange fails saying so. A helper serves only its own uid (SO_PEERCRED) and answers a bad
+request with an error, nothing held touched.
 """
 
 from __future__ import annotations
