@@ -24,7 +24,7 @@ from models.notices import word_of
 from models.schema import require_head
 from models.store import utcnow
 from models.tables import Agent as AgentRow
-from runners.agent import schedules
+from runners.agent import jobstore
 from runners.agent.chore_holder import Chores
 from runners.agent.exit_watch import ExitWatcher, pidfds_supported
 from runners.agent.fencing import FencedProcess, FenceGuard, Timing
@@ -207,9 +207,9 @@ class AgentDaemon:
             watcher.start()
         helpers.start()  # each checked, restored and watched before the first round
         reconciler.start()
-        chores = Chores(ctx, lambda: schedules.attach(
+        chores = Chores(ctx, lambda: jobstore.attach(
             scheduler, ctx, reconciler.kick, trust.trouble, trust.may_act),
-            lambda: schedules.detach(scheduler), trust.trouble)
+            lambda: jobstore.detach(scheduler), trust.trouble)
         rings = None if self.listen else wakeup.Rings(ctx.agent_id)  # read by the sweep
         sweeper = Sweeper(ctx, trust, reconciler, Heartbeat(ctx, chores, rings, reconciler.kick),
                           watcher, guard, self.stop, self.keep, logs, self.sweep_interval,

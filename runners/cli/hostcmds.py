@@ -158,7 +158,7 @@ def host_list(env: Env, as_json: bool) -> None:
 @click.pass_obj
 def host_rm(env: Env, name: str) -> None:
     """Remove a host that does not run (and its restart schedule)."""
-    from runners.agent.schedules import forget
+    from runners.agent.jobstore import forget
     from runners.backend.files import forget_host_files
     from runners.base.doorbell import ring
     from runners.cli.listenopts import close_removed

@@ -18,9 +18,9 @@ def schedule() -> None:
 @click.pass_obj
 def schedule_add(env: Env, name: str, expr: str) -> None:
     """Restart HOST on a cron schedule: an overlap deploy of the build it runs (cause restart)."""
-    from runners.agent import schedules
+    from runners.agent import jobstore
 
-    job = schedules.add(env.store(), name, expr)
+    job = jobstore.add(env.store(), name, expr)
     click.echo(f"restart of {name} scheduled ({expr}); next run {job['next_run']}")
 
 
@@ -31,10 +31,10 @@ def schedule_list(env: Env, as_json: bool) -> None:
     """Every restart schedule and its next run."""
     from datetime import datetime
 
-    from runners.agent import schedules
+    from runners.agent import jobstore
     from runners.cli import output
 
-    rows = schedules.listing(env.store())
+    rows = jobstore.listing(env.store())
     if as_json:
         echo_json(rows)
         return
@@ -50,7 +50,7 @@ def schedule_list(env: Env, as_json: bool) -> None:
 @click.pass_obj
 def schedule_rm(env: Env, name: str) -> None:
     """Remove HOST's restart schedule."""
-    from runners.agent import schedules
+    from runners.agent import jobstore
 
-    schedules.remove(env.store(), name)
+    jobstore.remove(env.store(), name)
     click.echo(f"restart schedule of {name} removed")

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from models.tables import Attempt
-from runners.agent import schedules
+from runners.agent import jobstore
 from tests.conftest import HELLO, ROOT, Vigil, wait_for
 from tests.integration.test_cli_bad_input import dump, refused
 
@@ -124,8 +124,8 @@ def test_schedule_misfire_is_coalesced_into_one_restart(vigil: Vigil) -> None:
     refused(vigil.run("schedule", "add", "hello", "--cron", "0 4 * * *", check=False),
             "already has a restart schedule")
     # Four fire times pass while no agent runs: moved back through APScheduler's own API.
-    with schedules.opened(vigil.store) as scheduler:
-        scheduler.modify_job(schedules.job_id("hello"),
+    with jobstore.opened(vigil.store) as scheduler:
+        scheduler.modify_job(jobstore.job_id("hello"),
                              next_run_time=datetime.now(UTC) - timedelta(minutes=3, seconds=30))
     [job] = vigil.json("schedule", "list")
     assert job["cron"] == "* * * * *"

@@ -7,6 +7,7 @@ a SQLite file in tmp_path or a throwaway PostgreSQL database; CI runs both."""
 
 from __future__ import annotations
 
+import pickle
 import re
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -272,8 +273,6 @@ def seed_0014(conn: Connection) -> None:
 
 def _job_state(func: str) -> bytes:
     """A job's state as APScheduler 3 pickles it: a dict whose `func` is a textual reference."""
-    import pickle
-
     from apscheduler.triggers.cron import CronTrigger
     return pickle.dumps({"version": 1, "id": "x", "func": func, "trigger": CronTrigger.from_crontab(
         "30 4 * * *", timezone="UTC"), "executor": "default", "args": ("web",), "kwargs": {},
@@ -460,6 +459,13 @@ def seed_0033(conn: Connection) -> None:
     raw_insert(conn, "slot_streaks", {"host": "pair", "slot": 0, "streak": 1})
 
 
+def seed_0034(conn: Connection) -> None:
+    """A scheduled restart stored by the code after the rename (0034: the job's function
+    reference is runners.agent.jobstore:fire)."""
+    raw_insert(conn, "apscheduler_jobs", {"id": "restart:renamed", "next_run_time": 1767323045.6,
+                                          "job_state": _job_state("runners.agent.jobstore:fire")})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -491,6 +497,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0030": seed_0030,
     "0032": seed_0032,
     "0033": seed_0033,
+    "0034": seed_0034,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
@@ -663,6 +670,11 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         assert [tuple(r) for r in conn.execute(text(
             "SELECT host, slot, streak FROM slot_streaks ORDER BY host, slot"))] == [
             ("jobs", 0, 2), ("pair", 0, 1), ("pair", 2, 3)]
+        # 0013 and 0034: every stored job names the function where it is now.
+        assert {i: pickle.loads(b)["func"] for i, b in conn.execute(text(
+            "SELECT id, job_state FROM apscheduler_jobs WHERE id <> 'restart:web'"))} == {
+            "restart:moved": "runners.agent.jobstore:fire",
+            "restart:renamed": "runners.agent.jobstore:fire"}
     with pytest.raises(IntegrityError), engine.begin() as conn:
         conn.execute(text("UPDATE hosts SET on_store_loss = 'maybe' WHERE name = 'web'"))
 
@@ -710,9 +722,9 @@ def test_attempt_ids_are_never_reused(store: Store) -> None:
 
 def test_stored_schedules_follow_the_move(store: Store) -> None:
     """A job stored by the code before the move names runners.schedules:fire; after 0013 it
-    names runners.agent.schedules:fire (APScheduler drops a job it cannot import), and a
-    downgrade puts the old name back. An unreadable row is left as it was."""
-    import pickle
+    names runners.agent.schedules:fire, after 0034 runners.agent.jobstore:fire (APScheduler
+    drops a job it cannot import), and a downgrade puts each older name back. An unreadable
+    row is left as it was."""
     schema.upgrade(store.engine, "0012")
     with store.engine.begin() as conn:
         raw_insert(conn, "apscheduler_jobs", {"id": "restart:web", "next_run_time": 1.0,
@@ -725,7 +737,9 @@ def test_stored_schedules_follow_the_move(store: Store) -> None:
             rows = conn.execute(text("SELECT id, job_state FROM apscheduler_jobs")).all()
         return {i: (pickle.loads(b)["func"] if i != "restart:odd" else bytes(b)) for i, b in rows}
     schema.upgrade(store.engine)
-    assert funcs() == {"restart:web": "runners.agent.schedules:fire", "restart:odd": b"not a pickle"}
+    assert funcs() == {"restart:web": "runners.agent.jobstore:fire", "restart:odd": b"not a pickle"}
+    schema.downgrade(store.engine, "0033")
+    assert funcs()["restart:web"] == "runners.agent.schedules:fire"
     schema.downgrade(store.engine, "0012")
     assert funcs()["restart:web"] == "runners.schedules:fire"
 

@@ -189,9 +189,8 @@ def test_the_code_map_names_every_folder() -> None:
 
 
 # A module name two layers share, allowed only with why: the two sides of one port may keep
-# one name (none does now); runners/agent/schedules.py is being renamed with the agent's
-# re-lay (issue 38 item 3): drop its entry once it is.
-SHARED_NAMES = {"schedules.py": "runners/agent/schedules.py, to be renamed (issue 38 item 3)"}
+# one name (none does now).
+SHARED_NAMES: dict[str, str] = {}
 
 
 def test_a_module_name_is_used_in_one_layer_only() -> None:

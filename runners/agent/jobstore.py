@@ -31,7 +31,7 @@ from workflows.deploys.schedules import request_restart
 log = logging.getLogger("vigil.schedules")
 
 ALIAS = "schedules"
-FIRE = "runners.agent.schedules:fire"
+FIRE = "runners.agent.jobstore:fire"
 FIX_CRON = ("give five crontab fields in UTC: minute hour day-of-month month day-of-week, "
             "e.g. --cron '30 4 * * *'")
 
