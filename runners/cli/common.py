@@ -13,6 +13,8 @@ import click
 
 from models.durations import parse_seconds
 from models.errors import BadInput, VigilError
+from runners.cli.output import show as show  # rich is imported only when a table is printed
+from runners.cli.output import table as table
 
 if TYPE_CHECKING:
     from models.store import Store
@@ -254,18 +256,6 @@ def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-def table(*columns: str) -> Any:
-    from runners.cli.output import table as make
-
-    return make(*columns)
-
-
-def show(t: Any) -> None:
-    from rich.console import Console  # rich is imported only when a table is printed
-
-    Console().print(t)
-
-
 def socket_options(group: str | None, mode: str | None) -> tuple[str | None, int | None]:
     from runners.backend.sockets import check_group, parse_mode
 
@@ -281,12 +271,13 @@ def socket_options(group: str | None, mode: str | None) -> tuple[str | None, int
 
 
 def poll(read: Callable[[], T], settled: Callable[[T, float], bool], *, timeout: float,
-         late: Callable[[T], VigilError], tick: Callable[[T, float], None] | None = None,
+         late: Callable[[T], str], tick: Callable[[T, float], None] | None = None,
          idle: Callable[[float], None] | None = None,
-         interval: float | Callable[[T], float] = 0.05) -> T:
+         interval: float | Callable[[T], float] = 0.05,
+         fix: str = "watch `vigil obligations`; the agent keeps working on it") -> T:
     """The loop of every --wait: read, report (`tick`), stop once `settled`; past `timeout`
-    raise `late(last value)`. `idle(elapsed)` runs between reads (it may raise: no agent).
-    `interval`: the pause between reads, or what it is after a given value."""
+    fail saying `late(last value)` (where it still is). `idle(elapsed)` runs between reads
+    (it may raise: no agent). `interval`: the pause between reads, or after a given value."""
     started = time.monotonic()
     while True:
         value = read()
@@ -296,7 +287,7 @@ def poll(read: Callable[[], T], settled: Callable[[T, float], bool], *, timeout:
         if settled(value, elapsed):
             return value
         if elapsed > timeout:
-            raise late(value)
+            raise VigilError(f"timed out after {timeout:.0f}s: {late(value)}", fix)
         if idle is not None:
             idle(elapsed)
         pause = interval(value) if callable(interval) else interval

@@ -19,7 +19,7 @@ import click
 
 from models.errors import BadInput
 from models.states import HostKind
-from runners.cli.common import SECONDS, Env, echo_json
+from runners.cli.common import SECONDS, Env, echo_json, options
 
 UNSETTABLE = ("args", "env", "cwd", "socket-group", "socket-mode", "listen", "ready",
               "health-interval", "unhealthy-after", "unhealthy-restart", "max-run",
@@ -186,10 +186,7 @@ SET_OPTIONS = [
 ]
 
 
-def set_options(f: Any) -> Any:
-    for option in reversed(SET_OPTIONS):
-        f = option(f)
-    return f
+set_options = options(*SET_OPTIONS)
 
 
 @click.command("set")

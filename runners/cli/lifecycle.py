@@ -35,10 +35,8 @@ def _wait_row(env: Env, kind: str, row_id: int, name: str, timeout: float) -> di
             return True  # reported, not waited for
         return False
 
-    def late(row: dict[str, Any]) -> VigilError:
-        return VigilError(f"timed out after {timeout:.0f}s: {kind} #{row_id} is still "
-                          f"{row['state']} ({row['last_error'] or 'no error yet'})",
-                          "watch `vigil obligations`; the agent keeps working on it")
+    def late(row: dict[str, Any]) -> str:
+        return f"{kind} #{row_id} is still {row['state']} ({row['last_error'] or 'no error yet'})"
 
     return poll(lambda: quick.call("progress", kind=kind, id=row_id), settled, timeout=timeout,
                 late=late, idle=quick.no_agent_guard(f"{kind} #{row_id} of {name}"))
@@ -51,17 +49,22 @@ def _wait_row(env: Env, kind: str, row_id: int, name: str, timeout: float) -> di
 @click.pass_obj
 def wake(env: Env, names: tuple[str, ...], every: bool, wait: bool, timeout: float) -> None:
     """Start hosts' current build (HOST..., a glob such as 'web*', or --all)."""
-    hosts = in_order(env, resolve(env, names, every))
+    _each(env, "wake", in_order(env, resolve(env, names, every)), wait, timeout, woken)
+
+
+def _each(env: Env, kind: str, hosts: list[str], wait: bool, timeout: float,
+          follow: Any, **kw: Any) -> None:
+    """Queue a wake or stop of each host, then (--wait) follow each row to its end."""
     each = Each(hosts)
     queued = []
     for name in hosts:
-        req = each.run(name, env.quick().call, "wake", name=name)
+        req = each.run(name, env.quick().call, kind, name=name, **kw)
         if req is not None:
-            queued += _queued(name, "wake", req, wait)
+            queued += _queued(name, kind, req, wait)
     deadline = time.monotonic() + timeout
     for name, row_id in queued:
-        each.run(name, woken, env, name, row_id, max(0.0, deadline - time.monotonic()))
-    each.end("wake")
+        each.run(name, follow, env, name, row_id, max(0.0, deadline - time.monotonic()))
+    each.end(kind)
 
 
 def in_order(env: Env, hosts: list[str], stop: bool = False) -> list[str]:
@@ -103,16 +106,7 @@ def stop(env: Env, names: tuple[str, ...], every: bool, wait: bool, timeout: flo
     """Stop hosts: SIGTERM, drain, SIGKILL, proof, lease given back (HOST..., a glob
     such as 'web*', or --all; the hosts that start after others first)."""
     hosts = in_order(env, resolve(env, names, every), stop=True)
-    each = Each(hosts)
-    queued = []
-    for name in hosts:
-        req = each.run(name, env.quick().call, "stop", name=name, force=force)
-        if req is not None:
-            queued += _queued(name, "stop", req, wait)
-    deadline = time.monotonic() + timeout
-    for name, row_id in queued:
-        each.run(name, stopped, env, name, row_id, max(0.0, deadline - time.monotonic()))
-    each.end("stop")
+    _each(env, "stop", hosts, wait, timeout, stopped, force=force)
 
 
 def stopped(env: Env, name: str, stop_id: int, timeout: float) -> None:
@@ -187,10 +181,8 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float,
             click.echo(f"{elapsed:7.2f}s  settling: the successor is up "
                        f"{elapsed - settling[0]:.0f}s")
 
-    def late(a: dict[str, Any]) -> VigilError:
-        return VigilError(f"timed out after {timeout:.0f}s: attempt #{a['id']} is at "
-                          f"{a['step']} ({a['last_error'] or 'no error yet'})",
-                          "watch `vigil obligations`; the agent keeps working on it")
+    def late(a: dict[str, Any]) -> str:
+        return f"attempt #{a['id']} is at {a['step']} ({a['last_error'] or 'no error yet'})"
 
     commits = [-1]  # the agent's count of commits its last answer carried (none: the store's)
 
@@ -291,11 +283,9 @@ def scale(env: Env, name: str, instances: int, wait: bool, timeout: float) -> No
         serving = row["current"] == instances or row["up"] != "up"
         return serving and not row["beyond"] and not row["stops"]
 
-    def late(row: dict[str, Any]) -> VigilError:
-        return VigilError(f"timed out after {timeout:.0f}s: {row['current']} of {instances} "
-                          f"instances of {name} serve, {row['beyond']} past slot "
-                          f"{instances - 1} still live",
-                          "watch `vigil obligations`; the agent keeps working on it")
+    def late(row: dict[str, Any]) -> str:
+        return (f"{row['current']} of {instances} instances of {name} serve, {row['beyond']} "
+                f"past slot {instances - 1} still live")
 
     poll(lambda: _settled(env, name, instances), settled, timeout=timeout, late=late)
     click.echo(f"host {name}: {instances} instance(s) serving")

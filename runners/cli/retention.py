@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from models.durations import parse_age
+from runners.cli.common import options
 
 if TYPE_CHECKING:
     from workflows.engine.history import Keep
@@ -23,16 +23,14 @@ class Age(click.ParamType):
         return parse_age(str(value), param.opts[0] if param else "--keep-history")
 
 
-def keep_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--keep-last", type=click.IntRange(min=1), default=KEEP_LAST,
-                     show_default=True,
-                     help="Per host, the newest N attempts, generations, wakes and stops are "
-                          "kept whatever their age.")(f)
-    return click.option("--keep-history", type=Age(), default=f"{KEEP_DAYS}d",
-                        show_default=True,
-                        help="Delete history (events, ended attempts, proven generations, "
-                             "closed wakes and stops) that ended longer ago than this "
-                             "(s, m, h, d, w), unless still needed; `forever` keeps it all.")(f)
+keep_options = options(
+    click.option("--keep-history", type=Age(), default=f"{KEEP_DAYS}d", show_default=True,
+                 help="Delete history (events, ended attempts, proven generations, "
+                      "closed wakes and stops) that ended longer ago than this "
+                      "(s, m, h, d, w), unless still needed; `forever` keeps it all."),
+    click.option("--keep-last", type=click.IntRange(min=1), default=KEEP_LAST, show_default=True,
+                 help="Per host, the newest N attempts, generations, wakes and stops are "
+                      "kept whatever their age."))
 
 
 def keep_of(keep_history: Any, keep_last: int) -> Keep:

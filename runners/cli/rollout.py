@@ -128,14 +128,11 @@ def _wait(env: Any, rollout_id: int, timeout: float) -> None:
                        "`vigil agent`", err=True)
             seen.warned = True
 
-    def late(st: dict[str, Any]) -> VigilError:
-        return VigilError(f"timed out after {timeout:.0f}s: rollout #{rollout_id} is "
-                          f"{st['state']} at wave {st['wave']} of {st['wave_count']}",
-                          f"watch `vigil rollout status {rollout_id}`; the agents keep working on it")
-
     st = poll(lambda: store.read(lambda s: rollout_status(s, rollout_id)),
-              lambda st, _elapsed: st["state"] == "ended", timeout=timeout, late=late,
-              tick=tick, interval=0.1)
+              lambda st, _elapsed: st["state"] == "ended", timeout=timeout, tick=tick,
+              late=lambda st: (f"rollout #{rollout_id} is {st['state']} at wave {st['wave']} "
+                               f"of {st['wave_count']}"), interval=0.1,
+              fix=f"watch `vigil rollout status {rollout_id}`; the agents keep working on it")
     line = f"rollout #{rollout_id} {st['outcome']}: {st['reason']}"
     if st["outcome"] != "done":
         raise VigilError(line, f"see `vigil rollout status {rollout_id}`")

@@ -13,8 +13,8 @@ from typing import Any
 import click
 
 from models.errors import BadInput
+from runners.cli.common import options
 
-RUN_KEYS = ("run_user", "run_group", "env_files")
 LIMIT_KEYS = ("memory_max", "cpu_quota", "pids_max", "limit_nofile", "limit_core")
 _SIZE = re.compile(r"(\d+)([KMGT]?)", re.I)
 MAX_INT = 2**31 - 1  # an Integer column
@@ -74,8 +74,7 @@ def check_limits(limits: dict[str, int | None]) -> None:
                        "host on a box that mounts that controller")
 
 
-def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    for opt in reversed([
+run_options = options(
         click.option("--user", "run_user", default=None, metavar="NAME|UID",
                      help="Run the app as this user (its groups, HOME, USER, LOGNAME, SHELL "
                           "from the passwd and group databases); the agent must be root."),
@@ -97,13 +96,11 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Open-files limit (RLIMIT_NOFILE, soft and hard)."),
         click.option("--limit-core", default=None, metavar="SIZE",
                      help="Core-file size limit (RLIMIT_CORE, soft and hard): 0 writes none."),
-    ]):
-        f = opt(f)
-    return f
+)
 
 
 def checked_run(opts: dict[str, Any]) -> dict[str, Any]:
-    """Takes RUN_KEYS out of `opts` (the command's keyword arguments); the host columns.
+    """Takes the run options out of `opts` (the command's keyword arguments); the host columns.
     Raises BadInput (one line) for an unknown user or group, a non-root agent asked for
     another user, or an env file that is missing or has a bad line."""
     from runners.backend.envfiles import check_entries
