@@ -22,15 +22,8 @@ from collections.abc import Callable
 
 import psutil
 
-from runners.base.pids import CTIME_TOLERANCE, pid_status, read_proc
+from runners.base.pids import CTIME_TOLERANCE, live_status, read_proc
 from workflows.base.ports import ProcRef
-
-
-def _alive(pid: int) -> tuple[float, str] | None:
-    st = pid_status(pid)
-    if st is None or st[1] == psutil.STATUS_ZOMBIE:
-        return None
-    return st
 
 
 def _parents() -> dict[int, int]:
@@ -91,7 +84,7 @@ def walk(refs: list[ProcRef]) -> dict[str, list[tuple[int, float]]]:
     for r in refs:
         if r.pid is None or r.create_time is None:
             continue
-        st = _alive(r.pid)
+        st = live_status(r.pid)
         if st is not None and abs(st[0] - r.create_time) <= CTIME_TOLERANCE:
             leaders[r.generation_uuid] = (r.pid, st[0])
     if not leaders:
@@ -108,7 +101,7 @@ def walk(refs: list[ProcRef]) -> dict[str, list[tuple[int, float]]]:
                 scan = scan or _by_scan()
                 kids = scan(pid)
             for kid in kids:
-                st = _alive(kid)
+                st = live_status(kid)
                 if st is None or st[0] < born - CTIME_TOLERANCE:
                     continue
                 seen.append((kid, st[0]))
@@ -122,7 +115,7 @@ def live_known(ref: ProcRef) -> dict[int, float]:
     """The recorded descendants still alive as the same process: pid -> start time."""
     out: dict[int, float] = {}
     for pid, ctime in ref.known:
-        st = _alive(pid)
+        st = live_status(pid)
         if st is not None and abs(st[0] - ctime) <= CTIME_TOLERANCE:
             out[pid] = ctime
     return out

@@ -38,7 +38,14 @@ from runners.backend.launch import (
     environment,
     spawn_with_fds,
 )
-from runners.base.pids import CTIME_TOLERANCE, MARKER, matches, pid_status, signal_same
+from runners.base.pids import (
+    CTIME_TOLERANCE,
+    carriers,
+    live_status,
+    matches,
+    pid_status,
+    signal_same,
+)
 from runners.keepers.logkeeper import LogPipes
 from workflows.base.ports import ProcRef, Spawned, SpawnError, SpawnSpec
 
@@ -230,31 +237,13 @@ class ProcessBackend:
         self.reap(ref.pid)
         if ref.pid is None or ref.create_time is None:
             return False
-        st = pid_status(ref.pid)
-        return (
-            st is not None
-            and abs(st[0] - ref.create_time) <= CTIME_TOLERANCE
-            and st[1] != psutil.STATUS_ZOMBIE
-        )
+        st = live_status(ref.pid)
+        return st is not None and abs(st[0] - ref.create_time) <= CTIME_TOLERANCE
 
     def _marker_scan(self, generation_uuid: str, user: str | None = None) -> dict[int, float]:
-        """Live processes carrying VIGIL_GENERATION=<uuid>: pid -> create_time."""
-        hits: dict[int, float] = {}
-        me, uids = os.getpid(), users.marker_uids(user)
-        for p in psutil.process_iter():
-            if p.pid == me:
-                continue
-            try:
-                # Only the generation's own uid (the agent's or its host's user): another
-                # user may set the marker in a process of theirs, and must not keep a proof
-                # from passing.
-                if p.uids().real not in uids or p.environ().get(MARKER) != generation_uuid:
-                    continue
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    hits[p.pid] = p.create_time()
-            except psutil.Error:  # NoSuchProcess, AccessDenied, ZombieProcess
-                continue
-        return hits
+        """Live processes of the generation's own uid carrying its marker: pid -> ctime."""
+        found = carriers({generation_uuid}, users.marker_uids(user))
+        return {pid: ctime for pid, (_, ctime) in found.items()}
 
     def descendants(self, refs: list[ProcRef]) -> dict[str, list[tuple[int, float]]]:
         return walk(refs)
@@ -263,10 +252,7 @@ class ProcessBackend:
         self.reap(ref.pid)
         live = set(self._marker_scan(ref.generation_uuid, ref.user)) | set(live_known(ref))
         if ref.cgroup:
-            for pid in cgroup_pids(ref.cgroup):
-                st = pid_status(pid)
-                if st is not None and st[1] != psutil.STATUS_ZOMBIE:
-                    live.add(pid)
+            live |= {pid for pid in cgroup_pids(ref.cgroup) if live_status(pid) is not None}
         return sorted(live)
 
     def terminate(self, ref: ProcRef) -> None:
@@ -277,8 +263,7 @@ class ProcessBackend:
         pids: dict[int, float] = {**live_known(ref), **self._marker_scan(ref.generation_uuid, ref.user)}
         if ref.cgroup:
             for pid in cgroup_pids(ref.cgroup):
-                st = pid_status(pid)
-                if st is not None and st[1] != psutil.STATUS_ZOMBIE:
+                if (st := live_status(pid)) is not None:
                     pids.setdefault(pid, st[0])
         for pid, ctime in pids.items():
             signal_same(pid, ctime, signal.SIGTERM)

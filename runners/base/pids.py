@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Collection
 
 import psutil
 
@@ -60,6 +61,31 @@ def pid_status(pid: int) -> tuple[float, str] | None:
         return p.create_time(), p.status()
     except psutil.Error:
         return None
+
+
+def live_status(pid: int) -> tuple[float, str] | None:
+    """pid_status, None for a zombie too (PID 1 here does not reap orphans)."""
+    st = pid_status(pid)
+    return None if st is None or st[1] in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) else st
+
+
+def carriers(uuids: Collection[str], uids: Collection[int] | None = None
+             ) -> dict[int, tuple[str, float]]:
+    """Live processes but this one carrying the marker of one of `uuids`, of one of `uids`
+    when given (another user may set a marker in a process of theirs and must not pose as
+    a generation): pid -> (uuid, create_time), in one scan of the process table."""
+    found: dict[int, tuple[str, float]] = {}
+    me = os.getpid()
+    for p in psutil.process_iter():
+        try:
+            if p.pid == me or (uids is not None and p.uids().real not in uids):
+                continue
+            mark = p.environ().get(MARKER)
+            if mark in uuids and p.status() != psutil.STATUS_ZOMBIE:
+                found[p.pid] = (mark, p.create_time())
+        except (psutil.Error, OSError):  # gone meanwhile, not ours to read
+            continue
+    return found
 
 
 def matches(pid: int | None, ctime: float | None) -> bool:

@@ -263,21 +263,12 @@ def signal_agent(state_dir: Path, pid: int) -> None:
 def await_agent_exit(state_dir: Path, pid: int, deadline: float, fix: str) -> None:
     """Until agent `pid` has exited and let go of the lock; past `deadline`, one line."""
     from runners.base.doorbell import running_agent_pid
+    from runners.base.pids import live_status
 
-    while running_agent_pid(state_dir) == pid or not _gone(pid):
+    while running_agent_pid(state_dir) == pid or live_status(pid) is not None:
         if time.monotonic() > deadline:
             raise VigilError(f"agent pid {pid} is still running after SIGTERM", fix)
         time.sleep(0.05)
-
-
-def _gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie (PID 1 here does not reap orphans)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return True
-    return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")
 
 
 @agent.command("status")

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
 from sqlalchemy import func, or_, select
 
 from models.states import (
@@ -41,7 +40,7 @@ from models.tables import (
 )
 from runners.backend.files import LocalFiles
 from runners.backend.process import ProcessBackend
-from runners.base.pids import CTIME_TOLERANCE, MARKER, pid_status
+from runners.base.pids import CTIME_TOLERANCE, carriers, live_status
 from runners.quick.ops import agent_acting
 from workflows.engine.obligations import KINDS
 from workflows.generations.ending import ref_of
@@ -57,23 +56,6 @@ class Violation:
     message: str
 
 
-def marked_processes(uuids: Collection[str], uid: int) -> dict[int, str]:
-    """Live processes of `uid` carrying the marker of one of `uuids` (the store's
-    generations): pid -> generation uuid. Apps no longer carry VIGIL_HOME, and a process of
-    another user that sets a generation's marker is not one of its processes."""
-    found: dict[int, str] = {}
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.uids().real != uid or p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            mark = p.environ().get(MARKER)
-        except (psutil.Error, OSError):
-            continue
-        if mark is not None and mark in uuids:
-            found[p.pid] = mark
-    return found
-
-
 def escaped_processes(store: Store) -> list[tuple[int, Generation]]:
     """Recorded descendants (known_processes) still alive as the same process, with their
     generation: an escaped one is in neither its cgroup nor the marker scan."""
@@ -82,9 +64,8 @@ def escaped_processes(store: Store) -> list[tuple[int, Generation]]:
         Generation, Generation.id == KnownProcess.generation_id)).all())
     out, seen = [], set()
     for pid, ctime, gen in rows:
-        st = pid_status(pid)
-        if (st is None or st[1] == psutil.STATUS_ZOMBIE or abs(st[0] - ctime) > CTIME_TOLERANCE
-                or pid in seen):
+        st = live_status(pid)
+        if st is None or abs(st[0] - ctime) > CTIME_TOLERANCE or pid in seen:
             continue
         seen.add(pid)
         out.append((pid, gen))
@@ -139,7 +120,8 @@ class Seen:
     @functools.cached_property
     def marked(self) -> dict[int, str]:
         """Read when first asked: live processes carrying a generation's marker."""
-        return marked_processes(set(self.known), _agent_uid(self.state_dir))
+        found = carriers(set(self.known), {_agent_uid(self.state_dir)})
+        return {pid: uuid for pid, (uuid, _) in found.items()}
 
     def untracked(self, g: Generation) -> bool:
         return g.state is not GenState.current and g.id not in self.members and g.id not in self.tracked

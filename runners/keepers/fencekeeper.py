@@ -22,10 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from runners.base.doorbell import lock_holder, take_lock
-from runners.base.pids import MARKER, matches, signal_same
+from runners.base.pids import carriers, matches, signal_same
 
 FENCE_FILE = "fence.json"
 KEEPER_LOCK = "fence.lock"
@@ -61,18 +59,6 @@ def _log(msg: str) -> None:
           file=sys.stderr, flush=True)
 
 
-def _carriers(uuids: set[str]) -> dict[int, float]:
-    """Live processes carrying one of these generation markers (one scan): pid -> ctime."""
-    found: dict[int, float] = {}
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get(MARKER) in uuids and p.status() != psutil.STATUS_ZOMBIE:
-                found[p.pid] = p.create_time()
-        except psutil.Error:
-            continue
-    return found
-
-
 def fence(gens: list[dict[str, Any]]) -> int:
     """SIGKILL everything of these generations: each cgroup and leader's session group
     first (instant), then every marker carrier found in one scan. Returns how many live
@@ -91,8 +77,8 @@ def fence(gens: list[dict[str, Any]]) -> int:
             except (ProcessLookupError, PermissionError):
                 pass
             signal_same(pid, ctime, signal.SIGKILL)
-    left = _carriers({g["uuid"] for g in gens})
-    for pid, ctime in left.items():
+    left = carriers({g["uuid"] for g in gens})
+    for pid, (_, ctime) in left.items():
         signal_same(pid, ctime, signal.SIGKILL)
     return len(left)
 
