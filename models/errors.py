@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class VigilError(Exception):
     """An error a person reads: `cause` says what is wrong, `fix` what to do about it."""
@@ -51,6 +55,13 @@ class BrokenInvariant(Exception):
     """Something a step relies on is not there (a row it just read, a value a step before
     it wrote): a bug, or a store edited by hand. Raised, not asserted, so `python -O`
     keeps the check."""
+
+
+def present(value: T | None, what: str) -> T:
+    """`value`, or BrokenInvariant when it is None (`what`: the message)."""
+    if value is None:
+        raise BrokenInvariant(what)
+    return value
 
 
 class IllegalTransition(Exception):

@@ -161,7 +161,7 @@ class Host(Base):
     instances: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # {NAME: PATH}: copied at each start to $CREDENTIALS_DIRECTORY (runners/backend/credentials.py).
     credentials: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
-    # The hosts a wake of it waits for, awake and ready (workflows/config/order.py; migration
+    # The hosts a wake of it waits for, awake and ready (workflows/lifecycle/order.py; migration
     # 0020): a JSON list of names, `after = [...]` in the hosts file.
     start_after: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
     # What its box does with it while the store cannot be reached (runners/agent/fencing.py;

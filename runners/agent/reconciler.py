@@ -284,7 +284,7 @@ class Reconciler:
                                    replace_existing=True, misfire_grace_time=None)
 
     def _drain(self) -> None:
-        """Store-only rows go in groups, one transaction per batch (workflows/obligations)."""
+        """Store-only rows go in groups, one transaction per batch (workflows/engine/obligations.py)."""
         with guarded(self._store_failed, log,
                      "a batch of store-only obligations failed; the next round retries it"):
             n, more = drain_batches(self.ctx)

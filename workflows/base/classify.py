@@ -19,8 +19,8 @@ class Stale(Exception):
 
 
 class Interrupted(Stale):
-    """A new driver found the attempt mid-way before its switch (the agent restarted): it
-    is abandoned like any stale attempt, and then written again (workflows/deploys/resume.py)."""
+    """A new driver found the attempt mid-way before its switch (the agent restarted): it is
+    abandoned like any stale attempt, then written again (workflows/deploys/request.py resume_in)."""
 
 
 class Cancelled(Exception):

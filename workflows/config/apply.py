@@ -25,8 +25,9 @@ from sqlalchemy.orm import Session
 from models.errors import Refused
 from models.states import Cause, HostKind, Mode
 from models.store import emit, utcnow
-from models.tables import Attempt, Build, Host, Lease
+from models.tables import Build, Host, Lease
 from models.transition import move
+from workflows.base.lookups import open_attempt
 from workflows.base.waivers import OPERATOR
 from workflows.config.hostrows import host_state
 from workflows.config.hosts import check_name, record_build, remove_host
@@ -107,8 +108,7 @@ def diff(s: Session, w: Wanted) -> Change:
         details.append(f"listen {[a.address for a in have]} -> {[a.address for a in w.listens]}")
     build = s.get(Build, h.build_id)
     state = host_state(s, w.name)
-    if state not in RUNS and s.execute(select(Attempt.id).where(
-            Attempt.host == w.name, Attempt.outcome.is_(None))).first() is not None:
+    if state not in RUNS and open_attempt(s, w.name) is not None:
         state = "deploying"  # a queued attempt would set its own build: supersede it
     for what in ("kind", "listen"):  # what every generation of it inherits
         if what in changed and state not in ("asleep", "down"):

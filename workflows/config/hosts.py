@@ -12,13 +12,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.durations import check_seconds
-from models.errors import BadInput, NotFound, Refused
+from models.errors import BadInput, Refused
 from models.states import (
     HostKind,
 )
 from models.store import emit, utcnow
 from models.tables import Build, Host, Lease, Listener
 from models.transition import move
+from workflows.base.lookups import get_host
 from workflows.base.paths import CONTROL
 from workflows.base.waivers import OPERATOR
 from workflows.generations.listeners import Listen, check_set, stored, write_set
@@ -133,8 +134,7 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
 
 def remove_host(s: Session, name: str) -> list[Listener]:
     """Removes the host; returns its listeners (their sockets are closed after the commit)."""
-    if s.get(Host, name) is None:
-        raise NotFound(f"no host named {name!r}", "see `vigil host list`")
+    get_host(s, name)
     why = still_needed(s, name)
     if why is not None or s.get(Lease, name) is not None:
         raise Refused(f"host {name} cannot be removed: {why or 'it still holds its lease'}",

@@ -12,9 +12,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import NotFound
 from models.states import GenState, HostKind
-from models.tables import Attempt, Build, Generation, Host
+from models.tables import Attempt, Build, Generation
+from workflows.base.lookups import get_host
 from workflows.config.hostrows import host_state
 from workflows.generations.listeners import note, stored
 
@@ -33,9 +33,7 @@ def _build(b: Build | None) -> dict[str, Any] | None:
 
 
 def describe(s: Session, name: str) -> dict[str, Any]:
-    h = s.get(Host, name)
-    if h is None:
-        raise NotFound(f"no host named {name!r}", "see `vigil host list`")
+    h = get_host(s, name)
     gen = s.execute(select(Generation).where(Generation.host == name,
                                              Generation.state == GenState.current)
                     .order_by(Generation.slot).limit(1)).scalar()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import BrokenInvariant
+from models.errors import present
 from models.states import (
     AttemptStep,
     GenState,
@@ -98,9 +98,7 @@ def _ran_in_a_slot(ctx: Context, a: Attempt) -> bool:
 
 def _end(ctx: Context, attempt_id: int, exc: BaseException) -> None:
     end = classify(exc)
-    a = load(ctx, attempt_id)
-    if a is None:
-        raise BrokenInvariant("a is missing")
+    a = present(load(ctx, attempt_id), "a is missing")
     if a.outcome is not None:
         return
     # Execution evidence: false only when it is proven nothing of the build ran.

@@ -14,11 +14,11 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from models.errors import BadInput, BrokenInvariant, NotFound, Refused
+from models.errors import BadInput, Refused, present
 from models.states import AttemptStep, Cause, HostKind, Mode, Outcome
 from models.store import emit, utcnow
-from models.tables import Attempt, Build, Host
-from workflows.base.lookups import newest_revision, open_stop
+from models.tables import Attempt, Build
+from workflows.base.lookups import get_host, newest_revision, open_stop
 
 MAX_RESUMES = 3  # times one request is written again after an interruption, at most
 
@@ -27,9 +27,7 @@ def request_deploy(s: Session, host: str, build: Build, *, mode: Mode, canary: b
                    cause: Cause, resumed_from: int | None = None) -> Attempt:
     """The CLI's intent: one attempt row (write-ahead: cause, build, digest, both modes,
     the host's next scheduler revision, canary; the attempt it writes again, if any)."""
-    h = s.get(Host, host)
-    if h is None:
-        raise NotFound(f"no host named {host!r}", "see `vigil host list`")
+    h = get_host(s, host)
     effective = Mode.hold if h.kind is HostKind.worker else mode
     revision = (s.execute(select(func.max(Attempt.revision)).where(Attempt.host == host))
                 .scalar() or 0) + 1
@@ -48,15 +46,12 @@ def request_deploy(s: Session, host: str, build: Build, *, mode: Mode, canary: b
 
 def last_failed(s: Session, host: str) -> tuple[Build, Attempt]:
     """What `vigil retry` re-arms: the newest attempt of the host that failed, and its build."""
-    if s.get(Host, host) is None:
-        raise NotFound(f"no host named {host!r}", "see `vigil host list`")
+    get_host(s, host)
     a = s.execute(select(Attempt).where(Attempt.host == host, Attempt.outcome.in_(
         (Outcome.failed, Outcome.down))).order_by(Attempt.id.desc()).limit(1)).scalar_one_or_none()
     if a is None:
         raise BadInput(f"host {host} has no failed deploy to retry", "deploy a build with `vigil deploy`")
-    b = s.get(Build, a.build_id)
-    if b is None:
-        raise BrokenInvariant("b is missing")
+    b = present(s.get(Build, a.build_id), "b is missing")
     if b.deleted_at is not None:
         raise no_longer_staged(host, b)
     return b, a

@@ -13,10 +13,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import BrokenInvariant, NotFound, Refused
+from models.errors import Refused, present
 from models.states import Cause, GenState, Mode
-from models.tables import Attempt, Build, Generation, Host
-from workflows.base.lookups import open_stop
+from models.tables import Build, Generation
+from workflows.base.lookups import get_host, open_attempt, open_stop
 from workflows.deploys.request import request_deploy
 from workflows.lifecycle.scale import refuse_while_scaling
 from workflows.lifecycle.wake import request_wake
@@ -24,15 +24,13 @@ from workflows.lifecycle.wake import request_wake
 
 def request_restart_now(s: Session, host: str, mode: Mode) -> dict[str, Any]:
     """{"attempt": id} for a host that runs, {"wake": id, "state": ...} for one that does not."""
-    if s.get(Host, host) is None:
-        raise NotFound(f"no host named {host!r}", "see `vigil host list`")
+    get_host(s, host)
     refuse_while_scaling(s, host, "restarted")
     stopping = open_stop(s, host)
     if stopping is not None:
         raise Refused(f"host {host} is being stopped (stop #{stopping})",
                       f"wait for the stop (`vigil stop {host} --wait`), then `vigil wake {host}`")
-    busy = s.execute(select(Attempt.id).where(Attempt.host == host, Attempt.outcome.is_(None))
-                     .order_by(Attempt.id).limit(1)).scalar()
+    busy = open_attempt(s, host)
     if busy is not None:
         raise Refused(f"host {host} is deploying (attempt #{busy}): a restart would supersede it",
                       f"let it end (`vigil events {host}`), then restart again")
@@ -41,8 +39,7 @@ def request_restart_now(s: Session, host: str, mode: Mode) -> dict[str, Any]:
     if build_id is None:
         w = request_wake(s, host)  # a plain wake: cause "restart" is a crash restart's
         return {"wake": w.id, "state": w.state}
-    build = s.get(Build, build_id)
-    if build is None:
-        raise BrokenInvariant(f"the build of host {host}'s current generation is missing")
+    build = present(s.get(Build, build_id),
+                    f"the build of host {host}'s current generation is missing")
     a = request_deploy(s, host, build, mode=mode, canary=False, cause=Cause.restart)
     return {"attempt": a.id, "mode": a.effective_mode.value}

@@ -9,10 +9,11 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import BrokenInvariant
+from models.errors import present
 from models.states import Cause, GenState, Mode
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host
+from workflows.base.lookups import open_attempt
 from workflows.builds.book import held, held_line
 from workflows.deploys.request import request_deploy
 
@@ -31,25 +32,21 @@ def request_restart(s: Session, host: str) -> Attempt | None:
     gen = s.execute(select(Generation).where(Generation.host == host,
                                              Generation.state == GenState.current)
                     .order_by(Generation.slot).limit(1)).scalar_one()  # instances: slot 0's
-    build = s.get(Build, gen.build_id)
-    if build is None:
-        raise BrokenInvariant("build is missing")
+    build = present(s.get(Build, gen.build_id), "build is missing")
     return request_deploy(s, host, build, mode=Mode.overlap, canary=False, cause=Cause.restart)
 
 
 def _why_not(s: Session, host: str) -> str | None:
     if s.get(Host, host) is None:
         return "the host no longer exists"
-    if s.execute(select(Generation.id).where(Generation.host == host,
-                                             Generation.state == GenState.current)).first() is None:
-        return "the host is not running"
     running = s.execute(select(Generation.build_id).where(
-        Generation.host == host, Generation.state == GenState.current)).scalar()
-    hold = held(s, host, running) if running is not None else None
+        Generation.host == host, Generation.state == GenState.current)).first()
+    if running is None:
+        return "the host is not running"
+    hold = held(s, host, running.build_id)
     if hold is not None:  # the failure book
         return held_line(hold)
-    busy = s.execute(select(Attempt.id).where(Attempt.host == host, Attempt.outcome.is_(None))
-                     .limit(1)).scalar()
+    busy = open_attempt(s, host)
     if busy is not None:
         return f"attempt #{busy} is in flight"  # a restart would supersede it
     recent = s.execute(select(Attempt.id).where(

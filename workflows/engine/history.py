@@ -139,19 +139,22 @@ def count(s: Session, keep: Keep, now: datetime | None = None) -> dict[str, int]
 RINGS_KEPT = timedelta(hours=1)  # a ring is read within seconds (runners/base/wakeup.py Rings)
 
 
+def _batches(store: Store, table: Any, where: list[ColumnElement[bool]], batch: int,
+             max_batches: int | None, go_on: Callable[[], bool] = lambda: True) -> int:
+    done = n = 0
+    while go_on() and (max_batches is None or n < max_batches):
+        deleted = store.write(partial(prune_batch, table=table, where=where, limit=batch))
+        done, n = done + deleted, n + 1
+        if deleted < batch:
+            break
+    return done
+
+
 def prune_rings(store: Store, *, batch: int = BATCH, max_batches: int = 20) -> int:
     """Delete the rings (migration 0032) older than RINGS_KEPT, whatever the history kept:
     they are not history, only what an agent without LISTEN reads in its next sweep."""
     cutoff = store.read(store_now) - RINGS_KEPT
-    rings = Ring.__table__
-    done = 0
-    for _ in range(max_batches):
-        deleted = store.write(partial(prune_batch, table=rings, where=[rings.c.at < cutoff],
-                                      limit=batch))
-        done += deleted
-        if deleted < batch:
-            break
-    return done
+    return _batches(store, Ring.__table__, [Ring.__table__.c.at < cutoff], batch, max_batches)
 
 
 def prune(store: Store, keep: Keep, *, batch: int = BATCH, max_batches: int | None = None,
@@ -159,15 +162,5 @@ def prune(store: Store, keep: Keep, *, batch: int = BATCH, max_batches: int | No
     """Delete what `keep` lets go, `batch` rows per transaction, at most `max_batches`
     batches per table (None: until none is left), while `go_on()`. Returns the rows deleted
     per table."""
-    now = utcnow()
-    done: dict[str, int] = {}
-    for name, (table, where) in prunable(keep, now).items():
-        done[name] = 0
-        n = 0
-        while go_on() and (max_batches is None or n < max_batches):
-            deleted = store.write(partial(prune_batch, table=table, where=where, limit=batch))
-            done[name] += deleted
-            n += 1
-            if deleted < batch:
-                break
-    return done
+    return {name: _batches(store, table, where, batch, max_batches, go_on)
+            for name, (table, where) in prunable(keep, utcnow()).items()}

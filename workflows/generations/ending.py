@@ -26,8 +26,6 @@ RECHECK = 1.0  # seconds between looks at a drain that goes on past the hold
 WAITING = define("obligation.waiting", "a drain outlasted the hold: the row gives its drive "
                  "slot back and is due again shortly; SIGTERM was sent, nothing else changed")
 
-# Moves that carry no lease fence, each with the reason it needs none.
-
 
 def ref_of(gen: Generation) -> ProcRef:
     return ProcRef(generation_uuid=gen.uuid, pid=gen.pid, create_time=gen.create_time,
@@ -60,20 +58,15 @@ def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
     # left the cgroup and dropped the marker is still signalled and still blocks the proof.
     note(ctx, {gen.id: ref_of(gen)})
     ref = with_known(ctx, ref_of(gen), gen.id)
-    if drain_until is not None and ctx.proc.leader_alive(ref):
+    leader = drain_until is not None and ctx.proc.leader_alive(ref)
+    if drain_until is not None and (leader or drain_rest and ctx.proc.live_members(ref)):
         if gen.uuid not in ctx.termed:
-            ctx.proc.terminate(ref)
+            (ctx.proc.terminate if leader else ctx.proc.terminate_all)(ref)
             ctx.termed.add(gen.uuid)
             if points and points[0]:
                 crashpoint(points[0])
-        _drain(ctx, gen, drain_until, lambda: not ctx.proc.leader_alive(ref))
-    elif drain_until is not None and drain_rest and ctx.proc.live_members(ref):
-        if gen.uuid not in ctx.termed:
-            ctx.proc.terminate_all(ref)
-            ctx.termed.add(gen.uuid)
-            if points and points[0]:
-                crashpoint(points[0])
-        _drain(ctx, gen, drain_until, lambda: ctx.proc.proven(ref))
+        _drain(ctx, gen, drain_until, (lambda: not ctx.proc.leader_alive(ref)) if leader
+               else (lambda: ctx.proc.proven(ref)))
     if not ctx.proc.proven(ref):
         ctx.proc.kill_all(ref)
         if points:
@@ -83,8 +76,8 @@ def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
         return None
     ctx.on_proof_failed()
     left = ctx.proc.live_members(ref)
-    leader = "leader alive" if ctx.proc.leader_alive(ref) else "leader exited"
-    why = f"generation g{gen.id} not proven gone: {leader}, live pids {left}"
+    said = "leader alive" if ctx.proc.leader_alive(ref) else "leader exited"
+    why = f"generation g{gen.id} not proven gone: {said}, live pids {left}"
     log.warning("proof failed host=%s generation=g%d reason=%r", gen.host, gen.id, why)
     return why
 

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from models.errors import BadInput, BrokenInvariant, NotFound
+from models.errors import BadInput, present
 from models.states import LIVE_GEN, HostKind, ListenerState
 from models.store import emit, utcnow
 from models.tables import Generation, Host, Listener
 from models.transition import Fence, Unfenced, move
 from workflows.base.context import Context
 from workflows.base.crash import crashpoint, define
+from workflows.base.lookups import get_host
 from workflows.base.ports import SpawnError
 from workflows.base.waivers import OPERATOR
 from workflows.generations.ending import ref_of
@@ -230,8 +231,7 @@ def note(r: Listener) -> str | None:
 def reopen(s: Session, host: str) -> int:
     """`vigil host reopen`: the lost listeners of `host` are opened afresh at its next
     start. Returns how many."""
-    if s.get(Host, host) is None:
-        raise NotFound(f"no host named {host!r}", "see `vigil host list`")
+    get_host(s, host)
     n = 0
     for r in stored(s, host):
         if r.state is ListenerState.lost:
@@ -271,9 +271,7 @@ def fds_for(ctx: Context, host: Host, fence: int | None, rows: list[Listener] | 
 
 def _open(ctx: Context, host: str, rows: list[Listener], fence: int | None) -> None:
     guard: Fence | Unfenced = Fence(host, ctx.agent_id, fence) if fence is not None else OWN_BOX
-    port = ctx.listeners
-    if port is None:
-        raise BrokenInvariant("ctx.listeners is missing")
+    port = present(ctx.listeners, "ctx.listeners is missing")
 
     def intent(s: Session) -> None:
         for r in rows:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from models.errors import BrokenInvariant, Refused
+from models.errors import Refused, present
 from models.states import GenState, WakeState
 from models.store import emit, utcnow
 from models.tables import Generation, Wake
@@ -77,16 +77,12 @@ def fail_start(ctx: Context, w: Wake, gen: Generation, wake_from: WakeState,
 
     ctx.store.write(step)
     crashpoint(FAILING)
-    w2 = ctx.store.read(lambda s: s.get(Wake, w.id))
-    if w2 is None:
-        raise BrokenInvariant(f"wake #{w.id} is missing")
+    w2 = present(ctx.store.read(lambda s: s.get(Wake, w.id)), f"wake #{w.id} is missing")
     return prove_failed(ctx, w2)
 
 
 def prove_failed(ctx: Context, w: Wake) -> Result:
-    gen = ctx.store.read(lambda s: s.get(Generation, w.generation_id))
-    if gen is None:
-        raise BrokenInvariant("gen is missing")
+    gen = present(ctx.store.read(lambda s: s.get(Generation, w.generation_id)), "gen is missing")
     if gen.state is not GenState.proven:
         problem = end_generation(ctx, gen, drain_until=None, points=(None, KILLED))
         if problem is not None:

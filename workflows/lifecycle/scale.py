@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import NotFound, Refused
+from models.errors import Refused
 from models.states import OPEN_STOP, Desired, GenState, StopState, WakeState
 from models.store import emit, utcnow
-from models.tables import Attempt, Generation, Host, SlotStreak, Stop, Wake
+from models.tables import Generation, Host, SlotStreak, Stop, Wake
 from models.transition import move, move_many
+from workflows.base.lookups import get_host, open_attempt, open_stop
 from workflows.base.queue import enqueue_slots
 from workflows.base.waivers import OPERATOR
 from workflows.generations.listeners import stored
@@ -38,14 +39,9 @@ class Scaled:
 
 
 def request_scale(s: Session, name: str, n: int) -> Scaled:
-    h = s.get(Host, name)
-    if h is None:
-        raise NotFound(f"no host named {name!r}", "see `vigil host list`")
+    h = get_host(s, name)
     check_instances(n, stored(s, name), h.kind, label="scale", tier=h.memory_tier_mb)
-    busy = s.execute(select(Attempt.id).where(Attempt.host == name,
-                                              Attempt.outcome.is_(None))).scalar()
-    stopping = s.execute(select(Stop.id).where(Stop.host == name,
-                                               Stop.state.in_(OPEN_STOP))).scalar()
+    busy, stopping = open_attempt(s, name), open_stop(s, name)
     if busy is not None or stopping is not None:
         what = f"deploy #{busy} is under way" if busy is not None else f"stop #{stopping} is open"
         raise Refused(f"host {name} cannot be scaled now: {what}",

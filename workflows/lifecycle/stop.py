@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import BrokenInvariant, NotFound
+from models.errors import BrokenInvariant, present
 from models.states import (
     OPEN_STOP,
     AttemptStep,
@@ -28,6 +28,7 @@ from models.tables import Attempt, Generation, Host, Member, Stop, Wake
 from models.transition import Fence, move, move_many
 from workflows.base.context import Context, Held, Poke, Result
 from workflows.base.crash import crashpoint, define
+from workflows.base.lookups import get_host
 from workflows.base.waivers import BY_STATE, OPERATOR
 from workflows.builds.book import nudge
 from workflows.generations.create import join_set
@@ -53,8 +54,7 @@ class StopRequest:
 def request_stop(s: Session, host: str, force: bool = False) -> StopRequest:
     """The CLI's intent: wakes that have not spawned yet are cancelled in the same transaction.
     Refused while hosts that start after it are up, unless `force`."""
-    if s.get(Host, host) is None:
-        raise NotFound(f"no host named {host!r}", "see `vigil host list`")
+    get_host(s, host)
     if not force:
         refuse_stop(s, host)
     move_many(s, Host, [Host.name == host], {"desired": Desired.down}, f"host {host} down",
@@ -199,9 +199,7 @@ def _finish(ctx: Context, st: Stop) -> Result:
     siblings = [] if st.slot is not None else ctx.store.read(lambda s: s.execute(
         select(Member.generation_id).where(Member.host == st.host)).scalars().all())
     if gen.state is not GenState.proven:
-        host = ctx.store.read(lambda s: s.get(Host, st.host))
-        if host is None:
-            raise BrokenInvariant("host is missing")
+        host = present(ctx.store.read(lambda s: s.get(Host, st.host)), "host is missing")
         # The drain deadline is measured from the first SIGTERM, so a retry after a
         # restart does not grant the app a second full drain.
         drain_until = _epoch(st) + host.drain_timeout

@@ -22,14 +22,14 @@ from sqlalchemy.orm import Session
 
 from models import facts
 from models.durations import check_seconds
-from models.errors import BadInput, BrokenInvariant, LostRace
+from models.errors import BadInput, LostRace, present
 from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole, WakeState
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Lease, Member, Wake
 from models.transition import Fence, Unfenced, move, move_many
 from workflows.base.context import Context
 from workflows.base.crash import crashpoint, define
-from workflows.base.lookups import open_stop
+from workflows.base.lookups import open_attempt, open_stop
 from workflows.base.ports import ProcRef
 from workflows.base.queue import enqueue_wake
 from workflows.base.sanity import impossible_hosts
@@ -89,16 +89,11 @@ def check_policy(kind: HostKind, policy: dict[str, object]) -> dict[str, object]
     return out
 
 
-def open_attempt(s: Session, host: str) -> Attempt | None:
-    return s.execute(select(Attempt).where(Attempt.host == host, Attempt.outcome.is_(None))
-                     .order_by(Attempt.id).limit(1)).scalar_one_or_none()
-
-
 def _busy(s: Session, host: str) -> str | None:
     """Why the sweep leaves a worker alone: something else is already moving it."""
     a = open_attempt(s, host)
     if a is not None:
-        return f"attempt #{a.id} is open"
+        return f"attempt #{a} is open"
     if open_stop(s, host) is not None:
         return "a stop is open"
     if s.execute(select(Wake.id).where(Wake.host == host, Wake.state.in_(OPEN_WAKE))).first():
@@ -130,7 +125,7 @@ def queue_restart(s: Session, host: Host, build_id: int, up: float, why: str) ->
         return
     a = open_attempt(s, host.name)
     if a is not None:
-        emit(s, "restart_coalesced", host.name, attempt=a.id, reason=why)
+        emit(s, "restart_coalesced", host.name, attempt=a, reason=why)
         return
     hold = held(s, host.name, build_id)
     if hold is not None:  # the failure book: a restart never puts a held-down build back
@@ -149,19 +144,16 @@ def after_failed_start(s: Session, w: Wake) -> None:
         queue_restart(s, host, build_id, 0.0, "its restart failed")
 
 
-def coalesce(s: Session, w: Wake) -> Attempt | None:
+def coalesce(s: Session, w: Wake) -> int | None:
     """A worker's own queued start gives way to a queued release attempt: cancelled here,
-    so the attempt makes the one spawn. Returns that attempt, or None (nothing to yield to)."""
-    if w.cause not in OWN_STARTS:
-        return None
-    a = open_attempt(s, w.host)
+    so the attempt makes the one spawn. Returns that attempt's id, or None."""
+    a = open_attempt(s, w.host) if w.cause in OWN_STARTS else None
     if a is None:
         return None
-    move(s, Wake, {"id": w.id},
-         {"state": WakeState.cancelled, "ended_at": utcnow(),
-          "reason": f"coalesced: attempt #{a.id} makes the spawn"},
+    move(s, Wake, {"id": w.id}, {"state": WakeState.cancelled, "ended_at": utcnow(),
+                                 "reason": f"coalesced: attempt #{a} makes the spawn"},
          f"wake #{w.id} queued -> cancelled", fence=BY_STATE, col="state", frm=WakeState.queued)
-    emit(s, "restart_coalesced", w.host, attempt=a.id, wake=w.id, cause=w.cause)
+    emit(s, "restart_coalesced", w.host, attempt=a, wake=w.id, cause=w.cause)
     return a
 
 
@@ -352,9 +344,7 @@ def _replace(ctx: Context, gen: Generation, host: Host, cause: str, build_id: in
         busy = _busy(s, gen.host)
         if busy is not None:
             return False
-        lease = s.get(Lease, gen.host)
-        if lease is None:
-            raise BrokenInvariant("lease is missing")
+        lease = present(s.get(Lease, gen.host), "lease is missing")
         move(s, Generation, {"id": gen.id},
              {"state": GenState.retiring, "end_reason": f"{cause}: {why}"},
              f"generation g{gen.id} current -> retiring", fence=Fence(gen.host, ctx.agent_id, lease.fence), col="state",

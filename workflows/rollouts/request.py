@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from models.errors import BadInput, NotFound, Refused
+from models.errors import BadInput, Refused
 from models.states import Mode, RolloutState, TargetState
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Host, Rollout, RolloutTarget, Stop
 from models.transition import move
+from workflows.base.lookups import get_host
 from workflows.base.waivers import OPERATOR
 from workflows.rollouts.rows import cancel_queued, get_rollout, skip_reason
 from workflows.rollouts.waves import parse_waves, wave_ends
@@ -30,8 +31,7 @@ def select_hosts(s: Session, names: list[str], glob: str | None) -> list[str]:
     """The targets in order: the --host names as given, then the --hosts matches by name."""
     chosen: list[str] = []
     for n in names:
-        if s.get(Host, n) is None:
-            raise NotFound(f"no host named {n!r}", "see `vigil host list`")
+        get_host(s, n)
         if n not in chosen:
             chosen.append(n)
     if glob is not None:
@@ -93,32 +93,29 @@ def request_rollout(s: Session, build: Build, hosts: list[str], *, waves: str, m
     return Started(r.id, grouped, skipped)
 
 
-def pause_rollout(s: Session, rollout_id: int) -> str:
+def _toggle(s: Session, rollout_id: int, frm: RolloutState, to: RolloutState, verb: str,
+            event: str, done: str, **values: object) -> str:
     r = get_rollout(s, rollout_id)
-    if r.state is RolloutState.paused:
-        return f"rollout #{r.id} is already paused"
-    if r.state is not RolloutState.running:
-        raise Refused(f"rollout #{r.id} is {r.state.value}: only a running rollout pauses",
+    if r.state is to:
+        return f"rollout #{r.id} is already {to.value}"
+    if r.state is not frm:
+        raise Refused(f"rollout #{r.id} is {r.state.value}: only a {frm.value} rollout {verb}",
                       f"see `vigil rollout status {r.id}`")
-    move(s, Rollout, {"id": r.id}, {"state": RolloutState.paused}, f"rollout #{r.id} -> paused",
-         fence=OPERATOR, col="state", frm=RolloutState.running)
-    emit(s, "rollout_paused", None, rollout=r.id, wave=r.wave)
-    return (f"rollout #{r.id} paused: the wave in flight settles, no new wave starts until "
-            f"`vigil rollout resume {r.id}`")
+    move(s, Rollout, {"id": r.id}, {"state": to, **values}, f"rollout #{r.id} -> {to.value}",
+         fence=OPERATOR, col="state", frm=frm)
+    emit(s, event, None, rollout=r.id, wave=r.wave)
+    return done.format(id=r.id)
+
+
+def pause_rollout(s: Session, rollout_id: int) -> str:
+    return _toggle(s, rollout_id, RolloutState.running, RolloutState.paused, "pauses", "rollout_paused",
+                   "rollout #{id} paused: the wave in flight settles, no new wave starts until "
+                   "`vigil rollout resume {id}`")
 
 
 def resume_rollout(s: Session, rollout_id: int) -> str:
-    r = get_rollout(s, rollout_id)
-    if r.state is RolloutState.running:
-        return f"rollout #{r.id} is already running"
-    if r.state is not RolloutState.paused:
-        raise Refused(f"rollout #{r.id} is {r.state.value}: only a paused rollout resumes",
-                      f"see `vigil rollout status {r.id}`")
-    move(s, Rollout, {"id": r.id}, {"state": RolloutState.running, "next_attempt_at": utcnow(),
-                                    "attempts": 0},
-         f"rollout #{r.id} -> running", fence=OPERATOR, col="state", frm=RolloutState.paused)
-    emit(s, "rollout_resumed", None, rollout=r.id, wave=r.wave)
-    return f"rollout #{r.id} resumed"
+    return _toggle(s, rollout_id, RolloutState.paused, RolloutState.running, "resumes", "rollout_resumed",
+                   "rollout #{id} resumed", next_attempt_at=utcnow(), attempts=0)
 
 
 def abort_rollout(s: Session, rollout_id: int) -> str:

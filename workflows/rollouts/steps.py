@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import BrokenInvariant
+from models.errors import BrokenInvariant, present
 from models.states import Cause, Outcome, RolloutOutcome, RolloutState, TargetState
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Rollout, RolloutTarget, Stop
@@ -45,9 +45,7 @@ ENDED = define("rollout.ended", "the rollout's outcome is written: no longer an 
 
 def admit_wave(s: Session, r: Rollout, targets: list[RolloutTarget]) -> str:
     k = r.wave + 1
-    build = s.get(Build, r.build_id)
-    if build is None:
-        raise BrokenInvariant(f"build #{r.build_id} of rollout #{r.id} is missing")
+    build = present(s.get(Build, r.build_id), f"build #{r.build_id} of rollout #{r.id} is missing")
     admitted: dict[str, int] = {}
     passed: dict[str, str] = {}
     for t in targets:
@@ -81,9 +79,8 @@ def reissue(s: Session, r: Rollout, again: list[tuple[RolloutTarget, Attempt | N
         if a is None:
             raise BrokenInvariant("a reissued target has no attempt")
         back = t.state is TargetState.reverting
-        build = s.get(Build, t.from_build_id if back else r.build_id)
-        if build is None:
-            raise BrokenInvariant(f"the build of target {t.host} of rollout #{r.id} is missing")
+        build = present(s.get(Build, t.from_build_id if back else r.build_id),
+                        f"the build of target {t.host} of rollout #{r.id} is missing")
         new = request_deploy(s, t.host, build, mode=r.mode, canary=r.canary and not back,
                              cause=Cause.rollout)
         col = "revert_attempt_id" if back else "attempt_id"
