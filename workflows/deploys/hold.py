@@ -112,18 +112,15 @@ def _admit(ctx: Context, run: Run, steps: Steps) -> tuple[Run, Steps, Build] | N
 
 def _resume(ctx: Context, run: Run, steps: Steps) -> Build:
     """An attempt found mid-way: a successor of an earlier try is ended before another one
-    is written."""
-    if steps.row.at in (AttemptStep.spawning, AttemptStep.spawned, AttemptStep.healthy,
-                        AttemptStep.settled):
-        # Interrupted after the old one was stopped: end what was starting, start again.
-        steps.commit(Step(AttemptStep.stopping_old, write=lambda s: _retire_successor(s, run)),
-                     gated=False)
-        if run.successor_id is not None:
-            deploy.reap_inline(ctx, run.successor_id)
-    elif run.successor_id is not None:
-        # A successor written by a try that died before its spawn step: it never ran,
-        # but it is a member; reap it before another one is written.
-        steps.commit(Step(None, write=lambda s: _retire_successor(s, run)), gated=False)
+    is written (interrupted after the old one was stopped, the attempt goes back to
+    stopping_old; written by a try that died before its spawn step, it never ran, but it
+    is a member)."""
+    back = steps.row.at in (AttemptStep.spawning, AttemptStep.spawned, AttemptStep.healthy,
+                            AttemptStep.settled)
+    if back or run.successor_id is not None:
+        steps.commit(Step(AttemptStep.stopping_old if back else None,
+                          write=lambda s: _retire_successor(s, run)), gated=False)
+    if run.successor_id is not None:
         deploy.reap_inline(ctx, run.successor_id)
     return deploy.verify(ctx, run)
 

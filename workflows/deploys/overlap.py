@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.errors import BrokenInvariant
 from models.states import AttemptStep, GenState, MemberRole, Outcome
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Generation, Host, Member
+from models.transition import move_many
 from workflows.base.classify import BuildFailed, Interrupted, Stale
 from workflows.base.context import Context, Held
 from workflows.base.crash import define
@@ -70,11 +72,7 @@ def _admit(ctx: Context, run: Run, steps: Steps) -> Slot | None:
             raise Held(f"waiting for member(s) {members} of {run.host} to be proven gone")
         if h.raised:
             raise Held(f"parent limit of {run.host} is still raised: a restore is pending")
-        g = deploy.successor_in(s, ctx, ran, h)
-        ran = replace(ran, successor_id=g.id)
-        admit = Step(AttemptStep.admitted, deploy.ADMITTED,
-                     values={"fence": ran.fence, "successor_id": g.id})
-        return (ran, steps, h, g), [admit, *_raised(ctx, ran, h)]
+        return _admitted(s, ctx, ran, steps, h, 0, fence=ran.fence)
 
     slot = steps.decide(admission, gated=False)  # it gates once it has read the fence
     if slot is None:
@@ -83,14 +81,19 @@ def _admit(ctx: Context, run: Run, steps: Steps) -> Slot | None:
     return ran, deploy.gated(ctx, ran, steps.row.at), h, g
 
 
-def _raised(ctx: Context, run: Run, h: Host) -> list[Step]:
-    """Nothing to raise: the raise and the publication ride in the admission's commit (one
+def _admitted(s: Session, ctx: Context, run: Run, steps: Steps, h: Host, slot: int,
+              **values: Any) -> tuple[Slot, list[Step]]:
+    """The successor of `slot` is written (its generation, a member) and the attempt
+    admitted. Nothing to raise: the raise and the publication ride in this commit (one
     fsync instead of three before the exec); their crash points follow it. (The spawn's
     intent stays a commit of its own: a crash before it proves that nothing of the build
     ran, executed=false.)"""
-    if _can_raise(ctx, h):
-        return []
-    return [Step(AttemptStep.raised, RAISED), deploy.published(run.build_id)]
+    g = deploy.successor_in(s, ctx, run, h, slot=slot)
+    ran = replace(run, successor_id=g.id, **values)
+    taken = [Step(AttemptStep.admitted, deploy.ADMITTED, values={"successor_id": g.id, **values})]
+    if not _can_raise(ctx, h):
+        taken += [Step(AttemptStep.raised, RAISED), deploy.published(run.build_id)]
+    return (ran, steps, h, g), taken
 
 
 def _replace(ctx: Context, build: Build, run: Run, steps: Steps, host: Host,
@@ -189,8 +192,9 @@ def _raise_parent(ctx: Context, run: Run, host: Host) -> Step:
         except OSError as exc:
             raise Stale(f"parent limit raise failed: {exc}") from None
 
-    return Step(AttemptStep.raised, RAISED, lambda s: s.execute(
-        update(Host).where(Host.name == run.host).values(raised=True)), then=ask)
+    return Step(AttemptStep.raised, RAISED, lambda s: move_many(
+        s, Host, [Host.name == run.host], {"raised": True}, f"parent limit of {run.host} raised",
+        fence=deploy.BY_STEP), then=ask)
 
 
 def _drain(ctx: Context, run: Run, steps: Steps) -> Slot | None:
@@ -226,14 +230,11 @@ def _after(s: Session, ctx: Context, run: Run, steps: Steps, old_id: int | None,
         if old_id is not None:
             emit(s, "switched_slot", run.host, run.successor_id, attempt=run.id, retired=old_id,
                  drain_seconds=round(drain, 3))
-        g = deploy.successor_in(s, ctx, run, h, slot=done.slot + 1)
-        nxt = replace(run, successor_id=g.id, retiring_id=None)
-        admit = Step(AttemptStep.admitted, deploy.ADMITTED,
-                     values={"successor_id": g.id, "retiring_id": None})
-        return (nxt, steps, h, g), [drained, admit, *_raised(ctx, nxt, h)]
+        slot, taken = _admitted(s, ctx, run, steps, h, done.slot + 1, retiring_id=None)
+        return slot, [drained, *taken]
     why = "switched and drained" if old_id is not None else \
         "switched (the old generation had already exited)"
-    emit(s, "swapped", run.host, run.successor_id, attempt=run.id, mode=run.mode.value,
+    emit(s, "swapped", run.host, run.successor_id, attempt=run.id, mode=run.effective_mode.value,
          retired=old_id, drain_seconds=round(drain, 3))
     return None, [drained, Step(AttemptStep.ended, None, lambda s: deploy.ended(s, run), {
         "outcome": Outcome.done, "executed": True, "drain_seconds": drain, "reason": why,

@@ -6,7 +6,7 @@ and ending a retiring generation."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import UTC
 
 from sqlalchemy import select
@@ -37,7 +37,7 @@ from workflows.generations.create import intend, join_set
 from workflows.generations.ending import end_generation, ref_of
 from workflows.generations.listeners import stored
 from workflows.leases.lease import acquire, held_fence
-from workflows.lifecycle.members import drive_member
+from workflows.lifecycle.members import MEMBER_NOTE, drive_member
 from workflows.lifecycle.scale import scaling_down
 from workflows.lifecycle.start import Carrier, Start, Step, Steps, check, current_in, record, spawn
 from workflows.lifecycle.workers import yield_own_starts
@@ -68,7 +68,7 @@ class Run:
     digest: str
     revision: int
     canary: bool
-    mode: Mode
+    effective_mode: Mode
     fence: int | None
     successor_id: int | None
     retiring_id: int | None
@@ -81,8 +81,7 @@ def load(ctx: Context, attempt_id: int) -> Attempt | None:
 
 def begin(ctx: Context, a: Attempt) -> tuple[Run, Steps]:
     """The attempt as a record, and the runner of its steps from the step it is at."""
-    run = Run(a.id, a.host, a.build_id, a.digest, a.revision, a.canary, a.effective_mode,
-              a.fence, a.successor_id, a.retiring_id, a.drain_seconds)
+    run = Run(**{f.name: getattr(a, f.name) for f in fields(Run)})
     return run, gated(ctx, run, a.step)
 
 
@@ -254,8 +253,10 @@ def end_retiring(ctx: Context, a: Run, *, mark_unproven: bool) -> tuple[Generati
                                  points=(DRAIN_TERMED, DRAIN_KILLED))
         if problem is not None:
             if mark_unproven:
-                ctx.store.write(lambda s: s.execute(Member.__table__.update().where(
-                    Member.generation_id == old.id).values(unproven=True, retried_at=utcnow())))
+                ctx.store.write(lambda s: move_many(
+                    s, Member, [Member.generation_id == old.id],
+                    {"unproven": True, "retried_at": utcnow()}, f"member g{old.id} unproven",
+                    fence=MEMBER_NOTE))
             raise Poke(problem)
     return old, max(0.0, ctx.clock.now() - started)
 

@@ -8,13 +8,14 @@ import json
 import os
 import uuid as uuidlib
 
-from sqlalchemy import bindparam, insert, update
+from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from models.statedir import private_dirs
 from models.states import GenState, HostKind, MemberRole
 from models.store import utcnow
 from models.tables import Build, Generation, Host, Listener, Member
+from models.transition import Unfenced, move
 from workflows.base.context import Context
 from workflows.base.ports import Spawned, SpawnError, SpawnSpec
 from workflows.generations.access import prepare_socket_dir
@@ -24,7 +25,7 @@ from workflows.generations.readiness import mode, own_socket
 _G = Generation.__table__
 LIMITS = ("memory_max", "cpu_quota", "pids_max", "limit_nofile", "limit_core")  # host columns
 _NEW = insert(_G).returning(_G.c.id)  # built once: an ORM add cost a unit-of-work flush
-_SOCKET = update(_G).where(_G.c.id == bindparam("gid")).values(socket=bindparam("sock"))
+NEW_ROW = Unfenced("the row is written in this same commit: nothing else can know it yet")
 
 
 def intend(s: Session, ctx: Context, host: Host, build_id: int, fence: int | None, *,
@@ -40,7 +41,8 @@ def intend(s: Session, ctx: Context, host: Host, build_id: int, fence: int | Non
     socket = None
     if own_socket(host):  # named after the row's id
         socket = ctx.socket_for(host.name, gid)
-        s.execute(_SOCKET, {"gid": gid, "sock": socket})
+        move(s, Generation, {"id": gid}, {"socket": socket}, f"generation g{gid} socket",
+             fence=NEW_ROW)
     return Generation(id=gid, socket=socket, **row)
 
 

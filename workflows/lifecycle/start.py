@@ -185,9 +185,11 @@ def check(ctx: Context, host: Host, gen: Generation, *, walk: bool = True) -> Ch
     return Check(None if ctx.proc.leader_alive(ref) else "worker exited right after its start")
 
 
-def always_on(host: Host) -> bool:
-    """A worker that is not a one-shot: nothing to check beyond its leader being alive."""
-    return host.kind is HostKind.worker and not host.one_shot
+def at_once(ctx: Context, host: Host, gen: Generation) -> bool:
+    """A worker that is not a one-shot, alive: nothing to check, current in the commit
+    that records its pid."""
+    return host.kind is HostKind.worker and not host.one_shot and ctx.proc.leader_alive(
+        ref_of(gen))
 
 
 @dataclass(frozen=True)

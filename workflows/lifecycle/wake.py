@@ -30,7 +30,6 @@ from workflows.base.queue import enqueue_slots, enqueue_wake
 from workflows.base.waivers import BY_STATE, OPERATOR
 from workflows.builds.staged import mark_published, staged_problem
 from workflows.generations.create import intend
-from workflows.generations.ending import ref_of
 from workflows.leases.lease import Holding, acquire
 from workflows.lifecycle.failed_wake import (
     fail_start,
@@ -46,7 +45,7 @@ from workflows.lifecycle.start import (
     Start,
     Step,
     Steps,
-    always_on,
+    at_once,
     check,
     current_in,
     link,
@@ -293,7 +292,7 @@ def started(ctx: Context, go: Launch) -> Result:
     gen = spawned(ctx, go)
     if isinstance(gen, Result):
         return gen
-    if at_once(ctx, go, gen):
+    if at_once(ctx, go.start.host, gen):
         record(go.steps, go.start, gen, go.ours, serve=serve(go, gen, recorded=False))
         return Result.progress
     return settle(ctx, go, gen)
@@ -306,11 +305,6 @@ def spawned(ctx: Context, go: Launch) -> Generation | Result:
     except SpawnError as exc:
         return fail_start(ctx, go.wake, go.start.gen, WakeState.spawning, GenState.spawning,
                           f"spawn failed: {exc}")
-
-
-def at_once(ctx: Context, go: Launch, gen: Generation) -> bool:
-    """A worker with nothing to check: current in the commit that records its pid."""
-    return always_on(go.start.host) and ctx.proc.leader_alive(ref_of(gen))
 
 
 def serve(go: Launch, gen: Generation, *, recorded: bool = True, waiters: bool = True) -> Step:

@@ -26,10 +26,9 @@ from workflows.base.context import Context, Result
 from workflows.generations.ending import ref_of
 from workflows.generations.known import note
 from workflows.lifecycle.order import wake_waiters
-from workflows.lifecycle.start import Step
+from workflows.lifecycle.start import Step, at_once
 from workflows.lifecycle.wake import (
     Launch,
-    at_once,
     begun,
     drive_wake,
     intent,
@@ -114,7 +113,7 @@ def _spawn_all(ctx: Context, going: list[Launch], out: dict[int, Outcome]
             gen = spawned(ctx, go)
             if isinstance(gen, Result):
                 out[go.wake.id] = gen
-            elif at_once(ctx, go, gen):
+            elif at_once(ctx, go.start.host, gen):
                 ready.append((go, gen))
             else:
                 out[go.wake.id] = settle(ctx, go, gen)
