@@ -41,8 +41,8 @@ from runners.backend.launch import (
 from runners.base.pids import (
     CTIME_TOLERANCE,
     carriers,
+    kill_leader,
     live_status,
-    matches,
     pid_status,
     signal_same,
 )
@@ -269,20 +269,7 @@ class ProcessBackend:
             signal_same(pid, ctime, signal.SIGTERM)
 
     def kill_all(self, ref: ProcRef) -> None:
-        if ref.cgroup:
-            try:
-                with open(os.path.join(ref.cgroup, "cgroup.kill"), "w") as f:
-                    f.write("1")
-            except FileNotFoundError:
-                pass
-        # Leader's session group first (cheap).
-        if ref.pid is not None and ref.create_time is not None:
-            if matches(ref.pid, ref.create_time):
-                try:
-                    os.killpg(ref.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            signal_same(ref.pid, ref.create_time, signal.SIGKILL)
+        kill_leader(ref.cgroup, ref.pid, ref.create_time)
         # Then every carrier of the marker and every recorded descendant (an escaped one
         # is in neither the cgroup nor the marker scan), each pid-verified.
         for pid, ctime in {**live_known(ref), **self._marker_scan(ref.generation_uuid, ref.user)}.items():

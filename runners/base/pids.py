@@ -115,3 +115,21 @@ def signal_same(pid: int, ctime: float, sig: int) -> None:
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def kill_leader(cgroup: str | None, pid: int | None, ctime: float | None) -> None:
+    """SIGKILL a generation's cgroup (cgroup.kill) and its leader's session group, then the
+    leader, each pid-verified: the instant part of a kill (the marker carriers come next)."""
+    if cgroup:
+        try:
+            with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:
+                f.write("1")
+        except OSError:
+            pass
+    if pid is not None and ctime is not None:
+        if matches(pid, ctime):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        signal_same(pid, ctime, signal.SIGKILL)

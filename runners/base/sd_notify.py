@@ -1,14 +1,11 @@
 """systemd's readiness notification (sd_notify), both ends, without a new dependency.
 
-Sending (notify()): when systemd starts the agent with `Type=notify`, it sets $NOTIFY_SOCKET
-to a unix datagram socket (a path, or `@name` in the abstract namespace). The agent sends
-`READY=1` once its recovery is done, `STATUS=...` lines a person sees in `systemctl status`,
-and `STOPPING=1` when it shuts down. Without $NOTIFY_SOCKET every call does nothing.
-
-Receiving (bind(), receive()): `vigil agent start` waits for its agent's READY=1, and each
-generation on a shared listener has a socket of its own (runners/backend/readysignal.py). Such
-a socket's name is visible to anyone who may send to it, so each datagram comes with its
-sender's pid (SCM_CREDENTIALS, the kernel's word)."""
+notify(): under `Type=notify` systemd sets $NOTIFY_SOCKET (a path, or `@name`: abstract);
+the agent sends `READY=1` once recovered, `STATUS=...` lines and `STOPPING=1`; without it
+every call does nothing. bind()/receive(): `vigil agent start` waits for its agent's
+READY=1, and each generation on a shared listener has a socket of its own
+(runners/backend/readysignal.py); anyone may send to such a name, so each datagram comes
+with its sender's pid (SCM_CREDENTIALS)."""
 
 from __future__ import annotations
 

@@ -82,17 +82,12 @@ class _Spell:
 
 
 class StoreWatch:
-    """What the agent says about its store, and whether it may act.
-
-    - `trouble(exc)`: a whole-store failure (full, unreachable, read-only, locked past the
-      wait, damaged) is logged as one line the first time, then every REPEAT seconds while
-      it lasts, never as a traceback; returns False for any other error (the caller logs
-      it as before). A damaged store also halts the agent.
-    - `fine()`: a round went through: if the store was in trouble, one line says it is back.
-    - `halt(kind, cause, fix)`: the store cannot be trusted any more (the file under the
-      agent was replaced, its schema changed): the agent stops acting; the line is in its
-      log (then every REPEAT seconds) and in <state>/agent.halted for `vigil status` and
-      `vigil check`."""
+    """What the agent says about its store, and whether it may act. `trouble(exc)`: a
+    whole-store failure (full, unreachable, read-only, locked past the wait, damaged) is one
+    line, then one every REPEAT seconds, never a traceback (False: another error, the caller
+    logs it); a damaged store halts. `ok()`: back, once. `halt(kind, cause, fix)`: the store
+    cannot be trusted (its file replaced, its schema changed): the agent stops acting, says so
+    in its log and in <state>/agent.halted (`vigil status`, `vigil check`)."""
 
     def __init__(self, url: str, state_dir: Path, log: logging.Logger,
                  clock: Callable[[], float] = time.monotonic, repeat: float = REPEAT,

@@ -1,9 +1,7 @@
 """The lines of the apps' output files, each with the time the log keeper took it from the
-app's pipe: the records of `g<N>.times` beside each `g<N>.log` (runners/keepers/logfile.py
-says how they are written). A line's time is that of the first record whose offset reaches
-the line's end; a line no record reaches (written before its record, or before vigil kept
-times) has the file's mtime. Read by `vigil logs` (runners/cli/logs.py), which merges the
-lines of several generations and hosts by these times."""
+pipe, from `g<N>.times` beside each `g<N>.log` (runners/keepers/logfile.py): the first
+record reaching a line's end; a line none reaches has the file's mtime. Read by `vigil
+logs` (runners/cli/logs.py) to merge several generations and hosts."""
 
 from __future__ import annotations
 

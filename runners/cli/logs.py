@@ -1,11 +1,8 @@
 """`vigil logs HOST...`: the apps' output, each line prefixed by the generation that wrote
-it (and its host, when several are shown), in the order the lines were written.
-
-Each generation writes its own file, `<state>/logs/<host>/g<N>.log` (rotated to .1, .2, ...
-by the box's log keeper, runners/keepers/logkeeper.py): two generations run at once during an
-overlap deploy, and with a file each neither can tear the other's lines nor race its
-rotation. The keeper records when it took each piece (runners/cli/loglines.py reads it), so
-the lines of several generations and hosts are merged by the time they were written."""
+it (and its host, when several are shown), merged in the order the lines were written by
+the times the log keeper records (runners/cli/loglines.py). Each generation has its own
+file (runners/keepers/logkeeper.py), so the two of an overlap deploy never tear each
+other's lines nor race a rotation."""
 
 from __future__ import annotations
 

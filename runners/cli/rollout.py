@@ -1,9 +1,6 @@
 """`vigil rollout start|status|pause|resume|abort|list`: one build to many hosts in waves.
-
-Every command writes its intent to the store (or reads it) and rings the agents; the
-agents advance the rollout (workflows/rollouts/driver.py). Attached to the `cli` group in
-runners/cli/__init__.py; the group's object is the command's environment (`store()`, `state_dir`).
-"""
+Each command writes its intent (or reads) and rings the agents, which advance the rollout
+(workflows/rollouts/driver.py)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """`vigil shutdown`: the reverse of the quickstart. Every host stopped (SIGTERM, drain,
-proof, lease given back), then the agent, then the listening sockets the fd holder keeps
-closed, then the keepers gone: nothing of vigil is left running on this box, and no port
-it held still takes connections.
-
-Not `vigil agent stop`: that one keeps the apps and their sockets on purpose (the next
-agent adopts them, and connections wait in the backlog meanwhile). Shutdown is for taking
-the whole box down. The hosts stay defined and their listeners declared: `vigil agent
-start` and `vigil wake` bring them back (each socket bound again, recorded as
-`listener_reopened`, closed by `vigil shutdown`)."""
+proof, lease given back), then the agent, then the fd holder's listening sockets closed,
+then the keepers gone: nothing of vigil runs on this box and no port it held still takes
+connections. (`vigil agent stop` keeps the apps and sockets on purpose, for the next agent.)
+The hosts stay defined and their listeners declared: `vigil agent start` and `vigil wake`
+bring them back (each socket bound again, recorded as `listener_reopened`)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.base.doorbell import lock_holder, take_lock
-from runners.base.pids import carriers, matches, signal_same
+from runners.base.pids import carriers, kill_leader, matches, signal_same
 
 FENCE_FILE = "fence.json"
 KEEPER_LOCK = "fence.lock"
@@ -64,19 +64,7 @@ def fence(gens: list[dict[str, Any]]) -> int:
     first (instant), then every marker carrier found in one scan. Returns how many live
     processes the scan found (0: all gone)."""
     for g in gens:
-        if g.get("cgroup"):
-            try:
-                with open(os.path.join(g["cgroup"], "cgroup.kill"), "w") as f:
-                    f.write("1")
-            except OSError:
-                pass
-        pid, ctime = g.get("pid"), g.get("create_time")
-        if pid is not None and ctime is not None and matches(pid, ctime):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            signal_same(pid, ctime, signal.SIGKILL)
+        kill_leader(g.get("cgroup"), g.get("pid"), g.get("create_time"))
     left = carriers({g["uuid"] for g in gens})
     for pid, (_, ctime) in left.items():
         signal_same(pid, ctime, signal.SIGKILL)

@@ -1,13 +1,11 @@
-"""The quick CLI's side of the agent's control socket (runners/quick/control.py): one JSON object
-a line each way, over `<state>/control.sock`. Imports only the standard library and
-models/errors.py (which imports nothing): a command that an agent answers costs a small
-client's start-up, not SQLAlchemy's import.
+"""The quick CLI's side of the agent's control socket (runners/quick/control.py): one JSON
+object a line each way over `<state>/control.sock`. Imports only the standard library and
+models/errors.py: a command the agent answers does not pay for SQLAlchemy's import.
 
-Request: `{"op": "wake", "args": {...}, "db": URL or null}`. Reply: `{"ok": true,
-"result": ...}`, `{"ok": false, "error": {"cause", "fix", "exit_code"}}` (raised as a
-VigilError with that exit code), or `{"ok": false, "other_store": true}` when the agent
-runs on another database than the client names (the client then works on the store
-itself)."""
+Request: `{"op": "wake", "args": {...}, "db": URL or null}`. Reply: `{"ok": true, "result":
+...}`, `{"ok": false, "error": {"cause", "fix", "exit_code"}}` (raised as that VigilError),
+or `{"ok": false, "other_store": true}`: the agent runs on another database (the client
+then works on the store itself)."""
 
 from __future__ import annotations
 
