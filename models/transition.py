@@ -137,8 +137,8 @@ def _shaped(model: Any, equal: tuple[tuple[str, bool], ...], values: dict[str, A
     return stmt
 
 
-def move(session: Session, model: Any, where: dict[str, Any] | list[Any] | int | str,
-         values: dict[str, Any], what: str, *, fence: Fence | Unfenced, col: str | None = None, frm: Any = None) -> None:
+def move(session: Session, model: Any, where: dict[str, Any], values: dict[str, Any], what: str,
+         *, fence: Fence | Unfenced, col: str | None = None, frm: Any = None) -> None:
     """One row: UPDATE model SET values WHERE where [AND col IN frm] [AND fence holds], `where`
     a dict of column -> value (None compares IS NULL); flushed before (the fence's lease may
     be pending), and the session's copy of the row synchronized after. Raises TypeError for
@@ -146,8 +146,8 @@ def move(session: Session, model: Any, where: dict[str, Any] | list[Any] | int |
     (both before any SQL), LostRace when no row matched."""
     if not isinstance(fence, Fence | Unfenced):
         raise TypeError(f"{what}: fence must be Fence(...) or Unfenced('why')")
-    if not isinstance(where, dict):  # DELETE with _old_form once no caller passes a list or key
-        return _old_form(session, model, where, values, what, fence, col, frm)
+    if not isinstance(where, dict):
+        raise TypeError(f"{what}: where is a dict of column -> value")
     if isinstance(fence, Fence) and not isinstance(fence.host, str):
         raise TypeError(f"{what}: a move by column values is fenced by a host name")
     stmt, params = _equalities(model, where, values, what, fence, col, frm)  # checks first
@@ -155,20 +155,6 @@ def move(session: Session, model: Any, where: dict[str, Any] | list[Any] | int |
     if affected(session.execute(stmt, params)) != 1:
         raise LostRace(what)
     _synchronize(session, model, where, values)
-
-
-def _old_form(session: Session, model: Any, where: Any, values: dict[str, Any], what: str,
-              fence: Fence | Unfenced, col: str | None, frm: Any) -> None:
-    """The forms of `where` before the dict (a list of conditions, a primary key)."""
-    if isinstance(where, list):
-        stmt = _statement(model, where, values, what, fence, col, frm)  # checks before any SQL
-        if affected(session.execute(stmt)) != 1:
-            raise LostRace(what)
-        return
-    cols = list(model.__table__.primary_key.columns)
-    if len(cols) != 1:
-        raise TypeError(f"{model.__name__} has a composite primary key: pass a dict")
-    move(session, model, {cols[0].name: where}, values, what, fence=fence, col=col, frm=frm)
 
 
 def _synchronize(session: Session, model: Any, where: dict[str, Any], values: dict[str, Any]) -> None:
