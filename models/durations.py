@@ -6,7 +6,7 @@ with everything. The store holds the same bound as a constraint (migration 0006)
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from models.errors import BadInput
 
@@ -38,6 +38,11 @@ def check_seconds(value: object, what: str, example: str = "10") -> float:
                        f"(a day), not {shown}",
                        f"give e.g. {what} {example}" if what.startswith("-") else f"give e.g. {example}")
     return float(value)  # type: ignore[arg-type]
+
+
+def iso(d: datetime | None) -> str | None:
+    """A stored time (naive UTC) as ISO 8601 with its Z."""
+    return d.isoformat() + "Z" if d is not None else None
 
 
 def sql_check(column: str, nullable: bool = False) -> str:

@@ -36,8 +36,6 @@ from workflows.generations.listeners import Listen, as_listens, check_free, stor
 from workflows.leases.lease import still_needed
 from workflows.lifecycle.order import check_graph
 
-# Moves that carry no lease fence, each with the reason it needs none.
-
 JSON_COLUMNS = ("args", "env", "start_after")  # stored as JSON text
 LABELS = {"start_after": "after"}  # a column shown by its key in the hosts file
 RUNS = ("awake", "unhealthy", "waking", "waiting", "crashloop", "deploying")  # a changed build becomes a deploy attempt

@@ -9,9 +9,10 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
+from models.durations import iso
 from models.states import IN_FLIGHT, OPEN_ROLLOUT, Cause, GenState
 from models.tables import Attempt, Generation, Host, Rollout, RolloutTarget, Wake
 from workflows.config.hostrows import rows_of
@@ -22,10 +23,6 @@ RESTART_WAKES = {"restart": "crash", "recycle": "recycle", "converge": "converge
 
 def names(s: Session) -> list[str]:
     return list(s.execute(select(Host.name).order_by(Host.name)).scalars())
-
-
-def _iso(d: datetime | None) -> str | None:
-    return d.isoformat() + "Z" if d is not None else None
 
 
 def restarts(s: Session, hosts: list[str]) -> dict[str, Counter[str]]:
@@ -51,14 +48,13 @@ def obligations(s: Session, hosts: list[str]) -> dict[str, list[dict[str, Any]]]
     out: dict[str, list[dict[str, Any]]] = {h: [] for h in hosts}
     if not hosts:
         return out
-    marks = ", ".join(f":h{i}" for i in range(len(hosts)))
-    rows = s.execute(text(f"SELECT kind, host, since FROM pending_obligations "  # noqa: S608
-                          f"WHERE host IN ({marks}) ORDER BY since"),
-                     {f"h{i}": h for i, h in enumerate(hosts)})
+    rows = s.execute(text("SELECT kind, host, since FROM pending_obligations WHERE host IN "
+                          ":hosts ORDER BY since").bindparams(bindparam("hosts", expanding=True)),
+                     {"hosts": hosts})
     for kind, host, since in rows:
         if isinstance(since, str):  # SQLite hands a view's times back as text
             since = datetime.fromisoformat(since)
-        out[host].append({"kind": kind, "since": _iso(since)})
+        out[host].append({"kind": kind, "since": iso(since)})
     return out
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session
 
+from models.durations import iso
 from models.errors import NotFound
 from models.states import (
     LIVE_GEN,
@@ -34,10 +34,6 @@ from models.streaks import streaks
 from models.tables import Attempt, Build, Event, Generation, Host, Lease, Listener, Stop, Wake
 from workflows.generations.listeners import note, reopened
 from workflows.lifecycle.restarts import crashloop
-
-
-def _iso(d: datetime | None) -> str | None:
-    return d.isoformat() + "Z" if d is not None else None
 
 
 class Facts:
@@ -160,7 +156,7 @@ def row(f: Facts, h: Host) -> dict[str, Any]:
         "build_digest": build.digest if build else None,
         "build_file": os.path.basename(build.source) if build else None,
         "socket": gen.socket if gen else None,
-        "since": _iso(gen.current_at) if gen else None,
+        "since": iso(gen.current_at) if gen else None,
         "lease": {"holder": lease.holder, "fence": lease.fence} if lease else None,
         **_deploy_status(f.last_attempt.get(h.name)),
         **_probe_status(h, gen),
@@ -187,7 +183,7 @@ def instance_status(f: Facts, h: Host, currents: list[Generation]) -> dict[str, 
             else "waking" if mine else "down"
         return {"slot": n, "state": word, "generation": g.id if g else None,
                 "pid": g.pid if g else None, "build_id": g.build_id if g else None,
-                "since": _iso(g.current_at) if g else None, "restart_streak": streak}
+                "since": iso(g.current_at) if g else None, "restart_streak": streak}
 
     return {"instances": h.instances, "slots": [
         slot(n, by_slot.get(n)) for n in sorted(set(range(h.instances)) | set(by_slot))]}
@@ -199,7 +195,7 @@ def _exit_status(e: Event | None) -> dict[str, Any]:
     if e is None:
         return {}
     return {"last_exit": {"status": json.loads(e.detail)["status"], "generation": e.generation_id,
-                          "at": _iso(e.at)}}
+                          "at": iso(e.at)}}
 
 
 def _deploy_status(a: Attempt | None) -> dict[str, Any]:
@@ -228,7 +224,7 @@ def _probe_status(h: Host, gen: Generation | None) -> dict[str, Any]:
                            "unhealthy_after": h.unhealthy_after}
     if gen is not None:
         out["health_failures"] = gen.health_failures
-        out["unhealthy_since"] = _iso(gen.unhealthy_since)
+        out["unhealthy_since"] = iso(gen.unhealthy_since)
     return out
 
 
@@ -248,7 +244,7 @@ def _worker_status(h: Host, gen: Generation | None, w: Wake | None) -> dict[str,
     a start failed or was refused."""
     out: dict[str, Any] = {}
     if w is not None and w.state in OPEN_WAKE and w.cause == "restart":
-        out["restart_at"] = _iso(w.next_attempt_at)
+        out["restart_at"] = iso(w.next_attempt_at)
     if w is not None and w.state is WakeState.queued and w.waiting_on:
         out["waiting_on"] = w.waiting_on.split(", ")  # the hosts it starts after, not ready
     if gen is None and w is not None and w.state is WakeState.failed:
@@ -257,5 +253,5 @@ def _worker_status(h: Host, gen: Generation | None, w: Wake | None) -> dict[str,
         return out
     out.update({"one_shot": h.one_shot, "live_build_id": h.build_id,
                 "build_id": gen.build_id if gen else None,
-                "drift_since": _iso(h.drift_since)})
+                "drift_since": iso(h.drift_since)})
     return out

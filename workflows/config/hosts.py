@@ -1,4 +1,4 @@
-"""Host definitions and the read model operators see (`vigil status`)."""
+"""Host definitions: adding, checking and removing a host."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from sqlalchemy.orm import Session
 
 from models.durations import check_seconds
 from models.errors import BadInput, Refused
-from models.states import (
-    HostKind,
-)
+from models.states import HostKind
 from models.store import emit, utcnow
 from models.tables import Build, Host, Lease, Listener
 from models.transition import move

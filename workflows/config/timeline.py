@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
+from models.durations import iso
 from models.states import Cause
 from models.tables import Attempt, Event, Wake
 from workflows.config.glance import RESTART_WAKES
@@ -41,10 +42,6 @@ TIMELINE = {
 SHOWN = ("attempt", "build", "mode", "rollout", "wave", "of", "reason", "state", "outcome")
 
 
-def _iso(d: datetime) -> str:
-    return d.isoformat() + "Z"
-
-
 def timeline(s: Session, since: datetime, limit: int = 200) -> list[dict[str, Any]]:
     """The deploy and rollout events since `since`, oldest first (the newest `limit`)."""
     rows = s.execute(select(Event).where(Event.kind.in_(list(TIMELINE)), Event.at >= since)
@@ -52,7 +49,7 @@ def timeline(s: Session, since: datetime, limit: int = 200) -> list[dict[str, An
     out = []
     for e in reversed(rows):
         detail = json.loads(e.detail or "{}")
-        out.append({"at": _iso(e.at), "kind": e.kind, "what": TIMELINE[e.kind],
+        out.append({"at": iso(e.at), "kind": e.kind, "what": TIMELINE[e.kind],
                     "host": e.host, "generation": e.generation_id,
                     "detail": {k: detail[k] for k in SHOWN if k in detail}})
     return out
@@ -80,7 +77,7 @@ def restarts_over_time(s: Session, since: datetime, until: datetime,
 def _when(value: Any) -> str | None:
     if isinstance(value, str):  # SQLite hands a view's times back as text
         value = datetime.fromisoformat(value)
-    return _iso(value) if value is not None else None
+    return iso(value)
 
 
 def open_obligations(s: Session) -> list[dict[str, Any]]:

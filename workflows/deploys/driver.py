@@ -9,13 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.errors import present
-from models.states import (
-    AttemptStep,
-    GenState,
-    MemberRole,
-    Mode,
-    Outcome,
-)
+from models.states import AttemptStep, GenState, MemberRole, Mode, Outcome
 from models.store import emit, utcnow
 from models.tables import Attempt, Generation, Member
 from models.transition import move, move_many
@@ -28,12 +22,7 @@ from workflows.builds.book import attempt_ended
 from workflows.deploys.hold import run_hold
 from workflows.deploys.overlap import run_overlap
 from workflows.deploys.request import resume_in
-from workflows.deploys.steps import (
-    BY_STEP,
-    load,
-    reap_inline,
-    relink,
-)
+from workflows.deploys.steps import BY_STEP, load, reap_inline, relink
 from workflows.generations.ending import mark_retiring
 from workflows.leases.lease import owe_release, release_owed
 
@@ -76,8 +65,9 @@ def _drive_attempt(ctx: Context, attempt_id: int) -> Result:
     except Poke:
         raise
     except Exception as exc:  # a lost race or a store error mid-step: never the build's fault
-        why = f"step {a.step.value} failed: {type(exc).__name__}: {exc}"
-        stored = load(ctx, attempt_id)
+        stored = load(ctx, attempt_id)  # the step it failed at: `a` is as the drive began
+        step = (stored or a).step
+        why = f"step {step.value} failed: {type(exc).__name__}: {exc}"
         if stored is not None and stored.outcome is None and stored.step in (
                 _FINISH_OVERLAP if stored.effective_mode is Mode.overlap else _FINISH_HOLD):
             # Past the switch (overlap) or past stopping the old one (hold): finish, never

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -246,7 +247,5 @@ def release_owed(ctx: Context, host: str) -> None:
     ids = ctx.store.read(lambda s: s.execute(
         select(Release.id).where(Release.host == host)).scalars().all())
     for rid in ids:
-        try:
+        with suppress(Poke):
             drive_release(ctx, rid)
-        except Poke:
-            pass

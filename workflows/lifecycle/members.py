@@ -7,6 +7,7 @@ left of it and proves it gone, and only then does it leave the set.
 from __future__ import annotations
 
 from collections.abc import Collection
+from contextlib import suppress
 from datetime import UTC
 from typing import Any
 
@@ -27,8 +28,7 @@ from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, ref_of
 from workflows.generations.known import note
 from workflows.leases.lease import owe_release, release_owed
-from workflows.lifecycle.exits import exit_code, exit_line, oom_line
-from workflows.lifecycle.restarts import schedule, uptime
+from workflows.lifecycle.restarts import exit_code, exit_line, oom_line, schedule, uptime
 from workflows.lifecycle.workers import worker_exited
 
 # What a member's or a restore's write needs instead of the lease fence.
@@ -214,7 +214,5 @@ def run_restores(ctx: Context, host: str) -> None:
     ids = ctx.store.read(lambda s: s.execute(select(Restore.id).where(Restore.host == host))
                          .scalars().all())
     for rid in ids:
-        try:
+        with suppress(Poke):
             drive_restore(ctx, rid)
-        except Poke:
-            pass

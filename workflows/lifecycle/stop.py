@@ -36,8 +36,6 @@ from workflows.generations.ending import end_generation, mark_proven, ref_of
 from workflows.leases.lease import held_fence, owe_release, release_owed
 from workflows.lifecycle.order import refuse_stop, stop_waiters, stopping_dependents
 
-# Moves that carry no lease fence, each with the reason it needs none.
-
 INTENT = define("stop.intent", "the stop is signalled and the generation retiring; link still there")
 UNLINKED = define("stop.unlinked", "the canonical link is removed; nothing signalled yet")
 TERMED = define("stop.termed", "SIGTERM was sent to the leader; drain in progress")
@@ -202,7 +200,7 @@ def _finish(ctx: Context, st: Stop) -> Result:
         host = present(ctx.store.read(lambda s: s.get(Host, st.host)), "host is missing")
         # The drain deadline is measured from the first SIGTERM, so a retry after a
         # restart does not grant the app a second full drain.
-        drain_until = _epoch(st) + host.drain_timeout
+        drain_until = st.signalled_at.replace(tzinfo=UTC).timestamp() + host.drain_timeout
         problem = end_generation(ctx, gen, drain_until=drain_until, points=(TERMED, KILLED))
         if problem is not None:
             raise Poke(problem)
@@ -226,8 +224,3 @@ def _finish(ctx: Context, st: Stop) -> Result:
     release_owed(ctx, st.host)
     return Result.progress
 
-
-def _epoch(st: Stop) -> float:
-    if st.signalled_at is None:
-        raise BrokenInvariant("st.signalled_at is missing")
-    return st.signalled_at.replace(tzinfo=UTC).timestamp()

@@ -39,9 +39,8 @@ from workflows.builds.staged import set_build
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.leases.lease import owe_release, release_owed
-from workflows.lifecycle.exits import exit_code, exit_line, oom_line
 from workflows.lifecycle.order import wake_waiters
-from workflows.lifecycle.restarts import schedule, uptime
+from workflows.lifecycle.restarts import exit_code, exit_line, oom_line, schedule, uptime
 
 # Moves that carry no lease fence, each with the reason it needs none.
 ONE_SHOT = Unfenced("the attempt ending its one-shot run: its gate checked the lease")
@@ -196,8 +195,7 @@ def settle_one_shot(ctx: Context, ref: ProcRef) -> int | None:
     cannot be known), or None when it is still running at the end of the window."""
     if not ctx.wait_until(lambda: not ctx.proc.leader_alive(ref), ctx.settle_seconds, 0.02):
         return None
-    status = getattr(ctx.proc, "exit_status", None)
-    code = status(ref.pid) if status is not None and ref.pid is not None else None
+    code = exit_code(ctx, ref.pid)
     return -1 if code is None else code
 
 

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from models.durations import iso
 from models.errors import NotFound
 from models.states import RolloutState
 from models.tables import Attempt, Rollout, RolloutTarget
 from workflows.rollouts.rows import get_rollout, load_attempts
-
-
-def _iso(d: datetime | None) -> str | None:
-    return d.isoformat() + "Z" if d is not None else None
 
 
 def _attempt_row(a: Attempt | None) -> dict[str, Any] | None:
@@ -44,7 +40,7 @@ def rollout_status(s: Session, rollout_id: int | None = None) -> dict[str, Any]:
         **_summary_row(r, counts, len(targets)),
         "canary": r.canary, "pause": r.pause, "max_failures": r.max_failures,
         "auto_revert": r.auto_revert, "reason": r.reason,
-        "next_wave_at": _iso(r.wave_due_at), "ended_at": _iso(r.ended_at),
+        "next_wave_at": iso(r.wave_due_at), "ended_at": iso(r.ended_at),
         "last_error": r.last_error if r.state is not RolloutState.ended else None,
         "targets": [{"host": t.host, "wave": t.wave, "state": t.state.value, "reason": t.reason,
                      "tries": t.tries,
@@ -60,7 +56,7 @@ def _summary_row(r: Rollout, counts: Counter[str], hosts: int) -> dict[str, Any]
             "wave": r.wave, "settled": r.settled, "wave_count": r.wave_count,
             "state": r.state.value, "outcome": r.outcome.value if r.outcome else None,
             "hosts": hosts, "moved": counts.get("done", 0), "counts": dict(counts),
-            "created_at": _iso(r.created_at)}
+            "created_at": iso(r.created_at)}
 
 
 def rollout_list(s: Session) -> list[dict[str, Any]]:
