@@ -85,16 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     except VigilError as exc:
         click.echo(f"vigil: error: {exc.line()}", err=True)
         sys.exit(exc.exit_code)
-    except OSError as exc:
-        trouble = store_trouble(exc)
-        if trouble is None:
-            raise
-        click.echo(f"vigil: error: {trouble.line()}", err=True)
-        sys.exit(trouble.exit_code)
-    except Exception as exc:  # the store's own failures (a DBAPIError), as one line
-        if type(exc).__module__.split(".")[0] != "sqlalchemy":
-            raise
-        trouble = store_trouble(exc)
+    except Exception as exc:  # an OSError or the store's own failure (a DBAPIError): one line
+        ours = isinstance(exc, OSError) or type(exc).__module__.split(".")[0] == "sqlalchemy"
+        trouble = store_trouble(exc) if ours else None
         if trouble is None:
             raise
         click.echo(f"vigil: error: {trouble.line()}", err=True)

@@ -270,7 +270,7 @@ def _host(f: _File, name: str, table: Any) -> HostSpec:
         try:
             running = _flag(table[RUNNING], f.base)
         except Invalid as exc:
-            raise f.bad(name, RUNNING, exc.reason, "write running = true or running = false") from None
+            raise f.bad(name, RUNNING, exc.cause, "write running = true or running = false") from None
     return HostSpec(name=name, build=str(src.absolute()), fields=fields, listens=listens,
                     running=running)
 
@@ -294,8 +294,8 @@ def _fields(f: _File, name: str, table: dict[str, Any]) -> dict[str, Any]:
     for key, spec in KEYS.items():
         try:
             fields[spec.field] = spec.parse(table[key], f.base) if key in table else spec.default
-        except Invalid as exc:
-            raise f.bad(name, key, exc.reason, exc.fix) from None
+        except BadInput as exc:
+            raise f.bad(name, key, exc.cause, exc.fix or "") from None
     if fields["kind"] is not HostKind.worker:
         for key in WORKER_ONLY:
             if key in table:

@@ -28,10 +28,7 @@ def _kind(v: Any, _: Path) -> HostKind:
 def _str_list(v: Any, _: Path) -> list[str]:
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
         raise Invalid("must be a list of strings", 'write args = ["--flag", "value"]')
-    try:
-        check_args(v, label="")
-    except BadInput as exc:
-        raise Invalid(exc.cause, exc.fix or "") from None
+    check_args(v, label="")
     return v
 
 
@@ -42,10 +39,7 @@ def _str_table(v: Any, _: Path) -> dict[str, str]:
         if not isinstance(x, str):
             raise Invalid(f"{k} must be a string, not {json.dumps(x)}",
                           f"quote it: {k} = {json.dumps(str(x).lower() if isinstance(x, bool) else str(x))}")
-    try:
-        check_env(v, label="")
-    except BadInput as exc:
-        raise Invalid(exc.cause, exc.fix or "") from None
+    check_env(v, label="")
     return v
 
 
@@ -95,10 +89,7 @@ def _mode(v: Any, _: Path) -> int:
 def _ready(v: Any, _: Path) -> str:
     if not isinstance(v, str):
         raise Invalid(f"must be a string, not {json.dumps(v)}", 'write ready = "notify"')
-    try:
-        return parse_ready(v, label="")
-    except BadInput as exc:
-        raise Invalid(exc.cause, exc.fix or "") from None
+    return parse_ready(v, label="")
 
 
 def _flag(v: Any, _: Path) -> bool:

@@ -185,10 +185,9 @@ def limits_line() -> tuple[dict[str, str], str]:
 # -- the same keys in the hosts file (runners/cli/hostfile.py's KEYS) ----------------------
 
 
-class Invalid(ValueError):
-    def __init__(self, reason: str, fix: str) -> None:
-        super().__init__(reason)
-        self.reason, self.fix = reason, fix
+class Invalid(BadInput):
+    """A value of the hosts file refused (its key is named where it is caught, as is that
+    of any BadInput a value's check raises)."""
 
 
 def file_who(v: Any, _: Path) -> str:
@@ -210,20 +209,14 @@ def file_env_files(v: Any, base: Path) -> str:
         raise Invalid("must be a path or a list of paths", 'write env_file = ["/etc/app.env"]')
     rooted = [("-" if e.startswith("-") else "") + str(base / e.removeprefix("-"))
               for e in entries]
-    try:
-        checked = check_entries(rooted, label="")
-    except BadInput as exc:
-        raise Invalid(exc.cause, exc.fix or "") from None
+    checked = check_entries(rooted, label="")
     warn_shared(checked, "env file ")
     return json.dumps(checked)
 
 
 def file_limit(parse: Callable[[str], int]) -> Callable[[Any, Path], int]:
     def checked(v: Any, _: Path) -> int:
-        try:
-            return parse(str(v) if not isinstance(v, bool) else "x")
-        except BadInput as exc:
-            raise Invalid(exc.cause, exc.fix or "") from None
+        return parse(str(v) if not isinstance(v, bool) else "x")
     return checked
 
 
@@ -231,10 +224,7 @@ def file_credentials(v: Any, base: Path) -> str:
     """`credentials = { NAME = "path" }`: relative paths start at the file's directory."""
     if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
         raise Invalid("must be a table of paths", 'write credentials = { token = "token.txt" }')
-    try:
-        return json.dumps(check_credentials({k: str(base / x) for k, x in v.items()}, label=""))
-    except BadInput as exc:
-        raise Invalid(exc.cause, exc.fix or "") from None
+    return json.dumps(check_credentials({k: str(base / x) for k, x in v.items()}, label=""))
 
 
 def file_after(v: Any, _: Path) -> list[str]:
