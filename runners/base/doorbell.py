@@ -36,6 +36,14 @@ def agent_id(state_dir: Path, wanted: str | None = None) -> str:
         return new
 
 
+def box_of(state_dir: Path) -> str | None:
+    """This state dir's box (its agent id) if an agent ever started here: read, never made."""
+    try:
+        return (state_dir / AGENT_ID).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def ring(state_dir: Path) -> None:
     """Tell a running agent that a new intent was written. Best effort: the agent's safety
     scan finds the row anyway."""

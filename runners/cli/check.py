@@ -40,6 +40,7 @@ from models.tables import (
 )
 from runners.backend.files import LocalFiles
 from runners.backend.process import ProcessBackend
+from runners.base.doorbell import box_of
 from runners.base.pids import CTIME_TOLERANCE, carriers, live_status
 from runners.quick.ops import agent_acting
 from workflows.engine.obligations import KINDS
@@ -105,9 +106,7 @@ class Seen:
 
     @functools.cached_property
     def box(self) -> str | None:
-        """This state dir's box (None: no agent has started here yet)."""
-        path = self.state_dir / "agent-id"
-        return path.read_text().strip() if path.exists() else None
+        return box_of(self.state_dir)
 
     @functools.cached_property
     def currents(self) -> dict[str, list[Generation]]:
@@ -306,7 +305,7 @@ def listener_violations(store: Store, state_dir: Path) -> list[Violation]:
     if not rows:
         return []
     bad = []
-    me = (state_dir / "agent-id").read_text().strip() if (state_dir / "agent-id").exists() else None
+    me = box_of(state_dir)
     held = [r for r in rows if r.state is ListenerState.held and r.agent_id == me
             and r.boot_id == boot_id()]
     if held:

@@ -62,14 +62,11 @@ def checked_listeners(env: Any, name: str, kind: HostKind, texts: tuple[str, ...
 def runs_here(state_dir: Path, placed: str | None) -> bool:
     """May a host placed `placed` run on the box of this state dir? (A state dir no agent
     has started yet has no box name: taken to be one the host may run on.)"""
-    from workflows.base.paths import AGENT_ID
+    from runners.base.doorbell import box_of
     from workflows.leases.placement import may_hold
 
-    try:
-        me = (state_dir / AGENT_ID).read_text().strip()
-    except FileNotFoundError:
-        return True
-    return may_hold(placed, me)
+    me = box_of(state_dir)
+    return me is None or may_hold(placed, me)
 
 
 def close_removed(state_dir: Path, rows: list[Listener]) -> None:

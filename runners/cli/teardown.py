@@ -28,13 +28,13 @@ HELPERS = (("fd holder", "listeners.lock"), ("log keeper", "logs.lock"),
 def shutdown(env: Env, wait: bool, timeout: float) -> None:
     """Stop every host, the agent, the held sockets and the keepers: nothing of vigil left
     running on this box (`vigil agent stop` keeps the apps; this does not)."""
-    from runners.base.doorbell import running_agent_pid
+    from runners.base.doorbell import box_of, running_agent_pid
     from runners.cli.lifecycle import stopped
     from workflows.generations.shutdown import hosts_of_box
 
     deadline = time.monotonic() + timeout
     store = env.store()
-    box = _box(env.state_dir)
+    box = box_of(env.state_dir)
     hosts = store.read(lambda s: hosts_of_box(s, box, store.dialect != "postgresql"))
     pid = running_agent_pid(env.state_dir)
     if pid is None:
@@ -73,16 +73,6 @@ def shutdown(env: Env, wait: bool, timeout: float) -> None:
         time.sleep(0.1)
     click.echo(f"nothing of vigil runs on {env.state_dir}")
     ring(env)  # a store shared with other boxes: theirs see the stopped hosts at once
-
-
-def _box(state_dir: Path) -> str | None:
-    """This box's agent id, if an agent ever ran here (read, never created)."""
-    from workflows.base.paths import AGENT_ID
-
-    try:
-        return (state_dir / AGENT_ID).read_text().strip() or None
-    except OSError:
-        return None
 
 
 def _holder(lock: Path) -> int | None:

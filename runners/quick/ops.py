@@ -226,13 +226,9 @@ def agent_info(store: Store, state_dir: Path, live: dict[str, Any] | None = None
     """`vigil agent status`: what the lock, the agent-id file and the agents row say, or
     (`live`, from the running agent itself) what the agent says of itself."""
     from models.tables import Agent
-    from runners.base.doorbell import running_agent_pid
-    from workflows.base.paths import AGENT_ID
+    from runners.base.doorbell import box_of, running_agent_pid
 
-    try:
-        box = (state_dir / AGENT_ID).read_text().strip() or None
-    except OSError:
-        box = None
+    box = box_of(state_dir)
     row = store.read(lambda s: s.get(Agent, box)) if box else None
     pid = running_agent_pid(state_dir)
     info = {"running": pid is not None, "pid": pid, "box": box, "state_dir": str(state_dir),
