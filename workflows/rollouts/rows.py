@@ -71,11 +71,7 @@ def superseded(s: Session, r: Rollout, host: str, after: int) -> str | None:
 def on_build(s: Session, host: str, build_id: int) -> bool:
     """The host is on the build: its live build, and its current generation's if it runs."""
     h = s.get(Host, host)
-    if h is None or h.build_id != build_id:
-        return False
-    running = s.execute(select(Generation.build_id).where(
-        Generation.host == host, Generation.state == GenState.current)).scalar()
-    return running is None or running == build_id
+    return h is not None and h.build_id == build_id and running_build(s, host) == build_id
 
 
 def running_build(s: Session, host: str) -> int | None:

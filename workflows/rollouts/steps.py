@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import BrokenInvariant, present
+from models.errors import present
 from models.states import Cause, Outcome, RolloutOutcome, RolloutState, TargetState
 from models.store import emit, utcnow
 from models.tables import Attempt, Build, Rollout, RolloutTarget, Stop
@@ -75,9 +75,8 @@ def admit_wave(s: Session, r: Rollout, targets: list[RolloutTarget]) -> str:
 
 
 def reissue(s: Session, r: Rollout, again: list[tuple[RolloutTarget, Attempt | None]]) -> str:
-    for t, a in again:
-        if a is None:
-            raise BrokenInvariant("a reissued target has no attempt")
+    for t, maybe in again:
+        a = present(maybe, "a reissued target has no attempt")
         back = t.state is TargetState.reverting
         build = present(s.get(Build, t.from_build_id if back else r.build_id),
                         f"the build of target {t.host} of rollout #{r.id} is missing")
