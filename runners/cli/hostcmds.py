@@ -12,7 +12,7 @@ import click
 from models.errors import BadInput
 from models.states import HostKind
 from runners.cli.common import SECONDS, Env, echo_json, options, show, socket_options, table
-from runners.cli.runopts import checked_run, run_options
+from runners.cli.runopts import checked_run, env_pairs, run_options
 
 # How an instance's health is probed, and how a host is restarted (workers recycled).
 health_options = options(
@@ -119,12 +119,7 @@ def _checked_run(env: Env, name: str, kind: HostKind, args: tuple[str, ...],
     from workflows.config.hosts import check_args, check_env, check_socket_room
     from workflows.lifecycle.workers import check_policy
 
-    pairs: dict[str, str] = {}
-    for item in envs:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BadInput(f"--env {item!r} is not K=V", "write it as --env NAME=value")
-        pairs[key] = value
+    pairs = env_pairs(envs)
     if cwd is not None and not os.path.isdir(cwd):
         raise BadInput(f"--cwd {cwd} is not a directory", "pass an existing directory")
     if kind is HostKind.instance:

@@ -277,11 +277,9 @@ def _stored(s: Any, name: str) -> tuple[dict[str, Any], list[Any], tuple[str, st
 
 
 def _env(current: dict[str, str], envs: tuple[str, ...], drop: tuple[str, ...]) -> dict[str, str]:
-    for item in envs:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BadInput(f"--env {item!r} is not K=V", "write it as --env NAME=value")
-        current[key] = value
+    from runners.cli.runopts import env_pairs
+
+    current.update(env_pairs(envs))
     for key in drop:
         current.pop(key, None)
     return current

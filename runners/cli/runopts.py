@@ -74,6 +74,17 @@ def check_limits(limits: dict[str, int | None]) -> None:
                        "host on a box that mounts that controller")
 
 
+def env_pairs(items: tuple[str, ...]) -> dict[str, str]:
+    """`--env K=V` entries as a mapping (a later K wins)."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--env {item!r} is not K=V", "write it as --env NAME=value")
+        pairs[key] = value
+    return pairs
+
+
 run_options = options(
         click.option("--user", "run_user", default=None, metavar="NAME|UID",
                      help="Run the app as this user (its groups, HOME, USER, LOGNAME, SHELL "
