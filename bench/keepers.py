@@ -2,7 +2,7 @@
 """The re-hand window: how long after a helper's death a new one holds everything again.
 
 The agent's own clients and helper watch (runners/backend/listen.py Listeners,
-runners/keepers/logkeeper.py LogPipes, runners/agent/helpers.py HelperWatch), in this
+runners/keepers/logkeeper.py LogPipes, runners/agent/helpers.py KeeperWatch), in this
 process, holding N listening sockets and N log pipes; interleaved runs, each one
 `kill -9` of:
 
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import loadavg, summary, vigil_durability  # noqa: E402
 
-from runners.agent.helpers import HelperWatch  # noqa: E402
+from runners.agent.helpers import KeeperWatch  # noqa: E402
 from runners.backend.listen import Listeners  # noqa: E402
 from runners.base.doorbell import lock_holder  # noqa: E402
 from runners.keepers.fdholder import HOLDER_LOCK, holder_pid  # noqa: E402
@@ -65,7 +65,7 @@ class Box:
         self.done: dict[str, threading.Event] = {}
         for client in (self.listeners, self.logs):
             self._hook(client)
-        self.watch = HelperWatch([self.listeners, self.logs])
+        self.watch = KeeperWatch([self.listeners, self.logs])
         self.watch.start()
 
     def log(self, i: int) -> Path:

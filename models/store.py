@@ -3,6 +3,7 @@ transactions, transient errors retried with tenacity, and the guarded-UPDATE hel
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sqlite3
@@ -25,6 +26,7 @@ from models.tables import Event, postgresql_options
 from models.urls import listen_url_for, normalize_url
 
 T = TypeVar("T")
+Written = tuple[str, str | None, int | None, dict[str, Any]]  # an event: kind, host, generation, detail
 DB_FILE = "vigil.db"
 PREPARE_THRESHOLD = 5  # psycopg's own: a statement is prepared on the server at its 5th run
 
@@ -108,7 +110,9 @@ class Store:
     """One database: SQLite (one box) or PostgreSQL (several boxes)."""
 
     def __init__(self, url: str, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000,
-                 lock_wait: float = LOCK_WAIT, listen_url: str | None = None) -> None:
+                 lock_wait: float = LOCK_WAIT, listen_url: str | None = None,
+                 on_success: Callable[[bool], None] | None = None,
+                 on_events: Callable[[list[Written]], None] | None = None) -> None:
         self.url = normalize_url(url)
         # Given: `url` is a pooler in transaction mode (PgBouncer), where each transaction may
         # run on another server session; LISTEN, which lives in a session, goes here direct,
@@ -124,7 +128,10 @@ class Store:
         self.lock_holder: Callable[[], str | None] = lambda: None
         # Told of every transaction that committed (readonly or not): the agent's store
         # watch hears from it that a store in trouble works again (runners/base/storewatch.py).
-        self.on_success: Callable[[bool], None] | None = None
+        self.on_success = on_success
+        # Told of the events each transaction wrote, once it committed (the agent logs the
+        # failures among them).
+        self.on_events = on_events
         # What each connection says it is (PostgreSQL's application_name, read by
         # pg_stat_activity): "vigil-cli" until the agent names its own (name_connections).
         self.app_name = "vigil-cli"
@@ -138,10 +145,16 @@ class Store:
         # the write lock sat idle most of the time). Other processes still meet busy_timeout.
         self._write_lock = threading.RLock() if self.dialect == "sqlite" else None
         self._retried = transient_retry(lock_wait)(self._run)  # wrapped once, not per call
-        # Called with the (kind, host, generation, detail) of each event a transaction
-        # wrote, once it committed (the agent logs the failures among them).
-        self.on_events: Callable[[list[tuple[str, str | None, int | None, dict[str, Any]]]],
-                                 None] | None = None
+
+    def hooked(self, on_success: Callable[[bool], None],
+               on_events: Callable[[list[Written]], None]) -> Store:
+        """This store with hooks of its own (the agent's): one engine, one pool, one write
+        lock with it. Name the connections (name_connections) before: the engine reads
+        this store's name."""
+        twin = copy.copy(self)
+        twin.on_success, twin.on_events = on_success, on_events
+        twin._retried = transient_retry(self.lock_wait)(twin._run)
+        return twin
 
     @property
     def dialect(self) -> str:

@@ -26,9 +26,9 @@ from models.store import utcnow
 from models.tables import Agent as AgentRow
 from runners.agent import jobstore
 from runners.agent.chore_holder import Chores
-from runners.agent.exit_watch import ExitWatcher, pidfds_supported
+from runners.agent.exit_watch import ExitWatcher, PipeBell, pidfds_supported
 from runners.agent.fencing import FencedProcess, FenceGuard, Timing
-from runners.agent.helpers import Helper, HelperWatch
+from runners.agent.helpers import Keeper, KeeperWatch
 from runners.agent.openfiles import raise_open_file_limit, say_open_file_limit
 from runners.agent.reconciler import Kick, Reconciler
 from runners.agent.startup import Signals, doorbell, lock_state_dir, register, wait_for_stop
@@ -39,7 +39,7 @@ from runners.base import wakeup
 from runners.base.doorbell import ring as ring_doorbell
 from runners.base.sd_notify import notify
 from runners.base.storewatch import StoreWatch
-from runners.quick.control import ControlServer
+from runners.quick.control import Commits, ControlServer
 from runners.quick.control import version as control_version
 from workflows.base.context import Context
 from workflows.engine.history import Keep
@@ -92,6 +92,8 @@ class Parts:
     observe_round: Observer | None  # a round's duration: to the metrics when served
     signals: Signals
     locks: object  # the state dir's and the SQLite file's (startup.lock_state_dir), held
+    commits: Commits  # the agent's write commits: for the control socket's polls, the wakeup
+    started: PipeBell  # a keeper started on demand: the keeper watch's bell
 
 
 @dataclass
@@ -102,7 +104,7 @@ class Running:
     reconciler: Reconciler
     watcher: ExitWatcher | None
     chores: Chores
-    helpers: HelperWatch
+    keepers: KeeperWatch
     prober: Prober
     control: ControlServer
 
@@ -158,10 +160,14 @@ class AgentDaemon:
                                         job_defaults={"coalesce": True, "max_instances": 1,
                                                       "misfire_grace_time": None})
         watch = StoreWatch(ctx.store.url, ctx.state_dir, log, on_halt=partial(_pause, scheduler))
+        bell, commits = Kick(ctx.shutting_down), Commits()
+
+        def committed(readonly: bool) -> None:
+            watch.ok(readonly)  # a store in trouble works again
+            commits.committed(readonly)  # for a progress poll, and the SQLite file's watch
+
+        ctx = replace(ctx, store=ctx.store.hooked(committed, partial(_after_events, kick=bell)))
         trust = StoreTrust(ctx.store, watch)
-        bell = Kick(ctx.shutting_down)
-        ctx.store.on_success = watch.ok  # a store in trouble works again
-        ctx.store.on_events = partial(_after_events, kick=bell)
         require_head(ctx.store.engine)
         say_open_file_limit(ctx, limits)
         settle_state_dir(ctx)
@@ -176,22 +182,23 @@ class AgentDaemon:
         logs = getattr(ctx.proc, "logs", None)  # the log keeper's client
         if logs is not None:
             logs.adopt()  # copies of the pipes a running keeper writes for
-        guard, proc = None, ctx.proc
+        guard, proc, started = None, ctx.proc, PipeBell()
         if ctx.store.dialect == "postgresql":  # several boxes: leases must fence
-            guard = FenceGuard(ctx, Timing(ctx.lease_ttl), trust.trouble)
+            guard = FenceGuard(ctx, Timing(ctx.lease_ttl), trust.trouble, started.ring)
             proc = FencedProcess(ctx.proc, guard)  # type: ignore[assignment]
         ctx = replace(ctx, proc=proc, on_proof_failed=proof_failed)
         if guard is not None:
             guard.start()
-        return Parts(ctx, trust, guard, scheduler, bell, observe_round, signals, locks)
+        return Parts(ctx, trust, guard, scheduler, bell, observe_round, signals, locks, commits,
+                     started)
 
     def _start(self, parts: Parts) -> Running:
         """Everything that acts after recovery, started in turn; a first round at the end."""
         ctx, trust, guard, scheduler, bell = (parts.ctx, parts.trust, parts.guard,
                                               parts.scheduler, parts.bell)
         logs = getattr(ctx.proc, "logs", None)
-        helpers = HelperWatch([cast(Helper, h) for h in (ctx.listeners, logs, guard)
-                               if h is not None and hasattr(h, "revive")])
+        keepers = KeeperWatch([cast(Keeper, h) for h in (ctx.listeners, logs, guard)
+                               if h is not None and hasattr(h, "revive")], bell=parts.started)
         prober = Prober(ctx, bell)
         watcher = self._watcher(ctx, trust, bell)
 
@@ -205,7 +212,7 @@ class AgentDaemon:
                                 on_round=parts.observe_round or (lambda _seconds: None))
         if watcher is not None:
             watcher.start()
-        helpers.start()  # each checked, restored and watched before the first round
+        keepers.start()  # each checked, restored and watched before the first round
         reconciler.start()
         chores = Chores(ctx, lambda: jobstore.attach(
             scheduler, ctx, reconciler.kick, trust.trouble, trust.may_act),
@@ -220,14 +227,15 @@ class AgentDaemon:
         chores.tick()  # the holder attaches the job store before its scheduler starts
         doorbell(ctx, self.stop, reconciler.kick)
         control = ControlServer(ctx, self.db, reconciler.kick, partial(self.live, reconciler),
-                                trust.may_act)
+                                parts.commits, trust.may_act)
         control.start()
         if self.listen:
-            wakeup.start(ctx.store, ctx.agent_id, reconciler.kick, self.stop, trust.trouble)
+            wakeup.start(ctx.store, ctx.agent_id, reconciler.kick, self.stop, trust.trouble,
+                         lambda: parts.commits.count)
         scheduler.start()
         threading.Thread(target=sweeper.loop, name="sweep", daemon=True).start()
         reconciler.round()  # finish what was in flight before the first interval
-        return Running(parts, reconciler, watcher, chores, helpers, prober, control)
+        return Running(parts, reconciler, watcher, chores, keepers, prober, control)
 
     def _watcher(self, ctx: Context, trust: StoreTrust, bell: Kick) -> ExitWatcher | None:
         """The exit watcher that rings the reconciler, where the kernel has pidfds."""
@@ -250,7 +258,7 @@ class AgentDaemon:
                           next_run_time=datetime.now(UTC) + timedelta(seconds=PRUNE_FIRST))
 
     def _shut_down(self, running: Running) -> int:
-        """In turn: no new request, no new round, the drives finished, the helpers let go;
+        """In turn: no new request, no new round, the drives finished, the keepers let go;
         the agent's row says it stopped (unless it no longer trusts the store)."""
         ctx, trust, guard = running.parts.ctx, running.parts.trust, running.parts.guard
         self.stop.set()
@@ -267,7 +275,7 @@ class AgentDaemon:
         if running.watcher is not None:
             running.watcher.close()
         running.reconciler.shutdown()
-        running.helpers.close()  # after the drives: one may still have handed a helper something
+        running.keepers.close()  # after the drives: one may still have handed a keeper something
         if not trust.may_act():
             return 1  # nothing more is written to a store it no longer trusts
         with guarded(trust.trouble):

@@ -78,7 +78,8 @@ class Timing:
 
 
 class FenceGuard:
-    def __init__(self, ctx: Context, timing: Timing, trouble: Trouble) -> None:
+    def __init__(self, ctx: Context, timing: Timing, trouble: Trouble,
+                 on_start: Callable[[], None] = lambda: None) -> None:
         self.ctx = ctx
         self.trouble = trouble  # True: the store itself failed and the agent has said so
         self.timing = timing
@@ -94,7 +95,7 @@ class FenceGuard:
         self._started: list[int] = []  # keepers this process started (its children)
         self._keeper_lock = threading.Lock()
         self.what = "fence keeper"
-        self.on_start: Callable[[], None] = lambda: None  # the helper watch registers it
+        self.on_start = on_start  # a keeper started: the keeper watch watches it at once
         me = psutil.Process()
         self._me = {"agent_pid": me.pid, "agent_ctime": me.create_time()}
 

@@ -1,4 +1,4 @@
-"""The agent's helpers watched like apps: the fd holder, the log keeper and the fence keeper
+"""The agent's keepers watched like apps: the fd holder, the log keeper and the fence keeper
 (runners/keepers/) each through a pidfd, in one poll loop of their own. The moment one
 exits, the agent starts a new one and hands it everything it held (every listening socket,
 every log pipe's read end: the agent keeps a copy of each), so no single death loses a
@@ -7,7 +7,7 @@ measures it). Every TICK the running ones are checked with one bounded exchange 
 keeper, which has no socket, by its process state): one that does not answer is treated as
 dead (runners/keepers/wire.py says how), and its exit then restarts it like any other.
 
-A restarted agent runs `start()` before its first round: each helper is checked, started
+A restarted agent runs `start()` before its first round: each keeper is checked, started
 again if the agent holds something for it and none runs, and watched from then on."""
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from typing import Protocol
 
 from runners.agent.exit_watch import PipeBell
 
-log = logging.getLogger("vigil.helpers")
+log = logging.getLogger("vigil.keepers")
 
-TICK = 1.0  # seconds between the bounded checks of the running helpers
+TICK = 1.0  # seconds between the bounded checks of the running keepers
 
 
-class Helper(Protocol):
+class Keeper(Protocol):
     what: str
 
     def running(self) -> tuple[int, float] | None:
-        """(pid, start time) of the helper running now, or None."""
+        """(pid, start time) of the keeper running now, or None."""
 
     def revive(self) -> None:
         """The agent holds something for it and none runs: start one, hand it everything."""
@@ -39,24 +39,27 @@ class Helper(Protocol):
         """One bounded exchange; one that does not answer is killed (its exit is an event)."""
 
 
-class HelperWatch:
-    def __init__(self, helpers: list[Helper], tick: float = TICK) -> None:
-        self.helpers = helpers
+class KeeperWatch:
+    """`bell`: rung when a keeper is started on demand (a first socket, a first pipe), so
+    it is watched at once; given to a keeper built with it (FenceGuard's on_start)."""
+
+    def __init__(self, keepers: list[Keeper], tick: float = TICK,
+                 bell: PipeBell | None = None) -> None:
+        self.keepers = keepers
         self.tick = tick
         self._poll = select.epoll()
-        self._fds: dict[int, tuple[Helper, int]] = {}  # pidfd -> (helper, pid)
-        self._bell = PipeBell()
+        self._fds: dict[int, tuple[Keeper, int]] = {}  # pidfd -> (keeper, pid)
+        self._bell = bell or PipeBell()
         self._poll.register(self._bell.r, select.EPOLLIN)
-        self._thread = threading.Thread(target=self._run, name="helper-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="keeper-watch", daemon=True)
         self.restarts = 0
-        for h in helpers:  # a helper started on demand (a first socket, a first pipe)
-            target = getattr(h, "peer", h)
-            if hasattr(target, "on_start"):
-                target.on_start = self._bell.ring
+        for h in keepers:  # the fd holder's and log keeper's clients: set from here still
+            if hasattr(h, "peer"):
+                h.peer.on_start = self._bell.ring
 
     def start(self) -> None:
-        """Before the agent's first round: every helper checked, restored, watched."""
-        for h in self.helpers:
+        """Before the agent's first round: every keeper checked, restored, watched."""
+        for h in self.keepers:
             self._attend(h, check=True)
         self._thread.start()
 
@@ -69,8 +72,8 @@ class HelperWatch:
             self._poll.close()
             self._bell.close()
 
-    def _attend(self, h: Helper, check: bool) -> None:
-        """Check (bounded), restore and watch one helper; a failure is said, not raised.
+    def _attend(self, h: Keeper, check: bool) -> None:
+        """Check (bounded), restore and watch one keeper; a failure is said, not raised.
         After a death (not `check`) the new one is handed everything whoever started it
         (a standby has taken over already, most often)."""
         try:
@@ -82,7 +85,7 @@ class HelperWatch:
             log.warning("%s: %s; the next check tries again", h.what, exc)
         self._watch(h)
 
-    def _watch(self, h: Helper) -> None:
+    def _watch(self, h: Keeper) -> None:
         now = h.running()
         watched = [fd for fd, (hh, _) in self._fds.items() if hh is h]
         if watched and now is not None and self._fds[watched[0]][1] == now[0]:
@@ -131,9 +134,9 @@ class HelperWatch:
                 self._attend(h, check=True)  # and a new standby beside the new one
             if time.monotonic() >= checked + self.tick:
                 checked = time.monotonic()
-                for h in self.helpers:
+                for h in self.keepers:
                     self._attend(h, check=True)
             else:
-                for h in self.helpers:
+                for h in self.keepers:
                     if h not in died:
                         self._watch(h)  # one started on demand since

@@ -85,14 +85,16 @@ class Rings:
 
 
 def start(store: Store, box: str, kick: Callable[[], None], stop: threading.Event,
-          on_error: Callable[[BaseException], bool] = lambda exc: False) -> threading.Thread | None:
+          on_error: Callable[[BaseException], bool] = lambda exc: False,
+          own: Callable[[], int] = lambda: 0) -> threading.Thread | None:
     """`box`: this agent's id (it listens on that box's channel and the shared one).
     `on_error(exc)`: True when the store itself failed and the agent has said so (the
-    LISTEN loop then retries without a line of its own)."""
+    LISTEN loop then retries without a line of its own). `own()`: how many write transactions
+    the agent has committed through `store` (its store hook counts them)."""
     if store.dialect == "postgresql":
         target: Callable[..., None] = _listen
     elif store.dialect == "sqlite" and store.engine.url.database:
-        target = functools.partial(_data_version, own=OwnWrites(store))  # counted from now
+        target = functools.partial(_data_version, own=own)
     else:
         return None
     t = threading.Thread(target=target, args=(store, box, kick, stop, on_error), name="wakeup",
@@ -160,39 +162,22 @@ class Probe:
                     CHANNEL, self.url, self.WAIT)
 
 
-class OwnWrites:
-    """How many write transactions this process has committed through `store` (counted in
-    its on_success hook, whatever was hooked there before still called)."""
-
-    def __init__(self, store: Store) -> None:
-        self.count = 0
-        self._then = store.on_success
-
-        def counted(readonly: bool) -> None:
-            if not readonly:
-                self.count += 1
-            if self._then is not None:
-                self._then(readonly)
-
-        store.on_success = counted
-
-
 def _open_obligation(conn: sqlite3.Connection) -> bool:
     return conn.execute("SELECT 1 FROM pending_obligations LIMIT 1").fetchone() is not None
 
 
 def _data_version(store: Store, box: str, kick: Callable[[], None], stop: threading.Event,
-                  on_error: Callable[[BaseException], bool], own: OwnWrites) -> None:
+                  on_error: Callable[[BaseException], bool], own: Callable[[], int]) -> None:
     path = store.engine.url.database
     if path is None:
         raise BrokenInvariant("path is missing")
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
-        last, seen = None, own.count
+        last, seen = None, own()
         while not stop.wait(POLL):
             try:
                 version = conn.execute("PRAGMA data_version").fetchone()[0]
-                mine, seen = own.count != seen, own.count  # after the read: none missed
+                mine, seen = own() != seen, own()  # after the read: none missed
                 if last is not None and version != last and (not mine or _open_obligation(conn)):
                     kick()
             except sqlite3.Error:

@@ -87,7 +87,7 @@ class Commits:
 
 class ControlServer:
     def __init__(self, ctx: Context, db: str | None, kick: Callable[[], None],
-                 live: Callable[[], dict[str, Any]],
+                 live: Callable[[], dict[str, Any]], commits: Commits,
                  may_act: Callable[[], bool] = lambda: True) -> None:
         self.ctx = ctx
         # A halted agent (its store files replaced, the schema changed) answers nothing: its
@@ -103,17 +103,9 @@ class ControlServer:
         self._reads = threading.BoundedSemaphore(READ_LANES)
         self._polls = threading.BoundedSemaphore(READ_LANES)
         self._starved_since: float | None = None  # out of fds since (monotonic), if it is
-        self.commits = Commits()
+        self.commits = commits  # counted by the agent's store hook
 
     def start(self) -> None:
-        told = self.ctx.store.on_success  # the store watch's, set before
-
-        def on_success(readonly: bool) -> None:
-            if told is not None:
-                told(readonly)
-            self.commits.committed(readonly)
-
-        self.ctx.store.on_success = on_success
         try:
             self.path.unlink()  # a dead agent's: this one holds the lock
         except FileNotFoundError:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.agent.helpers import HelperWatch
+from runners.agent.helpers import KeeperWatch
 from runners.backend.listen import Listeners
 from runners.keepers.fdholder import HOLDER_SOCKET, holder_pid
 from runners.keepers.logkeeper import KEEPER_SOCKET, LogPipes, keeper_pid
@@ -32,7 +32,7 @@ SOCKETS = 20
 
 
 @pytest.fixture
-def box(short_tmp: Path) -> Iterator[tuple[Path, Listeners, LogPipes, HelperWatch]]:
+def box(short_tmp: Path) -> Iterator[tuple[Path, Listeners, LogPipes, KeeperWatch]]:
     """An agent's two clients and its helper watch, in this process; 20 held sockets and
     20 pipes."""
     state = short_tmp / "state"
@@ -44,7 +44,7 @@ def box(short_tmp: Path) -> Iterator[tuple[Path, Listeners, LogPipes, HelperWatc
         listeners.hand(f"k{i}")
         (state / "logs" / f"h{i}").mkdir()  # a host's dir each: the keeper prunes by host
         writes.append(logs.open(f"g{i}", str(log_of(state, f"g{i}")), 1 << 20, 2))
-    watch = HelperWatch([listeners, logs], tick=0.2)
+    watch = KeeperWatch([listeners, logs], tick=0.2)
     watch.start()
     try:
         yield state, listeners, logs, watch
