@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runners.base.doorbell import lock_holder, take_lock
+from runners.base.doorbell import lock_holder
 from runners.base.pids import carriers, kill_leader, matches, signal_same
+from runners.keepers.wire import claim, log_line
 
 FENCE_FILE = "fence.json"
 KEEPER_LOCK = "fence.lock"
@@ -54,11 +55,6 @@ def keeper_pid(state_dir: Path) -> int | None:
     return lock_holder(state_dir / KEEPER_LOCK)
 
 
-def _log(msg: str) -> None:
-    print(f"ts={time.strftime('%Y-%m-%dT%H:%M:%S')} logger=vigil.fencekeeper {msg}",
-          file=sys.stderr, flush=True)
-
-
 def fence(gens: list[dict[str, Any]]) -> int:
     """SIGKILL everything of these generations: each cgroup and leader's session group
     first (instant), then every marker carrier found in one scan. Returns how many live
@@ -72,14 +68,10 @@ def fence(gens: list[dict[str, Any]]) -> int:
 
 
 def run(state_dir: Path) -> int:
-    lock = open(state_dir / KEEPER_LOCK, "a+")
-    if not take_lock(lock):
+    lock = claim(state_dir / KEEPER_LOCK)
+    if lock is None:
         return 0  # another keeper guards this box
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
-    _log(f"started pid={os.getpid()} state_dir={state_dir}")
+    log_line("fencekeeper", f"started pid={os.getpid()} state_dir={state_dir}")
     fired_at = 0.0
     left = 0
     while True:
@@ -91,14 +83,15 @@ def run(state_dir: Path) -> int:
             first = fired_at == 0.0 or left
             left = fence(gens)
             if first:
-                _log(f"self-fence fired late_by={now - data['deadline']:.3f}s took="
-                     f"{time.monotonic() - now:.3f}s generations={len(gens)} still_found={left}")
+                log_line("fencekeeper", f"self-fence fired late_by={now - data['deadline']:.3f}s "
+                         f"took={time.monotonic() - now:.3f}s generations={len(gens)} "
+                         f"still_found={left}")
             fired_at = now
         elif not past:
             fired_at, left = 0.0, 0
         agent = matches(data.get("agent_pid"), data.get("agent_ctime"))
         if not agent and (not gens or (past and fired_at and not left)):
-            _log("agent gone and nothing left to guard: exiting")
+            log_line("fencekeeper", "agent gone and nothing left to guard: exiting")
             return 0
         time.sleep(POLL)
 
