@@ -13,6 +13,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from runners.keepers.logfile import times_path
+
 BLOCK = 1 << 16
 LAST_TIME = 253402300799.0  # 9999-12-31T23:59:59Z, the last time a datetime can show
 _ANY = re.compile(r"g(\d+)\.log(?:\.(\d+))?")
@@ -24,12 +26,6 @@ class Line:
     host: str
     gen: int
     text: bytes
-
-
-def times_of(log: Path) -> Path:
-    """g5.log -> g5.times, g5.log.2 -> g5.times.2 (the keeper's own rule)."""
-    head, _, rotation = log.name.rpartition(".log")
-    return log.with_name(f"{head}.times{rotation}")
 
 
 class Times:
@@ -140,7 +136,7 @@ def read_file(path: Path, want: int | None, since: float | None,
             ends[path] = (st.st_ino, size)
         if since is not None and st.st_mtime < since:
             return []  # nothing was written to it since
-        times = Times(times_of(path), st.st_mtime)
+        times = Times(Path(times_path(str(path))), st.st_mtime)
         start = 0
         if since is not None:
             start = line_start(f, min(times.start_of(since), size))
@@ -249,7 +245,7 @@ class Following:
         self.times = Times(Path(os.devnull), 0.0)
         self.records = b""
         try:
-            self.times_f = open(times_of(path), "rb")
+            self.times_f = open(times_path(str(path)), "rb")
         except FileNotFoundError:
             self.times_f = None
         return True
