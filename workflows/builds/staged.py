@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from sqlalchemy import or_, select
+from sqlalchemy import select, union_all
 from sqlalchemy.orm import Session
 
 from models import facts
@@ -36,18 +36,16 @@ def set_build(s: Session, host: str, build_id: int) -> None:
 def referenced_ids(s: Session) -> set[int]:
     """A host's configured build, any generation not proven gone, any open attempt, any
     open wake's pinned build."""
-    ids: set[int | None] = set(s.execute(select(Host.build_id)).scalars())
-    ids |= set(s.execute(select(Generation.build_id).where(
-        Generation.state != GenState.proven)).scalars())
-    ids |= set(s.execute(select(Attempt.build_id).where(Attempt.outcome.is_(None))).scalars())
-    # A worker's pending restart names its captured build: it will exec it again.
-    ids |= set(s.execute(select(Wake.build_id).where(Wake.state.in_(OPEN_WAKE),
-                                                     Wake.build_id.is_not(None))).scalars())
-    # An open rollout's build, and the builds its hosts ran before it (a revert deploys them).
-    ids |= set(s.execute(select(Rollout.build_id).where(Rollout.state.in_(OPEN_ROLLOUT))).scalars())
-    ids |= set(s.execute(select(RolloutTarget.from_build_id).join(
-        Rollout, Rollout.id == RolloutTarget.rollout_id).where(
-        Rollout.state.in_(OPEN_ROLLOUT), RolloutTarget.from_build_id.is_not(None))).scalars())
+    ids: set[int | None] = set(s.execute(union_all(
+        select(Host.build_id),
+        select(Generation.build_id).where(Generation.state != GenState.proven),
+        select(Attempt.build_id).where(Attempt.outcome.is_(None)),
+        # A worker's pending restart names its captured build: it will exec it again.
+        select(Wake.build_id).where(Wake.state.in_(OPEN_WAKE)),
+        # An open rollout's build, and the builds its hosts ran before it (a revert deploys them).
+        select(Rollout.build_id).where(Rollout.state.in_(OPEN_ROLLOUT)),
+        select(RolloutTarget.from_build_id).join(Rollout, Rollout.id == RolloutTarget.rollout_id)
+        .where(Rollout.state.in_(OPEN_ROLLOUT)))).scalars())
     return {i for i in ids if i is not None}
 
 
@@ -56,7 +54,7 @@ def unreferenced(s: Session) -> list[Build]:
     keep = referenced_ids(s)
     q = select(Build).where(Build.deleted_at.is_(None))
     if keep:
-        q = q.where(or_(Build.id.not_in(keep)))
+        q = q.where(Build.id.not_in(keep))
     return list(s.execute(q).scalars())
 
 
