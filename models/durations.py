@@ -16,11 +16,6 @@ DURATIONS = ("drain_timeout", "health_timeout", "max_run", "restart_floor", "res
              "restart_reset", "converge_grace")
 
 
-def bad_seconds(value: object) -> bool:
-    return (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or not 0 < value <= MAX_SECONDS)
-
-
 def parse_seconds(text: str, what: str) -> float:
     """A duration given as text (a command-line option, an environment variable)."""
     try:
@@ -31,7 +26,8 @@ def parse_seconds(text: str, what: str) -> float:
 
 def check_seconds(value: object, what: str, example: str = "10") -> float:
     """`value` as seconds, or BadInput naming `what` (an option or a key) and the bound."""
-    if bad_seconds(value):
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or not 0 < value <= MAX_SECONDS):
         start = f"{what} must" if what else "must"
         shown = f"{value:g}" if isinstance(value, float) else value
         raise BadInput(f"{start} be a positive number of seconds up to {MAX_SECONDS:.0f} "

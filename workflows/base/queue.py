@@ -33,10 +33,6 @@ _BUSY_SLOTS = select(Generation.__table__.c.slot).where(
                                         Wake.__table__.c.state.in_(OPEN_WAKE)))
 
 
-def instances_of(s: Session, host: str) -> int:
-    return s.execute(_INSTANCES, {"host": host}).scalar() or 1
-
-
 def enqueue_slots(s: Session, host: str, cause: str, instances: int) -> list[Wake]:
     """A host of instances brought up: a queued wake of each slot that has neither a
     current generation nor an open wake (none: every slot is up or on its way)."""
@@ -47,7 +43,7 @@ def enqueue_slots(s: Session, host: str, cause: str, instances: int) -> list[Wak
 def wake_host(s: Session, host: str, cause: str) -> Wake | None:
     """The host brought up, whatever its instances: one wake for a host of one (as
     enqueue_wake), a wake of each slot not up yet for more; returns the first."""
-    n = instances_of(s, host)
+    n = s.execute(_INSTANCES, {"host": host}).scalar() or 1
     if n == 1:
         return enqueue_wake(s, host, cause)
     woken = enqueue_slots(s, host, cause, n)

@@ -22,13 +22,9 @@ BY_ROLLOUT = Unfenced("a rollout belongs to no host: its own state and wave coun
 NOT_STARTED = Unfenced("an attempt still queued: its own step guards it, nothing of it has run")
 
 
-def label(rollout_id: int) -> str:
-    return f"rollout #{rollout_id}"
-
-
 def mark(r: Rollout) -> str:
     """How the reason of an attempt this rollout cancelled begins."""
-    return f"{label(r.id)} "
+    return f"rollout #{r.id} "
 
 
 def get_rollout(s: Session, rollout_id: int) -> Rollout:
