@@ -22,10 +22,8 @@ MAX_BYTES = 1 << 20  # a credential is a key or a token, not a data set
 
 
 def load(name: str, path: str) -> bytes:
-    """The source's bytes, read once (what is checked is what is copied): a regular file of
-    at most MAX_BYTES, its last component not a link, opened without blocking (a FIFO
-    wedged the CLI and the agent; /dev/zero, of st_size 0, filled the disk). Raises
-    ValueError, one line."""
+    """The source's bytes, read once (what is checked is what is copied) as safefiles reads
+    them, at most MAX_BYTES. Raises ValueError, one line."""
     if not NAME.fullmatch(name):
         raise ValueError(f"{name!r} is not a credential name (letters, digits, '_', '.', '-')")
     try:

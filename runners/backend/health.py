@@ -16,11 +16,9 @@ MAX_REPLY = 1 << 20  # bytes of a reply read at most; what is beyond is not wait
 
 
 def get_status(socket_path: str, timeout: float) -> int:
-    """One HTTP/1.0 `GET /`; returns the status code. Raises OSError / ValueError.
-
-    The whole reply is read (its headers and the body they announce, or up to the close)
-    before the connection is closed: closing after the status line left apps on Python's
-    http.server with a BrokenPipeError traceback in their logs for every check."""
+    """One HTTP/1.0 `GET /`: its status code (OSError / ValueError). The whole reply is read
+    before closing: closing after the status line left a BrokenPipeError traceback in the
+    logs of apps on Python's http.server at every check."""
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)

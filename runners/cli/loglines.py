@@ -204,11 +204,9 @@ def merged(sources: list[tuple[str, Path, list[int]]], want: int | None,
 
 
 class Following:
-    """One generation's files read as they grow (`vigil logs --follow`), across their
-    rotations, each line with its time (the time it is read, when its record is not yet
-    written). It starts where the first print of the generation stopped (`start`: the
-    file's inode and offset, so a rotation meanwhile loses nothing), or, for a generation
-    that print did not see, at the start of its oldest file."""
+    """One generation's files read as they grow (`vigil logs --follow`), across rotations,
+    each line with its time (when read, if not yet recorded), from `start` (inode and offset
+    where the first print stopped) or else the start of its oldest file."""
 
     def __init__(self, host: str, directory: Path, n: int, start: End | None) -> None:
         self.host, self.directory, self.n = host, directory, n

@@ -176,10 +176,9 @@ class Rotating:
         return room  # a line longer than the cap: cut at the cap
 
     def take(self, pipe: int) -> int:
-        """Move what waits in the pipe (a non-blocking read end) into the file, in the
-        kernel, up to CHUNK and never past the cap. How many bytes; 0 at EOF (every writer
-        has closed it); BlockingIOError when it is empty; OSError when the pipe fails,
-        and EMFILE/ENFILE when its parked file cannot be opened again (nothing taken)."""
+        """Splice what waits in the pipe into the file, up to CHUNK, never past the cap: how
+        many bytes (0: EOF); BlockingIOError when empty; OSError when the pipe fails, and
+        EMFILE/ENFILE when its parked file cannot be opened again (nothing taken)."""
         if self.fd < 0:
             try:
                 self._open()

@@ -205,10 +205,9 @@ class LogPipes:
         return w
 
     def forget(self, key: str) -> None:
-        """The generation is proven gone: its copy of the read end is closed, once a keeper
-        that was given the pipe runs. What the app wrote last may still be in the pipe, and
-        with the keeper dead (or a standby not yet told) this copy is its only reader: a
-        new keeper is handed every end first."""
+        """The generation is proven gone: its copy of the read end is closed once a keeper
+        given the pipe runs (with none, this copy is the only reader of what the app wrote
+        last: a new keeper is handed every end first)."""
         with self._lock:
             end = self.ends.get(key)
             if end is None:

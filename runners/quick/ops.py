@@ -167,11 +167,10 @@ def row_progress(store: Store, kind: str, row_id: int) -> dict[str, Any]:
 
 
 def attempt_progress(store: Store, attempt_id: int, after_event: int) -> dict[str, Any]:
-    """An attempt's step and, once ended, its outcome; an attempt abandoned and written again
-    (cause `resumed`) is followed to the one that replaces it, so a --wait across an agent
-    restart reports the request's end, not the interruption. `resumed`: the attempts passed,
-    oldest first, each with why it ended. `switched`: a `switched` event of its host came
-    after `after_event` (a fast attempt passes that step between two polls)."""
+    """An attempt's step and outcome, followed through each abandoned one to the attempt that
+    resumed it (a --wait across an agent restart reports the request's end). `resumed`: the
+    attempts passed, oldest first, with why each ended. `switched`: a `switched` event of its
+    host came after `after_event` (a fast attempt passes that step between two polls)."""
     def read(s):  # type: ignore[no-untyped-def]
         a = s.get(Attempt, attempt_id)
         passed = []
