@@ -55,11 +55,8 @@ def describe(s: Session, name: str) -> dict[str, Any]:
     # values or a credential's contents (read at each start, never stored).
     out.update({"user": h.run_user, "group": h.run_group,
                 "env_file": json.loads(h.env_files), "credentials": json.loads(h.credentials)})
-    out.update({c: getattr(h, c) for c in LIMITS})
-    if h.kind is HostKind.instance:
-        out.update({c: getattr(h, c) for c in PROBE})
-    else:
-        out.update({c: getattr(h, c) for c in WORKER})
+    out.update({c: getattr(h, c)
+                for c in LIMITS + (PROBE if h.kind is HostKind.instance else WORKER)})
     out["listeners"] = [{"name": r.name, "address": r.address, "fd": 3 + r.position,
                          "state": r.state.value, "note": note(r)} for r in stored(s, name)]
     a = s.execute(select(Attempt).where(Attempt.host == name).order_by(Attempt.id.desc())
