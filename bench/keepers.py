@@ -32,12 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import loadavg, summary, vigil_durability  # noqa: E402
 
+from runners.agent.exit_watch import PipeBell  # noqa: E402
 from runners.agent.helpers import KeeperWatch  # noqa: E402
 from runners.backend.listen import Listeners  # noqa: E402
 from runners.base.doorbell import lock_holder  # noqa: E402
 from runners.keepers.fdholder import HOLDER_LOCK, holder_pid  # noqa: E402
 from runners.keepers.logkeeper import KEEPER_LOCK, LogPipes, keeper_pid  # noqa: E402
-from runners.keepers.wire import standby_of  # noqa: E402
+from runners.keepers.wire import Peer, standby_of  # noqa: E402
 
 
 def _state(pid: int) -> str:
@@ -54,7 +55,8 @@ class Box:
         self.state = tmp / f"s{n}"
         (self.state / "logs").mkdir(parents=True)
         self.n = n
-        self.listeners, self.logs = Listeners(self.state), LogPipes(self.state)
+        bell = PipeBell()  # as the agent's wiring: a keeper started on demand is watched at once
+        self.listeners, self.logs = Listeners(self.state, bell.ring), LogPipes(self.state, bell.ring)
         self.writes = []
         for i in range(n):
             self.listeners.bind(f"k{i}", f"unix:{self.state}/u{i}.sock")
@@ -63,24 +65,24 @@ class Box:
             self.writes.append(self.logs.open(f"g{i}", str(self.log(i)), 1 << 20, 2))
         self.want = {k: self.listeners.inode(k) for k in self.listeners.keys()}
         self.done: dict[str, threading.Event] = {}
-        for client in (self.listeners, self.logs):
-            self._hook(client)
-        self.watch = KeeperWatch([self.listeners, self.logs])
+        for peer in (self.listeners.peer, self.logs.peer):
+            self._hook(peer)
+        self.watch = KeeperWatch([self.listeners.peer, self.logs.peer], bell)
         self.watch.start()
 
     def log(self, i: int) -> Path:
         return self.state / "logs" / f"h{i}" / "g1.log"
 
-    def _hook(self, client: Listeners | LogPipes) -> None:
+    def _hook(self, peer: Peer) -> None:
         """Time the revive that follows a death: it returns once every put was answered."""
-        revive = client.revive
-        done = self.done[client.what] = threading.Event()
+        revive = peer.revive
+        done = self.done[peer.what] = threading.Event()
 
         def timed() -> None:
             revive()
             done.set()
 
-        client.revive = timed  # type: ignore[method-assign]
+        peer.revive = timed  # type: ignore[method-assign]
 
     def kill(self, what: str) -> float:
         pid = (holder_pid if what == "fd holder" else keeper_pid)(self.state)

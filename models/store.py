@@ -111,6 +111,7 @@ class Store:
 
     def __init__(self, url: str, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000,
                  lock_wait: float = LOCK_WAIT, listen_url: str | None = None,
+                 lock_holder: Callable[[], str | None] = lambda: None,
                  on_success: Callable[[bool], None] | None = None,
                  on_events: Callable[[list[Written]], None] | None = None) -> None:
         self.url = normalize_url(url)
@@ -123,9 +124,9 @@ class Store:
         # sets it). A command seldom runs a statement the 5 times psycopg waits for.
         self.prepare = False
         self.lock_wait = lock_wait
-        # Who holds the write lock when a transaction gave up waiting for it (set by the
+        # Who holds the write lock when a transaction gave up waiting for it (given by the
         # runners, which know the box: runners/wiring.py); None: not known.
-        self.lock_holder: Callable[[], str | None] = lambda: None
+        self.lock_holder = lock_holder
         # Told of every transaction that committed (readonly or not): the agent's store
         # watch hears from it that a store in trouble works again (runners/base/storewatch.py).
         self.on_success = on_success

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+
+from sqlalchemy.engine import make_url
 
 from models.durations import parse_seconds
 from models.errors import StoreNotReady
@@ -44,23 +47,26 @@ def open_store(state_dir: Path, db: str | None, *, create: bool = False,
         raise StoreNotReady(f"no database in {state_dir}", "run `vigil db upgrade` to create it")
     prepare_state_dir(state_dir)
     url = db or sqlite_url(state_dir)
-    store = Store(url, synchronous=os.environ.get("VIGIL_SYNCHRONOUS", "FULL"),
-                  lock_wait=lock_wait, listen_url=listen_db)
-    if store.dialect == "sqlite" and store.engine.url.database:
+    file = make_url(url).database if url.startswith("sqlite") else None
+
+    def holder() -> str | None:  # who holds the SQLite file's write lock
         from runners.base.doorbell import running_agent_pid
         from runners.base.storewatch import write_lock_holder
 
-        path = Path(store.engine.url.database)
-        store.lock_holder = lambda: write_lock_holder(path, running_agent_pid(state_dir))
-    return store
+        return write_lock_holder(Path(file), running_agent_pid(state_dir)) if file else None
+
+    return Store(url, synchronous=os.environ.get("VIGIL_SYNCHRONOUS", "FULL"),
+                 lock_wait=lock_wait, listen_url=listen_db, lock_holder=holder)
 
 
 def make_context(state_dir: Path, store: Store, agent_id: str, *,
                  log_max_bytes: int = LOG_MAX_BYTES, log_files: int = LOG_FILES,
-                 **kw: object) -> Context:
+                 keeper_started: Callable[[], None] = lambda: None, **kw: object) -> Context:
+    """`keeper_started`: rung when the fd holder or the log keeper is started on demand
+    (the agent's keeper watch's bell: runners/cli/agent.py)."""
     proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"),
                           log_max_bytes=log_max_bytes, log_files=log_files,
-                          logs=LogPipes(state_dir))
+                          logs=LogPipes(state_dir, keeper_started))
     proc.limits.box = agent_id  # its hosts' memory parents (runners/backend/cglimits.py)
     settle = parse_seconds(os.environ.get("VIGIL_SETTLE_SECONDS", "10"), "VIGIL_SETTLE_SECONDS")
     kw.setdefault("sockets", SocketAccess(state_dir))  # per-host groups; no agent-wide one
@@ -69,7 +75,7 @@ def make_context(state_dir: Path, store: Store, agent_id: str, *,
     proc.credentials = Credentials(state_dir)
     proc.on_release.append(proc.credentials.forget)  # and its credentials' directory
     kw.setdefault("ready", ready)
-    kw.setdefault("listeners", Listeners(state_dir))
+    kw.setdefault("listeners", Listeners(state_dir, keeper_started))
     kw.setdefault("notices", Notices())
     return Context(store=store, agent_id=agent_id, state_dir=state_dir.absolute(), proc=proc,
                    health=HttpHealth(), files=LocalFiles(), limits=CgroupMemoryLimit(proc.base, agent_id),

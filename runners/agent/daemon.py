@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from pathlib import Path
 from typing import cast
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -22,7 +23,7 @@ from sqlalchemy import update
 
 from models.notices import word_of
 from models.schema import require_head
-from models.store import utcnow
+from models.store import Store, utcnow
 from models.tables import Agent as AgentRow
 from runners.agent import jobstore
 from runners.agent.chore_holder import Chores
@@ -93,7 +94,6 @@ class Parts:
     signals: Signals
     locks: object  # the state dir's and the SQLite file's (startup.lock_state_dir), held
     commits: Commits  # the agent's write commits: for the control socket's polls, the wakeup
-    started: PipeBell  # a keeper started on demand: the keeper watch's bell
 
 
 @dataclass
@@ -109,12 +109,21 @@ class Running:
     control: ControlServer
 
 
+# The agent's Context, made of its own store (the CLI's, with the agent's hooks) and its
+# shutting_down event once the state dir is locked (runners/wiring.py make_context).
+Wire = Callable[[Store, threading.Event], Context]
+
+
 class AgentDaemon:
-    def __init__(self, ctx: Context, *, scan_interval: float = 30.0,
+    """`started`: the keeper watch's bell, whose ring `wire` gave the keepers' clients."""
+
+    def __init__(self, state_dir: Path, agent_id: str, store: Store, wire: Wire,
+                 started: PipeBell, *, scan_interval: float = 30.0,
                  sweep_interval: float = 1.0, max_hosts: int = 8, converge_budget: int = 1,
                  metrics_listen: str | None = None, keep: Keep | None = None,
                  db: str | None = None, listen: bool = True) -> None:
-        self.ctx = ctx  # as the CLI made it: the agent's own gets its final process port
+        self.state_dir, self.agent_id, self.store = state_dir.absolute(), agent_id, store
+        self.wire, self.started = wire, started
         self.listen = listen  # LISTEN for intents (PostgreSQL); off: read their rings each sweep
         self.keep = keep or Keep()  # what history the store keeps (workflows/engine/history.py)
         self.db = db  # as given (--db / VIGIL_DB): a client naming another store goes direct
@@ -133,20 +142,20 @@ class AgentDaemon:
         last = reconciler.last_round_at
         if self._version is None:
             self._version = control_version()
-        return {"running": True, "pid": os.getpid(), "box": self.ctx.agent_id,
+        return {"running": True, "pid": os.getpid(), "box": self.agent_id,
                 "version": self._version, "up_since": self.started_at.isoformat(),
                 "ready": self.recovered.is_set(), "rounds": reconciler.rounds,
                 "last_round": last.isoformat() if last is not None else None}
 
     def run(self) -> int:
         limits = raise_open_file_limit()  # before anything opens: the control socket's cap follows it
-        parts = self._build(limits, lock_state_dir(self.ctx))
+        parts = self._build(limits, lock_state_dir(self.state_dir, self.store.url))
         counts = recover(parts.ctx)
         log.info("recovered agent=%s adopted=%d retired=%d", parts.ctx.agent_id,
                  counts["adopted"], counts["retired"])
         running = self._start(parts)
         self.recovered.set()
-        log.info("ready agent=%s state_dir=%s", self.ctx.agent_id, self.ctx.state_dir)
+        log.info("ready agent=%s state_dir=%s", self.agent_id, self.state_dir)
         notify("READY=1", f"STATUS=ready: adopted {counts['adopted']}, retired {counts['retired']}")
         wait_for_stop(self.stop, parts.signals)
         return self._shut_down(running)
@@ -155,18 +164,18 @@ class AgentDaemon:
         """The parts recovery needs, made in turn once the state dir is locked: the store
         watch and trust, the round's bell, the metrics if served, and on PostgreSQL the
         fence guard, whose spawn guard is in front of the agent's Context's process port."""
-        ctx = self.ctx
         scheduler = BackgroundScheduler(timezone=UTC,
                                         job_defaults={"coalesce": True, "max_instances": 1,
                                                       "misfire_grace_time": None})
-        watch = StoreWatch(ctx.store.url, ctx.state_dir, log, on_halt=partial(_pause, scheduler))
-        bell, commits = Kick(ctx.shutting_down), Commits()
+        watch = StoreWatch(self.store.url, self.state_dir, log, on_halt=partial(_pause, scheduler))
+        stopping = threading.Event()  # the Context's shutting_down
+        bell, commits = Kick(stopping), Commits()
 
         def committed(readonly: bool) -> None:
             watch.ok(readonly)  # a store in trouble works again
             commits.committed(readonly)  # for a progress poll, and the SQLite file's watch
 
-        ctx = replace(ctx, store=ctx.store.hooked(committed, partial(_after_events, kick=bell)))
+        ctx = self.wire(self.store.hooked(committed, partial(_after_events, kick=bell)), stopping)
         trust = StoreTrust(ctx.store, watch)
         require_head(ctx.store.engine)
         say_open_file_limit(ctx, limits)
@@ -182,23 +191,23 @@ class AgentDaemon:
         logs = getattr(ctx.proc, "logs", None)  # the log keeper's client
         if logs is not None:
             logs.adopt()  # copies of the pipes a running keeper writes for
-        guard, proc, started = None, ctx.proc, PipeBell()
+        guard, proc = None, ctx.proc
         if ctx.store.dialect == "postgresql":  # several boxes: leases must fence
-            guard = FenceGuard(ctx, Timing(ctx.lease_ttl), trust.trouble, started.ring)
+            guard = FenceGuard(ctx, Timing(ctx.lease_ttl), trust.trouble, self.started.ring)
             proc = FencedProcess(ctx.proc, guard)  # type: ignore[assignment]
         ctx = replace(ctx, proc=proc, on_proof_failed=proof_failed)
         if guard is not None:
             guard.start()
-        return Parts(ctx, trust, guard, scheduler, bell, observe_round, signals, locks, commits,
-                     started)
+        return Parts(ctx, trust, guard, scheduler, bell, observe_round, signals, locks, commits)
 
     def _start(self, parts: Parts) -> Running:
         """Everything that acts after recovery, started in turn; a first round at the end."""
         ctx, trust, guard, scheduler, bell = (parts.ctx, parts.trust, parts.guard,
                                               parts.scheduler, parts.bell)
         logs = getattr(ctx.proc, "logs", None)
-        keepers = KeeperWatch([cast(Keeper, h) for h in (ctx.listeners, logs, guard)
-                               if h is not None and hasattr(h, "revive")], bell=parts.started)
+        keepers = KeeperWatch([cast(Keeper, h) for h in (getattr(ctx.listeners, "peer", None),
+                                                          getattr(logs, "peer", None), guard)
+                               if h is not None], self.started)
         prober = Prober(ctx, bell)
         watcher = self._watcher(ctx, trust, bell)
 

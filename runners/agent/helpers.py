@@ -41,21 +41,18 @@ class Keeper(Protocol):
 
 class KeeperWatch:
     """`bell`: rung when a keeper is started on demand (a first socket, a first pipe), so
-    it is watched at once; given to a keeper built with it (FenceGuard's on_start)."""
+    it is watched at once; its ring is given to each keeper's client when it is built
+    (Peer's and FenceGuard's on_start: runners/wiring.py, runners/agent/daemon.py)."""
 
-    def __init__(self, keepers: list[Keeper], tick: float = TICK,
-                 bell: PipeBell | None = None) -> None:
+    def __init__(self, keepers: list[Keeper], bell: PipeBell, tick: float = TICK) -> None:
         self.keepers = keepers
         self.tick = tick
         self._poll = select.epoll()
         self._fds: dict[int, tuple[Keeper, int]] = {}  # pidfd -> (keeper, pid)
-        self._bell = bell or PipeBell()
+        self._bell = bell
         self._poll.register(self._bell.r, select.EPOLLIN)
         self._thread = threading.Thread(target=self._run, name="keeper-watch", daemon=True)
         self.restarts = 0
-        for h in keepers:  # the fd holder's and log keeper's clients: set from here still
-            if hasattr(h, "peer"):
-                h.peer.on_start = self._bell.ring
 
     def start(self) -> None:
         """Before the agent's first round: every keeper checked, restored, watched."""

@@ -63,22 +63,22 @@ def hold_sqlite_store(url: str, state_dir: Path) -> IO[bytes] | None:
     return f
 
 
-def lock_state_dir(ctx: Context) -> tuple[IO[str], IO[bytes] | None]:
+def lock_state_dir(state_dir: Path, url: str) -> tuple[IO[str], IO[bytes] | None]:
     """The state dir's lock (one agent per state dir) and the SQLite file's, held until the
     process ends, even by SIGKILL."""
-    path = ctx.state_dir / LOCK
+    path = state_dir / LOCK
     f = open(path, "a+")
     if not take_lock(f):
         f.seek(0)
         other = f.read().strip() or "unknown"
         f.close()
-        raise Refused(f"another agent (pid {other}) is already running on {ctx.state_dir}",
+        raise Refused(f"another agent (pid {other}) is already running on {state_dir}",
                       f"stop it first (kill {other}) or pass another --state-dir") from None
     f.seek(0)
     f.truncate()
     f.write(f"{os.getpid()}\n")
     f.flush()
-    return f, hold_sqlite_store(ctx.store.url, ctx.state_dir)
+    return f, hold_sqlite_store(url, state_dir)
 
 
 def register(ctx: Context) -> None:

@@ -162,7 +162,7 @@ class Sweeper:
                 self.watcher.refresh()
             if self.logs is not None:
                 try:
-                    self.logs.ensure()  # a keeper that died meanwhile: started again
+                    self.logs.peer.revive()  # a keeper that died meanwhile: started again
                 except OSError as exc:
                     log.warning("log keeper: %s; the next backstop tries again", exc)
 

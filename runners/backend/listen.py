@@ -16,7 +16,7 @@ import ipaddress
 import os
 import socket
 import stat
-import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -138,43 +138,24 @@ def copy_from(pid: int, inode: int) -> socket.socket | None:
 
 class Listeners:
     """The agent's listening sockets (the ListenerPort): its own copies by key, and the
-    holder that keeps them across restarts (runners/agent/helpers.py starts a new one the
-    moment it exits and hands it every socket, so each lives in two processes at least)."""
+    holder that keeps them across restarts (`peer`: runners/agent/helpers.py starts a new
+    one the moment it exits and hands it every socket, so each lives in two processes at
+    least)."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, on_start: Callable[[], None] = lambda: None) -> None:
         self.state_dir = state_dir.absolute()
         self.socks: dict[str, socket.socket] = {}
-        self._lock = threading.Lock()
-        self.what = "fd holder"
         self.peer = Peer(self.state_dir, module="runners.keepers.fdholder",
                          socket_name=HOLDER_SOCKET, lock_name=HOLDER_LOCK,
-                         log_name="logs/fdholder.log", what=self.what, everything=self._everything)
-
-    def _everything(self) -> list[tuple[dict, list[int]]]:
-        return [({"op": "put", "key": k}, [s.fileno()]) for k, s in self.socks.items()]
+                         log_name="logs/fdholder.log", what="fd holder", on_start=on_start,
+                         everything=lambda: (({"op": "put", "key": k}, [s.fileno()])
+                                             for k, s in self.socks.items()))
+        self._lock = self.peer.lock  # every exchange, and every change of `socks`
 
     def _ask(self, request: dict, fds: list[int] = (), *, start: bool = True,  # type: ignore[assignment]
              maxfds: int = 0) -> tuple[dict, list[int]] | None:
         """One request (the caller holds the lock); see runners/keepers/wire.py Peer.ask."""
         return self.peer.ask(request, fds, start=start, maxfds=maxfds)
-
-    # -- watched by the agent (runners/agent/helpers.py) --------------------------------------
-    def running(self) -> tuple[int, float] | None:
-        return self.peer.running()
-
-    def revive(self) -> None:
-        """Every socket held here with a holder: one started if none runs. OSError."""
-        with self._lock:
-            if self.socks:
-                self._ask({"op": "get", "keys": []})
-
-    def check(self) -> None:
-        """One bounded exchange with a running holder while this agent holds sockets (one
-        that does not answer is killed when that loses nothing). OSError."""
-        with self._lock:
-            if self.socks:
-                self._ask({"op": "get", "keys": []}, start=False)
-                self.peer.standby()  # the next death's re-hand needs no Python start
 
     # -- the ListenerPort --------------------------------------------------------------------
     def boot(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -103,13 +104,15 @@ def run(env: Env, safety_interval: float, log_level: str, box: str | None,
     from sqlalchemy import select
 
     from models.states import HostKind
-    from models.store import LOCK_WAIT
+    from models.store import LOCK_WAIT, Store
     from models.tables import Host
     from runners.agent import agent_log as logs
     from runners.agent.daemon import AgentDaemon
+    from runners.agent.exit_watch import PipeBell
     from runners.backend.sockets import SocketAccess
     from runners.base.doorbell import agent_id
     from runners.wiring import make_context
+    from workflows.base.context import Context
     from workflows.config.hosts import check_socket_room
     from workflows.leases.placement import check_box
 
@@ -135,11 +138,17 @@ def run(env: Env, safety_interval: float, log_level: str, box: str | None,
     for name in store.read(lambda s: s.execute(select(Host.name).where(
             Host.kind == HostKind.instance)).scalars().all()):
         check_socket_room(env.state_dir, name)  # e.g. a state dir moved to a longer path
-    ctx = make_context(env.state_dir, store, agent_id(env.state_dir, box), lease_ttl=lease_ttl,
-                       sockets=SocketAccess(env.state_dir, group, mode),
-                       log_max_bytes=log_max_bytes, log_files=log_files)
-    store.name_connections(f"vigil-{ctx.agent_id}")  # pg_stat_activity: vigil-<box>-<purpose>
-    sys.exit(AgentDaemon(ctx, scan_interval=safety_interval, sweep_interval=sweep_interval,
+    me = agent_id(env.state_dir, box)
+    store.name_connections(f"vigil-{me}")  # pg_stat_activity: vigil-<box>-<purpose>
+    started = PipeBell()  # a keeper started on demand: the agent's keeper watch watches it
+
+    def wire(hooked: Store, stopping: threading.Event) -> Context:  # once the state dir is locked
+        return make_context(env.state_dir, hooked, me, lease_ttl=lease_ttl,
+                            sockets=SocketAccess(env.state_dir, group, mode),
+                            log_max_bytes=log_max_bytes, log_files=log_files,
+                            keeper_started=started.ring, shutting_down=stopping)
+
+    sys.exit(AgentDaemon(env.state_dir, me, store, wire, started, scan_interval=safety_interval, sweep_interval=sweep_interval,
                          converge_budget=converge_budget, metrics_listen=metrics_listen,
                          db=env.db, keep=keep_of(keep_history, keep_last),
                          listen=listen == "on").run())

@@ -33,8 +33,8 @@ import selectors
 import signal
 import stat
 import sys
-import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,18 +174,17 @@ def run(state_dir: Path) -> int:
 class LogPipes:
     """The agent's side: a pipe per generation, its read end handed to the keeper (started
     when none runs) and a copy kept here until the generation is proven gone, so a keeper
-    that dies is started again and given every read end (runners/agent/helpers.py starts it
-    the moment it exits). A connection per exchange, so nothing is left open between them."""
+    that dies is started again and given every read end (`peer`: runners/agent/helpers.py
+    starts it the moment it exits). A connection per exchange: nothing open between them."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, on_start: Callable[[], None] = lambda: None) -> None:
         self.state_dir = state_dir.absolute()
         self.ends: dict[str, tuple[int, dict[str, Any]]] = {}  # key -> (read end, its put)
-        self._lock = threading.Lock()
         self.peer = Peer(self.state_dir, module="runners.keepers.logkeeper",
                          socket_name=KEEPER_SOCKET, lock_name=KEEPER_LOCK,
-                         log_name="logs/logkeeper.log", what="log keeper",
-                         everything=lambda: [(req, [fd]) for fd, req in self.ends.values()])
-        self.what = "log keeper"
+                         log_name="logs/logkeeper.log", what="log keeper", on_start=on_start,
+                         everything=lambda: ((req, [fd]) for fd, req in self.ends.values()))
+        self._lock = self.peer.lock  # every exchange, and every change of `ends`
 
     def open(self, key: str, path: str, max_bytes: int, files: int) -> int:
         """The write end the app gets. The file is created 0600 (an app's output may hold
@@ -251,28 +250,6 @@ class LogPipes:
                 return taken
             except (OSError, ValueError, KeyError):  # a keeper it cannot read: none taken
                 return 0
-
-    def ensure(self) -> None:
-        """A keeper that died under this agent is started again with every read end."""
-        self.revive()
-
-    # -- watched by the agent (runners/agent/helpers.py) --------------------------------------
-    def running(self) -> tuple[int, float] | None:
-        return self.peer.running()
-
-    def revive(self) -> None:
-        """Every read end held here with a keeper: one started if none runs. OSError."""
-        with self._lock:
-            if self.ends:
-                self.peer.ask({"op": "get", "keys": []})
-
-    def check(self) -> None:
-        """One bounded exchange with a running keeper while this agent holds pipes (one that
-        does not answer is killed when that loses nothing). OSError."""
-        with self._lock:
-            if self.ends:
-                self.peer.ask({"op": "get", "keys": []}, start=False)
-                self.peer.standby()  # the next death's re-hand needs no Python start
 
 
 if __name__ == "__main__":

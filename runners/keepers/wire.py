@@ -22,6 +22,7 @@ import selectors
 import socket
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -226,22 +227,25 @@ def serve(state_dir: Path, lock_name: str, socket_name: str, name: str,
 
 
 class Peer:
-    """One helper as the agent sees it. The owner (the fd holder's or the log keeper's
-    client) serializes every call with its own lock and says, through `everything`, what
-    a new helper must be given: (put request, [fd]) pairs."""
+    """One helper as the agent sees it, and as the agent's keeper watch
+    (runners/agent/helpers.py) checks and revives it. The owner (the fd holder's or the log
+    keeper's client) serializes every call with `lock` and says, through `everything`,
+    what a new helper must be given: (put request, [fd]) pairs, lazily (nothing: nothing
+    held). `on_start`: rung when a helper is started here (the watch watches it at once)."""
 
     def __init__(self, state_dir: Path, *, module: str, socket_name: str, lock_name: str,
                  log_name: str, what: str,
-                 everything: Callable[[], Iterable[tuple[dict[str, Any], list[int]]]]) -> None:
+                 everything: Callable[[], Iterable[tuple[dict[str, Any], list[int]]]],
+                 on_start: Callable[[], None] = lambda: None) -> None:
         self.state_dir = state_dir.absolute()
         self.module, self.what, self.log_name = module, what, log_name
         self.path = self.state_dir / socket_name
         self.lock_path = self.state_dir / lock_name
-        self.everything = everything
+        self.everything, self.on_start = everything, on_start
+        self.lock = threading.Lock()
         self.told: int | None = None  # the helper that has been given everything held here
         self.complete: int | None = None  # a helper whose every fd this agent has a copy of
         self.started: list[int] = []  # helpers this process started (its children)
-        self.on_start: Callable[[], None] = lambda: None  # the watcher registers the new one
 
     def running(self) -> tuple[int, float] | None:
         """(pid, start time) of the helper running now, or None."""
@@ -250,6 +254,21 @@ class Peer:
             return None
         ctime = start_time(pid)
         return None if ctime is None else (pid, ctime)
+
+    def revive(self) -> None:
+        """Everything held here with a helper: one started if none runs. OSError."""
+        with self.lock:
+            if any(True for _ in self.everything()):
+                self.ask({"op": "get", "keys": []})
+
+    def check(self) -> None:
+        """One bounded exchange with a running helper while something is held here (one
+        that does not answer is killed when that loses nothing), a standby beside it so
+        the next death's re-hand needs no Python start. OSError."""
+        with self.lock:
+            if any(True for _ in self.everything()):
+                self.ask({"op": "get", "keys": []}, start=False)
+                self.standby()
 
     def _connect(self, start: bool) -> tuple[socket.socket, int] | None:
         """A connection to the helper (one started if none runs and `start`) and its pid."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from runners.agent.exit_watch import PipeBell
 from runners.agent.helpers import KeeperWatch
 from runners.backend.listen import Listeners
 from runners.keepers.fdholder import HOLDER_SOCKET, holder_pid
@@ -37,14 +38,15 @@ def box(short_tmp: Path) -> Iterator[tuple[Path, Listeners, LogPipes, KeeperWatc
     20 pipes."""
     state = short_tmp / "state"
     (state / "logs").mkdir(parents=True)
-    listeners, logs = Listeners(state), LogPipes(state)
+    bell = PipeBell()  # as the agent's wiring: a keeper started on demand is watched at once
+    listeners, logs = Listeners(state, bell.ring), LogPipes(state, bell.ring)
     writes = []
     for i in range(SOCKETS):
         listeners.bind(f"k{i}", f"unix:{short_tmp}/u{i}.sock")
         listeners.hand(f"k{i}")
         (state / "logs" / f"h{i}").mkdir()  # a host's dir each: the keeper prunes by host
         writes.append(logs.open(f"g{i}", str(log_of(state, f"g{i}")), 1 << 20, 2))
-    watch = KeeperWatch([listeners, logs], tick=0.2)
+    watch = KeeperWatch([listeners.peer, logs.peer], bell, tick=0.2)
     watch.start()
     try:
         yield state, listeners, logs, watch

@@ -86,7 +86,7 @@ def kill_keeper(pipes: LogPipes, state: Path, app: int, end: int,
     # the app goes on writing until its pipe is full, then waits in its write
     wait_for(lambda: blocked_in_write(app, end), 20, interval=0.002,
              what="the app waiting in its write to a full pipe")
-    pipes.ensure()  # what the agent does: a new keeper, handed every read end
+    pipes.peer.revive()  # what the agent does: a new keeper, handed every read end
     assert keeper_pid(state) not in (None, pid)
 
 
