@@ -64,16 +64,13 @@ def make_context(state_dir: Path, store: Store, agent_id: str, *,
                  keeper_started: Callable[[], None] = lambda: None, **kw: object) -> Context:
     """`keeper_started`: rung when the fd holder or the log keeper is started on demand
     (the agent's keeper watch's bell: runners/cli/agent.py)."""
+    ready, credentials = Readiness(store), Credentials(state_dir)
     proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"),
                           log_max_bytes=log_max_bytes, log_files=log_files,
-                          logs=LogPipes(state_dir, keeper_started))
-    proc.limits.box = agent_id  # its hosts' memory parents (runners/backend/cglimits.py)
+                          logs=LogPipes(state_dir, keeper_started), box=agent_id,
+                          credentials=credentials, on_release=[ready.forget, credentials.forget])
     settle = parse_seconds(os.environ.get("VIGIL_SETTLE_SECONDS", "10"), "VIGIL_SETTLE_SECONDS")
     kw.setdefault("sockets", SocketAccess(state_dir))  # per-host groups; no agent-wide one
-    ready = Readiness(store)
-    proc.on_release.append(ready.forget)  # a generation proven gone: its NOTIFY_SOCKET too
-    proc.credentials = Credentials(state_dir)
-    proc.on_release.append(proc.credentials.forget)  # and its credentials' directory
     kw.setdefault("ready", ready)
     kw.setdefault("listeners", Listeners(state_dir, keeper_started))
     kw.setdefault("notices", Notices())

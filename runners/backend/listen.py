@@ -150,12 +150,6 @@ class Listeners:
                          log_name="logs/fdholder.log", what="fd holder", on_start=on_start,
                          everything=lambda: (({"op": "put", "key": k}, [s.fileno()])
                                              for k, s in self.socks.items()))
-        self._lock = self.peer.lock  # every exchange, and every change of `socks`
-
-    def _ask(self, request: dict, fds: list[int] = (), *, start: bool = True,  # type: ignore[assignment]
-             maxfds: int = 0) -> tuple[dict, list[int]] | None:
-        """One request (the caller holds the lock); see runners/keepers/wire.py Peer.ask."""
-        return self.peer.ask(request, fds, start=start, maxfds=maxfds)
 
     # -- the ListenerPort --------------------------------------------------------------------
     def boot(self) -> str:
@@ -170,7 +164,7 @@ class Listeners:
 
     def bind(self, key: str, address: str) -> int:
         """Open the socket as `key` (this agent's copy); returns its inode. OSError/ValueError."""
-        with self._lock:
+        with self.peer.lock:  # every exchange, and every change of `socks`
             old = self.socks.pop(key, None)
             if old is not None:
                 old.close()
@@ -179,30 +173,30 @@ class Listeners:
 
     def hand(self, key: str) -> None:
         """Give the holder its copy (starting the holder if none runs). Raises OSError."""
-        with self._lock:
-            self._ask({"op": "put", "key": key}, [self.socks[key].fileno()])
+        with self.peer.lock:
+            self.peer.ask({"op": "put", "key": key}, [self.socks[key].fileno()])
 
     def fds(self, keys: list[str]) -> list[int]:
         """This agent's fds of `keys`, in order; KeyError for one it does not have. A
         holder that died is started again and given them all first."""
-        with self._lock:
+        with self.peer.lock:
             out = [self.socks[k].fileno() for k in keys]
             if keys:
-                self._ask({"op": "get", "keys": []})  # cheap; restores a holder that died
+                self.peer.ask({"op": "get", "keys": []})  # cheap; restores a holder that died
             return out
 
     def fetch(self, keep: set[str]) -> dict[str, int]:
         """On agent start: every socket the holder keeps that the store still names (the
         rest it closes); returns key -> inode of each one this agent now has."""
-        with self._lock:
-            listed = self._ask({"op": "list"}, start=False)
+        with self.peer.lock:
+            listed = self.peer.ask({"op": "list"}, start=False)
             if listed is None:
                 return {}
             pid = self.peer.told
-            self._ask({"op": "keep", "keys": sorted(keep)})
+            self.peer.ask({"op": "keep", "keys": sorted(keep)})
             wanted = [k for k in listed[0]["keys"] if k in keep and k not in self.socks]
             for i in range(0, len(wanted), MAX_FDS):
-                reply = self._ask({"op": "get", "keys": wanted[i:i + MAX_FDS]}, maxfds=MAX_FDS)
+                reply = self.peer.ask({"op": "get", "keys": wanted[i:i + MAX_FDS]}, maxfds=MAX_FDS)
                 if reply is None:
                     break
                 for key, fd in zip(reply[0]["keys"], reply[1], strict=True):
@@ -213,8 +207,8 @@ class Listeners:
 
     def listed(self) -> dict[str, int] | None:
         """What the holder keeps (key -> inode), or None when no holder runs."""
-        with self._lock:
-            reply = self._ask({"op": "list"}, start=False)
+        with self.peer.lock:
+            reply = self.peer.ask({"op": "list"}, start=False)
             return None if reply is None else {k: int(v) for k, v in reply[0]["keys"].items()}
 
     def rescue(self, key: str, inode: int, pids: list[int]) -> bool:
@@ -224,24 +218,24 @@ class Listeners:
             s = copy_from(pid, inode)
             if s is None:
                 continue
-            with self._lock:
+            with self.peer.lock:
                 old = self.socks.pop(key, None)
                 if old is not None:
                     old.close()
                 self.socks[key] = s
-                self._ask({"op": "put", "key": key}, [s.fileno()])
+                self.peer.ask({"op": "put", "key": key}, [s.fileno()])
             return True
         return False
 
     def drop(self, keys: list[str]) -> None:
         """Close these (the host is gone): here and in the holder, if one runs."""
-        with self._lock:
+        with self.peer.lock:
             for k in keys:
                 s = self.socks.pop(k, None)
                 if s is not None:
                     s.close()
             if keys:
-                self._ask({"op": "drop", "keys": keys}, start=False)
+                self.peer.ask({"op": "drop", "keys": keys}, start=False)
 
     def close(self) -> None:
         """Nothing to close: a connection lasts one exchange (the sockets are the agent's own,

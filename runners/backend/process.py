@@ -20,7 +20,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import psutil
@@ -73,17 +73,20 @@ class ProcessBackend:
 
     def __init__(self, containment: str = "auto", cgroup_root: str | None = None,
                  log_max_bytes: int = LOG_MAX_BYTES, log_files: int = LOG_FILES,
-                 logs: LogPipes | None = None) -> None:
+                 logs: LogPipes | None = None, box: str = "",
+                 credentials: Credentials | None = None,
+                 on_release: Iterable[Callable[[str], None]] = ()) -> None:
+        """`box`: the agent's id (its hosts' memory parents: runners/backend/cglimits.py);
+        `credentials`: the state dir's; `on_release`: told each generation (uuid) proven
+        gone and released (its NOTIFY_SOCKET, its credentials' directory: runners/wiring.py)."""
         self.log_max_bytes, self.log_files = log_max_bytes, log_files
-        self.logs = logs
+        self.logs, self.credentials = logs, credentials
         self.base = detect_cgroup_base(containment, cgroup_root)
         self.mode = "cgroup" if self.base else "marker"
         self._mount = os.path.dirname(self.base) if self.base else None
         self._handles: dict[int, subprocess.Popen[bytes] | Child] = {}
-        self.limits = CgroupLimits(self.base)
-        self.credentials: Credentials | None = None  # the state dir's (runners/wiring.py)
-        # generation uuid, after a proof
-        self.on_release: list[Callable[[str], None]] = [self.limits.drop]
+        self.limits = CgroupLimits(self.base, box)
+        self.on_release: list[Callable[[str], None]] = [self.limits.drop, *on_release]
         self._lock = threading.Lock()
 
     # -- handles ------------------------------------------------------------------------

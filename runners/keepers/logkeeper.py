@@ -184,7 +184,6 @@ class LogPipes:
                          socket_name=KEEPER_SOCKET, lock_name=KEEPER_LOCK,
                          log_name="logs/logkeeper.log", what="log keeper", on_start=on_start,
                          everything=lambda: ((req, [fd]) for fd, req in self.ends.values()))
-        self._lock = self.peer.lock  # every exchange, and every change of `ends`
 
     def open(self, key: str, path: str, max_bytes: int, files: int) -> int:
         """The write end the app gets. The file is created 0600 (an app's output may hold
@@ -194,7 +193,7 @@ class LogPipes:
         request = {"op": "put", "key": key, "path": path, "max_bytes": max_bytes,
                    "files": files}
         try:
-            with self._lock:
+            with self.peer.lock:  # every exchange, and every change of `ends`
                 self.peer.ask(request, [r])
                 self.ends[key] = (r, request)
         except BaseException:
@@ -207,7 +206,7 @@ class LogPipes:
         """The generation is proven gone: its copy of the read end is closed once a keeper
         given the pipe runs (with none, this copy is the only reader of what the app wrote
         last: a new keeper is handed every end first)."""
-        with self._lock:
+        with self.peer.lock:
             end = self.ends.get(key)
             if end is None:
                 return
@@ -223,7 +222,7 @@ class LogPipes:
     def adopt(self) -> int:
         """On agent start: copies of the read ends a running keeper writes for (none runs:
         nothing to take). Returns how many."""
-        with self._lock:
+        with self.peer.lock:
             try:
                 known: dict[str, dict[str, Any]] = {}
                 while True:
