@@ -496,21 +496,39 @@ def test_lock_storm_from_another_writer_surfaces_nothing(box: Box, apps: dict[st
 # -- a store that raises on one commit --------------------------------------------------------
 
 
-def _matched(fn: Callable[[Any], Any], target: str) -> str | None:
-    """How `target` names the step function `fn`: part of its qualified name (a nested
-    step), or `calls NAME` for a lambda that calls the module-level step NAME."""
-    if target.startswith("calls "):
-        code = getattr(fn, "__code__", None)
-        return target if code is not None and target.removeprefix("calls ") in code.co_names else None
-    name = getattr(fn, "__qualname__", "")
-    return name if target in name else None
+def _functions(fn: Any, depth: int = 3) -> list[Any]:
+    """`fn` and the functions its closure holds (a step runner's commit wraps the caller's
+    step function in a lambda of its own)."""
+    found = [fn]
+    for cell in getattr(fn, "__closure__", None) or ():
+        inner = cell.cell_contents
+        if depth and callable(inner) and hasattr(inner, "__code__"):
+            found += _functions(inner, depth - 1)
+    return found
+
+
+def _matched(fn: Callable[[Any], Any], out: Any, target: str) -> bool:
+    """Whether `target` names this transaction: `point NAME` for a commit of the step
+    runner (workflows/lifecycle/start.py) that reaches crash point NAME, `calls NAME` for a
+    step function that calls NAME, else part of a step function's qualified name."""
+    kind, _, name = target.partition(" ")
+    if kind == "point":
+        steps = out[1] if isinstance(out, tuple) and len(out) == 2 else ()
+        return isinstance(steps, list | tuple) and any(
+            getattr(st, "point", None) == name for st in steps)
+    for f in _functions(fn):
+        if kind == "calls" and name in getattr(getattr(f, "__code__", None), "co_names", ()):
+            return True
+        if kind != "calls" and target in getattr(f, "__qualname__", ""):
+            return True
+    return False
 
 
 @dataclass
 class CommitFails:
-    """Wraps Store.write: the first transaction whose step function's name contains
-    `target` runs its statements, then fails to commit with a non-transient
-    OperationalError ('disk I/O error'): rolled back, raised to the workflow. Once."""
+    """Wraps Store.write: the first transaction `target` names (_matched) runs its
+    statements, then fails to commit with a non-transient OperationalError ('disk I/O
+    error'): rolled back, raised to the workflow. Once."""
 
     target: str
     fired: list[str] = field(default_factory=list)
@@ -520,17 +538,18 @@ class CommitFails:
         real = store.write
 
         def write(fn: Callable[[Any], Any]) -> Any:
-            name = _matched(fn, self.target)
-            if not self.fired and name:
-                self.fired.append(name)
+            if self.fired:
+                return real(fn)
 
-                def failing(s: Any) -> Any:
-                    fn(s)
+            def failing(s: Any) -> Any:
+                out = fn(s)
+                if not self.fired and _matched(fn, out, self.target):
+                    self.fired.append(self.target)
                     s.flush()
                     raise OperationalError("COMMIT", {}, sqlite3.OperationalError("disk I/O error"))
+                return out
 
-                return real(failing)
-            return real(fn)
+            return real(failing)
 
         store.write = write  # type: ignore[method-assign]
 
@@ -538,8 +557,8 @@ class CommitFails:
 # (scenario, the step whose commit fails, what the obligation does after it)
 COMMITS = [
     ("wake", "calls intent"),  # a queued wake: its lease and the intent, one commit
-    ("wake", "calls recorded"),
-    ("wake", "calls current"),
+    ("wake", "point wake.recorded"),
+    ("wake", "point wake.current"),
     ("wake", "pace.<locals>.<lambda>"),
     ("wake_bad", "fail_start.<locals>.step"),
     ("wake_bad", "prove_failed.<locals>.step"),
@@ -548,19 +567,20 @@ COMMITS = [
     ("stop", "drive_release.<locals>.step"),
     ("dead_leader", "retire_dead_currents.<locals>.step"),
     ("dead_leader", "drive_member.<locals>.step"),
-    ("overlap", "calls _admit"),
-    ("overlap", "spawn.<locals>.recorded"),
-    ("overlap", "calls _switch"),
-    ("overlap", "_drain.<locals>.step"),
-    ("hold", "_stop_old.<locals>.step"),
-    ("hold", "_finish_old.<locals>.step"),
+    ("overlap", "point swap.admitted"),
+    ("overlap", "point swap.spawned"),
+    ("overlap", "point swap.switched"),
+    ("overlap", "point swap.drained"),
+    ("hold", "_stop_old.<locals>.stop"),
+    ("hold", "point swap.old_stopped"),
     ("hold", "calls _new_successor"),
-    ("hold", "calls _current"),
+    ("hold", "point swap.switched"),
 ]
 # Before the switch (overlap) or before the old generation is stopped (hold), an attempt
 # that meets an unexpected store error is abandoned (never blamed on the build): the host
 # keeps its build and its link. From there on it stays open and is finished by the sweep.
-ABANDONS = {"calls _admit", "spawn.<locals>.recorded", "calls _switch", "_stop_old.<locals>.step"}
+ABANDONS = {("overlap", "point swap.admitted"), ("overlap", "point swap.spawned"),
+            ("overlap", "point swap.switched"), ("hold", "_stop_old.<locals>.stop")}
 
 
 @pytest.mark.backend("a commit that fails: the store's retry and rollback")
@@ -604,7 +624,7 @@ def test_one_failed_commit_is_retried_and_nothing_is_lost(
         for d in due(box.ctx, utcnow()):
             box.drive(d)
     assert len(fault.fired) == 1 and fault.fired[0].endswith(target), fault.fired
-    if target in ABANDONS:
+    if (scenario, target) in ABANDONS:
         a = row(box, "attempt", aid)
         assert a.outcome is Outcome.abandoned, (a.outcome, a.reason)
         # The old generation still serves, and the canonical link names it again.
@@ -632,7 +652,7 @@ def test_one_failed_commit_is_retried_and_nothing_is_lost(
         assert gens[HOST].id != old.id
     else:
         a = row(box, "attempt", aid)
-        if target in ABANDONS:
+        if (scenario, target) in ABANDONS:
             assert (a.outcome, a.executed is not None) == (Outcome.abandoned, True), a.reason
             assert "disk I/O error" in a.reason, a.reason
             assert gens[HOST].id == old.id and alive(old), "the old generation keeps serving"
