@@ -221,9 +221,8 @@ def intent(s: Session, ctx: Context, wake_id: int) -> First:
         state = s.execute(select(Generation.state).where(Generation.id == seen.live)).scalar()
         return _took(s, steps, Poke(f"generation g{seen.live} of {w.host} is "
                                     f"{getattr(state, 'value', state)}, not proven gone"), *leased)
-    host, build = s.execute(select(Host, Build).join(
-        Build, Build.id == func.coalesce(w.build_id, Host.build_id)).where(
-        Host.name == w.host)).one()  # a worker's restart, recycle or converge names its build
+    # A worker's restart, recycle or converge names its build (`pinned`).
+    host, build = s.execute(_host_build(), {"pinned": w.build_id, "name": w.host}).one()
     refusal = staged_problem(ctx, build.path, build.digest,
                              executable=host.kind is HostKind.worker,
                              in_root=host.kind is HostKind.worker)
@@ -262,6 +261,14 @@ def _take_lease(s: Session, ctx: Context, w: Wake, seen: Any) -> int | First:
         return int(seen.fence)  # another instance runs under this lease: its fence stays
     lease = None if seen.holder is None else seen
     return acquire(s, ctx, w.host, Holding(lease, seen.fence_seq, seen.box))
+
+
+@functools.cache
+def _host_build() -> Select[Any]:
+    """A start's host and the build it execs, built once (as _before_start)."""
+    pinned = bindparam("pinned", type_=Integer)
+    return select(Host, Build).join(Build, Build.id == func.coalesce(pinned, Host.build_id)).where(
+        Host.name == bindparam("name"))
 
 
 @functools.cache
