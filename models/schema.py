@@ -16,7 +16,7 @@ from models.errors import StoreNotReady
 if TYPE_CHECKING:
     from alembic.config import Config
 
-HEAD = "0034"  # 0025 -> 0028 -> 0026 -> 0031 -> 0029 -> 0030 -> 0032 -> 0033 -> 0034
+HEAD = "0039"  # ... -> 0032 -> 0033 -> 0034 -> 0035 -> 0036 -> 0037 -> 0038 -> 0039
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 

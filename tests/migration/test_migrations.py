@@ -466,6 +466,26 @@ def seed_0034(conn: Connection) -> None:
                                           "job_state": _job_state("runners.agent.jobstore:fire")})
 
 
+def seed_0035(conn: Connection) -> None:
+    """Rows at 0035 (stop_signal): none yet."""
+
+
+def seed_0036(conn: Connection) -> None:
+    """Rows at 0036 (probes): none yet."""
+
+
+def seed_0037(conn: Connection) -> None:
+    """Rows at 0037 (start_limit): none yet."""
+
+
+def seed_0038(conn: Connection) -> None:
+    """Rows at 0038 (watchdog): none yet."""
+
+
+def seed_0039(conn: Connection) -> None:
+    """Rows at 0039 (reloads): none yet."""
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -498,6 +518,11 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0032": seed_0032,
     "0033": seed_0033,
     "0034": seed_0034,
+    "0035": seed_0035,
+    "0036": seed_0036,
+    "0037": seed_0037,
+    "0038": seed_0038,
+    "0039": seed_0039,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
