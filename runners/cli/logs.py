@@ -132,8 +132,15 @@ def logs(env: Env, names: tuple[str, ...], every: bool, only: int | None, lines:
     picked = [(h, d, _generations(env, h, d, only, follow)) for h, d in sources]
     want = lines if lines is not None else (None if since is not None else DEFAULT_LINES)
     ends: dict[tuple[str, int], End] | None = {} if follow else None
+    printed: set[str] = set()
     for line in merged(picked, want, time.time() - since if since is not None else None, ends):
+        printed.add(line.host)
         shown(line)
+    if ends is None and want != 0:  # files there, and empty (or nothing that recent)
+        for h, d, gens in picked:
+            if gens and h not in printed:
+                when = " in that time" if since is not None else " yet"
+                click.echo(f"vigil: no output of {h}{when} ({d})", err=True)
     if ends is not None:  # from exactly where that print stopped
         _follow(sources, only, shown, env.state_dir / "logs" if every else None, ends)
 
