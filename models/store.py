@@ -74,6 +74,12 @@ def is_transient(exc: BaseException) -> bool:
 
 FIRST_RETRY = 0.005  # seconds; the waits double from here up to 0.25 s
 LOCK_WAIT = 60.0  # seconds a transaction retries lock contention (the agent's budget)
+# PostgreSQL ends a transaction left idle this long (its connection closed, nothing of it
+# committed), so a writer frozen mid-transaction (SIGSTOP, a paused VM) does not hold its
+# row locks until it runs again: another box's takeover would wait behind them. vigil's
+# transactions do no I/O between statements; below the default lease TTL (30 s), so the
+# locks are gone before the leases expire. Behind a pooler, its own idle_transaction_timeout.
+IDLE_IN_TRANSACTION_MS = 10_000
 # The connection budget of one agent on PostgreSQL (docs/guides/several-boxes.md,
 # "Connections"), each named vigil-<box>-<purpose> in pg_stat_activity:
 # - store: POOL_SIZE kept open, for the threads that run on a clock while the agent is idle
@@ -288,6 +294,8 @@ def _pg_engine(url: str, synchronous: str, name: Callable[[], str], pool_size: i
         cparams["application_name"] = name()  # read per connection: it may be renamed
         # None: psycopg prepares nothing (a pooler in transaction mode would run EXECUTE elsewhere).
         cparams["prepare_threshold"] = PREPARE_THRESHOLD if prepare() else None
+        if not pooled:  # a pooler refuses startup options (and keeps sessions of its own)
+            cparams["options"] = f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"
 
     if synchronous.upper() == "OFF":
         # As with SQLite: a crash of the database server (not of vigil) may lose the

@@ -207,9 +207,11 @@ class Quick:
             ring_doorbell(self.env.state_dir)
         return out
 
-    def no_agent_guard(self, what: str) -> Callable[[float], None]:
+    def no_agent_guard(self, what: str, where: Callable[[], str | None] = lambda: None
+                       ) -> Callable[[float], None]:
         """For poll(): raise, one line, once no agent has acted for NO_AGENT_GRACE seconds
-        (an agent being restarted takes its lock again within that)."""
+        (an agent being restarted takes its lock again within that). `where`: the state or
+        step the row was last read at (None or `queued`: no agent has taken it on)."""
         absent: list[float] = []
         checked: list[float] = [-1.0]
 
@@ -225,8 +227,11 @@ class Quick:
             if not absent:
                 absent.append(elapsed)
             elif elapsed - absent[0] >= NO_AGENT_GRACE:
-                raise VigilError(f"no agent is running on {self.env.state_dir}: {what} stays "
-                                 "queued until one runs",
+                at = where()
+                # An agent that died mid-way left its last step written: the next goes on.
+                ends = ("stays queued until one runs" if at in (None, "queued") else
+                        f"was at {at} when its agent went; the next agent goes on from there")
+                raise VigilError(f"no agent is running on {self.env.state_dir}: {what} {ends}",
                                  "start it with `vigil agent start` (the intent is kept; "
                                  "see `vigil obligations`)")
 

@@ -38,8 +38,28 @@ def _wait_row(env: Env, kind: str, row_id: int, name: str, timeout: float) -> di
     def late(row: dict[str, Any]) -> str:
         return f"{kind} #{row_id} is still {row['state']} ({row['last_error'] or 'no error yet'})"
 
-    return poll(lambda: quick.call("progress", kind=kind, id=row_id), settled, timeout=timeout,
-                late=late, idle=quick.no_agent_guard(f"{kind} #{row_id} of {name}"))
+    said: list[str | None] = [None]  # what the wake was last said to wait on
+
+    def tick(row: dict[str, Any], elapsed: float) -> None:
+        """A wake held by its start order says on what at once, then each change."""
+        on = row.get("waiting_on")
+        if on != said[0]:
+            if on:
+                click.echo(f"{elapsed:7.2f}s  {name} waits on {on} (its start order: "
+                           "each awake and ready)")
+            else:
+                click.echo(f"{elapsed:7.2f}s  {name} waits no more: {row['state']}")
+            said[0] = on
+
+    last: list[dict[str, Any]] = []
+
+    def read() -> dict[str, Any]:
+        last[:] = [quick.call("progress", kind=kind, id=row_id)]
+        return last[0]
+
+    return poll(read, settled, timeout=timeout, late=late, tick=tick,
+                idle=quick.no_agent_guard(f"{kind} #{row_id} of {name}",
+                                          lambda: last[0]["state"] if last else None))
 
 
 @click.command()
@@ -185,17 +205,20 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float,
         return f"attempt #{a['id']} is at {a['step']} ({a['last_error'] or 'no error yet'})"
 
     commits = [-1]  # the agent's count of commits its last answer carried (none: the store's)
+    step: list[str] = []  # the step last read
 
     def read() -> dict[str, Any]:
         a = quick.call("progress", kind="attempt", id=attempt_id, after=after,
                        changed_after=commits[0])
         commits[0] = a.pop("commits", -1)
+        step[:] = [a["step"]]
         return a
 
     # Through the agent, each read waits there for its next commit: no pause in between.
     a = poll(read, lambda a, _: a["outcome"] is not None, timeout=timeout, late=late,
              tick=tick if steps else None,
-             idle=quick.no_agent_guard(f"attempt #{attempt_id} of {name}"),
+             idle=quick.no_agent_guard(f"attempt #{attempt_id} of {name}",
+                                       lambda: None if step[:1] in ([], ["queued"]) else f"step {step[0]}"),
              interval=lambda _: 0.0 if commits[0] >= 0 else 0.05)
     drain = f", drain {a['drain_seconds']:.2f}s" if a["drain_seconds"] is not None else ""
     line = (("" if steps else f"host {name}: ") + f"attempt #{a['id']} {a['outcome']} (mode "

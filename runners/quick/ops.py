@@ -149,8 +149,8 @@ def last_event(store: Store) -> int:
 
 
 def row_progress(store: Store, kind: str, row_id: int) -> dict[str, Any]:
-    """Where a wake or stop row is, whether its host still owes a lease release, and once a
-    wake is done the pid of the generation it started."""
+    """Where a wake or stop row is, whether its host still owes a lease release, what a
+    queued wake waits on, and once a wake is done the pid of the generation it started."""
     model = {"wake": Wake, "stop": Stop}[kind]
 
     def read(s):  # type: ignore[no-untyped-def]
@@ -158,6 +158,8 @@ def row_progress(store: Store, kind: str, row_id: int) -> dict[str, Any]:
         owed = s.execute(select(Release.id).where(Release.host == row.host)).first() is not None
         out = {"id": row.id, "host": row.host, "state": row.state.value, "reason": row.reason,
                "last_error": row.last_error, "release_owed": owed}
+        if kind == "wake":  # the hosts of its start order it waits on (None: it does not)
+            out["waiting_on"] = row.waiting_on
         if kind == "wake" and row.generation_id is not None:
             g = s.get(Generation, row.generation_id)
             out.update(generation=g.id, pid=g.pid)

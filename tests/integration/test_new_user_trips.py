@@ -6,9 +6,13 @@ a host that wrote nothing says so."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+
 import pytest
 
-from tests.conftest import FIXTURES, Vigil
+from tests.conftest import FIXTURES, HELLO, ROOT, Vigil, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,3 +29,88 @@ def test_logs_of_a_host_with_no_output_say_so_in_one_line(vigil: Vigil) -> None:
     assert vigil.run("logs", "quiet", "-n", "0").stderr == ""  # none asked for, none missed
     vigil.run("stop", "quiet", "--wait")
     vigil.quiesce()
+
+
+class Follow:
+    """A `vigil ... --wait` as a real process, its output read line by line as it comes."""
+
+    def __init__(self, v: Vigil, *args: str) -> None:
+        self.p = subprocess.Popen([sys.executable, "-m", "runners.cli", *args], cwd=ROOT,
+                                  env={**v.env, "PYTHONUNBUFFERED": "1"}, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.lines: list[str] = []
+        self.err = ""
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def said(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def end(self, timeout: float = 60) -> tuple[int, str]:
+        """Its exit status and stderr, once it has exited (killed, by pid, if it has not)."""
+        try:
+            self.p.wait(timeout)
+        finally:
+            if self.p.poll() is None:
+                self.p.kill()
+                self.p.wait()
+        self.reader.join(10)
+        assert self.p.stdout is not None and self.p.stderr is not None
+        if not self.p.stderr.closed:
+            self.err = self.p.stderr.read()
+            self.p.stderr.close()
+            self.p.stdout.close()
+        return self.p.returncode, self.err
+
+
+def test_wake_wait_says_at_once_what_its_start_order_waits_on(vigil: Vigil) -> None:
+    vigil.add_host("db")
+    vigil.add_host("app", HELLO, "--after", "db")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    follow = Follow(vigil, "wake", "app", "--wait")
+    try:
+        # Before: silent until the timeout (300 s) or until db was up.
+        wait_for(lambda: follow.said("app waits on db"), 20, what="the wait says what it waits on")
+        assert follow.p.poll() is None and vigil.status("app")["state"] == "waiting"
+        vigil.run("wake", "db", "--wait")
+        code, err = follow.end()
+    finally:
+        follow.end()
+    assert code == 0, err
+    said = [ln.split("s  ", 1)[-1] for ln in follow.lines]
+    assert said[0] == "app waits on db (its start order: each awake and ready)", follow.lines
+    assert said[1].startswith("app waits no more: "), follow.lines
+    assert said[-1].startswith("host app awake: generation g"), follow.lines
+    assert len([s for s in said if "waits on" in s]) == 1, "said once, not at every look"
+    vigil.run("stop", "app", "db", "--wait")
+    vigil.quiesce()
+
+
+def test_deploy_wait_that_loses_its_agent_names_the_attempts_last_step(vigil: Vigil) -> None:
+    vigil.add_host("web", HELLO, "--health-timeout", "60")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "web", "--wait")
+    follow = Follow(vigil, "deploy", "web", str(FIXTURES / "no_socket.py"), "--wait")
+    try:  # the successor never listens: the attempt stays at `spawned` for its health timeout
+        wait_for(lambda: follow.said("spawned"), 30, what="the successor spawned")
+        agent.kill()
+        agent.wait(10)
+        code, err = follow.end()
+    finally:
+        follow.end()
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert "attempt #1 of web was at step spawned when its agent went" in err, err
+    assert "stays queued" not in err, err  # before: said of an attempt past its spawn
+    assert follow.lines[-1].endswith("spawned"), follow.lines
+    vigil.run("host", "set", "web", "--health-timeout", "2")
+    before = vigil.ready_count()
+    vigil.wait_ready_after(vigil.start_agent(), before)
+    vigil.quiesce(60)
+    vigil.check()
