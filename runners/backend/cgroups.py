@@ -1,10 +1,70 @@
 """cgroup v2 containment: whether this box can give each generation a cgroup of its own
-(`<cgroup2 mount>/vigil/<generation uuid>`, with cgroup.kill and cgroup.events)."""
+(with cgroup.kill and cgroup.events), and where: `<cgroup2 mount>/vigil/<generation uuid>`,
+or under systemd the subtree its unit delegates (`Delegate=yes`): the agent in a leaf of its
+own, `<unit's cgroup>/agent.leaf`, each generation's cgroup beside it (cgroup v2 lets no
+process live in an inner node once controllers are enabled below it).
+
+The agent knows it runs under systemd by `$INVOCATION_ID`, which systemd sets for every
+unit it starts, and its own cgroup (/proc/self/cgroup) not being the hierarchy's root."""
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid as uuidlib
+
+log = logging.getLogger("vigil.cgroups")
+AGENT_LEAF = "agent.leaf"  # the agent's own leaf in a delegated subtree: no host is named so
+
+
+def cgroup2_mount() -> str | None:
+    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or .../unified on a
+    hybrid box), or None."""
+    return _cgroup2_mount()
+
+
+def _own_cgroup(mount: str) -> str | None:
+    """This process's cgroup v2 directory (the `0::` line of /proc/self/cgroup)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    rel = line[3:].strip().removesuffix(" (deleted)")
+                    return os.path.normpath(os.path.join(mount, rel.lstrip("/")))
+    except OSError:
+        return None
+    return None
+
+
+def delegated_subtree(mount: str | None = None) -> str | None:
+    """Under systemd, the cgroup its unit gave this process (its parent when this process
+    is already in the agent's leaf); None elsewhere (the `vigil/` base at the root)."""
+    mount = mount or _cgroup2_mount()
+    if not mount or not os.environ.get("INVOCATION_ID"):
+        return None
+    own = _own_cgroup(mount)
+    if own is None or os.path.normpath(own) == os.path.normpath(mount):
+        return None
+    return os.path.dirname(own) if os.path.basename(own) == AGENT_LEAF else own
+
+
+def enter_agent_leaf() -> str | None:
+    """The agent moves itself (and what it starts later: the keepers) into the leaf of its
+    delegated subtree, before anything is spawned; returns the subtree, or None when there
+    is none or the move is refused (then containment is probed as on any box)."""
+    subtree = delegated_subtree()
+    if subtree is None:
+        return None
+    leaf = os.path.join(subtree, AGENT_LEAF)
+    try:
+        os.makedirs(leaf, exist_ok=True)
+        with open(os.path.join(leaf, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    except OSError as e:
+        log.warning("cannot enter the delegated cgroup leaf=%s error=%r", leaf, e)
+        return None
+    log.info("cgroups under systemd's delegation subtree=%s agent_leaf=%s", subtree, leaf)
+    return subtree
 
 
 def _cgroup2_mount() -> str | None:
@@ -35,7 +95,8 @@ def _probe(root: str | None) -> tuple[str | None, str]:
     mount = root or _cgroup2_mount()
     if not mount:
         return None, "no cgroup2 mount in /proc/self/mounts"
-    base = os.path.join(mount, "vigil")
+    # A given root (tests, an explicit mount) is used as is; else systemd's subtree first.
+    base = (None if root else delegated_subtree(mount)) or os.path.join(mount, "vigil")
     probe = os.path.join(base, f".probe-{os.getpid()}-{uuidlib.uuid4().hex[:8]}")
     try:
         os.makedirs(base, exist_ok=True)
@@ -64,7 +125,8 @@ def _probe(root: str | None) -> tuple[str | None, str]:
 
 
 def detect_cgroup_base(mode: str = "auto", cgroup_root: str | None = None) -> str | None:
-    """The usable `<cgroup2 mount>/vigil` dir, or None. mode "cgroup" raises when unusable."""
+    """The usable cgroup base (systemd's delegated subtree, else `<cgroup2 mount>/vigil`),
+    or None. mode "cgroup" raises when unusable."""
     if mode not in ("auto", "cgroup", "marker"):
         raise ValueError(f"containment must be auto, cgroup or marker, not {mode!r}")
     if mode == "marker":

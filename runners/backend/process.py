@@ -27,7 +27,7 @@ import psutil
 
 from runners.backend import users
 from runners.backend.cglimits import CgroupLimits
-from runners.backend.cgroups import detect_cgroup_base
+from runners.backend.cgroups import cgroup2_mount, detect_cgroup_base
 from runners.backend.credentials import Credentials
 from runners.backend.descendants import live_known, walk
 from runners.backend.launch import (
@@ -83,7 +83,8 @@ class ProcessBackend:
         self.logs, self.credentials = logs, credentials
         self.base = detect_cgroup_base(containment, cgroup_root)
         self.mode = "cgroup" if self.base else "marker"
-        self._mount = os.path.dirname(self.base) if self.base else None
+        # The hierarchy's mount, not the base's parent: under systemd the base is deeper.
+        self._mount = (cgroup_root or cgroup2_mount()) if self.base else None
         self._handles: dict[int, subprocess.Popen[bytes] | Child] = {}
         self.limits = CgroupLimits(self.base, box)
         self.on_release: list[Callable[[str], None]] = [self.limits.drop, *on_release]

@@ -109,6 +109,7 @@ def run(env: Env, safety_interval: float, log_level: str, box: str | None,
     from runners.agent import agent_log as logs
     from runners.agent.daemon import AgentDaemon
     from runners.agent.exit_watch import PipeBell
+    from runners.backend.cgroups import enter_agent_leaf
     from runners.backend.sockets import SocketAccess
     from runners.base.doorbell import agent_id
     from runners.wiring import make_context
@@ -131,6 +132,7 @@ def run(env: Env, safety_interval: float, log_level: str, box: str | None,
         parse_listen(metrics_listen)  # a bad value is refused before anything starts
     logs.configure(log_level, log_format)
     store = env.store(lock_wait=LOCK_WAIT)
+    enter_agent_leaf()  # under systemd: into its own leaf before it starts anything
     if listen == "off" and store.dialect != "postgresql":
         raise BadInput("--listen off is for a PostgreSQL store",
                        "leave it out: the agent of a SQLite store hears the CLI's doorbell "
@@ -232,6 +234,20 @@ def _why(log_path: os.PathLike[str], offset: int) -> str:
         if ln.startswith("vigil: error: "):
             return ln.removeprefix("vigil: error: ")
     return lines[-1] if lines else "(it wrote nothing)"
+
+
+@agent.command("install")
+@click.option("--user", is_flag=True,
+              help="A user unit (~/.config/systemd/user), run by `systemctl --user`.")
+@click.option("--print", "print_only", is_flag=True, help="Print the unit; write nothing.")
+@click.pass_obj
+def agent_install(env: Env, user: bool, print_only: bool) -> None:
+    """Write the systemd unit that runs this install's agent (this venv's vigil, the state
+    dir and --db given; Delegate=yes, KillMode=process, Restart=always, LimitNOFILE= for the
+    hosts' needs), then enable and start it where systemd runs."""
+    from runners.cli.agentunit import install
+
+    install(env, user, print_only)
 
 
 @agent.command("stop")
