@@ -18,6 +18,7 @@ from runners.cli import (
     db,
     hostcmds,
     hostedit,
+    importcmd,
     inspect,
     lifecycle,
     logs,
@@ -51,7 +52,8 @@ for command in (db.db, hostcmds.host, hostcmds.apply_cmd, lifecycle.wake, lifecy
                 lifecycle.deploy, lifecycle.retry, lifecycle.restart, inspect.gc, inspect.status_cmd,
                 inspect.obligations, inspect.events, logs.logs, schedule.schedule, inspect.check,
                 inspect.crashpoints, agent.agent, rollout, teardown.shutdown, top.top,
-                ui.ui, completion.completion, notify.notify, lifecycle.scale):
+                ui.ui, completion.completion, notify.notify, lifecycle.scale,
+                importcmd.import_cmd):
     cli.add_command(command)
 hostedit.attach(hostcmds.host)
 completion.attach(cli)  # host names and generations from the store, on the light path

@@ -14,8 +14,8 @@ ORDER = {
     "models": [],
     "workflows": ["base", "builds", "leases", "generations", "lifecycle", "deploys", "rollouts",
                   "config", "notices", "engine"],
-    "runners": ["base", "keepers", "backend", "quick", "agent", "wiring", "cli", "help_text",
-                "entry"],
+    "runners": ["base", "keepers", "backend", "quick", "agent", "wiring", "imports", "cli",
+                "help_text", "entry"],
 }
 TOPS = list(ORDER)  # models first: each top-level package imports only those before it
 
