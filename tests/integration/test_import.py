@@ -33,13 +33,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def supervisord_files(d: Path) -> Path:
-    d.mkdir(mode=0o755)
-    d.parent.chmod(0o711)  # the user= program (nobody) reaches its staged build
-    shutil.copy(APP, d / "portapp.py")
-    (d / "conf.d").mkdir()
-    p1, p2 = free_port(), free_port()
-    (d / "supervisord.conf").write_text(f"""\
+SUPERVISORD_CONF = """\
 ; supervisord.conf as its docs lay it out
 [unix_http_server]
 file=%(here)s/supervisor.sock
@@ -84,7 +78,16 @@ autorestart=false
 
 [group:web]
 programs=api,front
-""")
+"""
+
+
+def supervisord_files(d: Path) -> Path:
+    d.mkdir(mode=0o755)
+    d.parent.chmod(0o711)  # the user= program (nobody) reaches its staged build
+    shutil.copy(APP, d / "portapp.py")
+    (d / "conf.d").mkdir()
+    p1, p2 = free_port(), free_port()
+    (d / "supervisord.conf").write_text(SUPERVISORD_CONF.format(p1=p1, p2=p2))
     (d / "conf.d" / "more.conf").write_text(f"""\
 [program:front]
 command=python3 %(here)s/../portapp.py front --port {p2}
