@@ -126,10 +126,11 @@ def _one(app: dict[str, Any], name: str, copy: int | None, source: str, where: s
     cwd = directory(str(app["cwd"]), base, source, where) if "cwd" in app else str(base)
     env = {str(k): str(v).lower() if isinstance(v, bool) else str(v)
            for k, v in (app.get("env") or {}).items()}
-    if copy is not None:
-        env["NODE_APP_INSTANCE"] = str(copy)
+    env["NODE_APP_INSTANCE"] = str(copy or 0)  # PM2 sets it for every app (0 for one copy)
     script = str(app["script"])
     interp = app.get("interpreter") or BY_EXTENSION.get(Path(script).suffix, "node")
+    if interp != "none":
+        script = os.path.join(cwd, script)  # PM2 hands its interpreter the script's full path
     extra = _words(app.get("interpreter_args") or app.get("node_args"))
     words = [script] if interp == "none" else [interp, *extra, script]
     keys: dict[str, Any] = {"kind": "worker",

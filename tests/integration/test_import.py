@@ -124,7 +124,7 @@ PM2_APPS = [
      "interpreter": "python3", "instances": 2, "exec_mode": "fork"},
     {"name": "once", "script": "portapp.py", "args": "once --port 0", "interpreter": "python3",
      "autorestart": False, "cron_restart": "0 3 * * *"},
-    {"name": "tool", "script": "./portapp.py", "interpreter": "none", "args": "tool --port 0",
+    {"name": "tool", "script": "/bin/sleep", "interpreter": "none", "args": "3600",
      "env_production": {"NODE_ENV": "production"}},
 ]
 
@@ -338,19 +338,50 @@ def test_pm2_ecosystem_file_is_accepted(vigil: Vigil, short_tmp: Path, form: str
     hosts, err = imported(vigil, src)
     doc = tomllib.loads(hosts.read_text())["hosts"]
     assert sorted(doc) == ["api", "front", "once", "tool", "workers-0", "workers-1"]
-    assert doc["api"]["args"] == ["portapp.py", "api", "--port", "0"]
-    assert doc["api"]["env"] == {"NODE_ENV": "production", "PORT": "0"}
+    assert doc["api"]["args"] == [str(short_tmp / "portapp.py"), "api", "--port", "0"]
+    assert doc["api"]["env"] == {"NODE_ENV": "production", "PORT": "0", "NODE_APP_INSTANCE": "0"}
     assert doc["api"]["drain_timeout"] == 3
     mapped(doc, "api", "start_limit", "11/385", err)
     assert doc["workers-1"]["env"]["NODE_APP_INSTANCE"] == "1"
     assert doc["front"]["memory_max"] == "200M" and doc["once"]["one_shot"] is True
-    assert doc["tool"]["build"] == "portapp.py"
+    assert doc["tool"]["build"] == "/bin/sleep" and doc["tool"]["args"] == ["3600"]
     for line in ("app api: out_file = /var/log/api.out: vigil caps logs",
                  "app front: watch = True: vigil does not restart on file changes",
                  "app once: cron_restart = 0 3 * * *: not a hosts-file key",
                  "app tool: env_production = "):
         assert f"vigil import: not imported: {line}" in err, err
     dry_run_accepts(vigil, hosts)
+
+
+def pm2_command() -> str | None:
+    """PM2 from npm (`npm install -g pm2`), or $VIGIL_TEST_PM2: its `pm2`."""
+    return os.environ.get("VIGIL_TEST_PM2") or shutil.which("pm2")
+
+
+def test_pm2_runs_the_same_under_vigil(vigil: Vigil, short_tmp: Path) -> None:
+    import json
+
+    pm2 = pm2_command()
+    if pm2 is None:
+        pytest.skip("PM2 is not installed (npm install -g pm2, or set VIGIL_TEST_PM2)")
+    shutil.copy(APP, short_tmp / "portapp.py")
+    src = short_tmp / "ecosystem.config.json"
+    src.write_text(json.dumps({"apps": PM2_APPS}, indent=2))
+    hosts, _ = imported(vigil, src)
+    keys = configured_env(hosts)
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PM2_HOME": str(short_tmp / ".pm2")}
+    subprocess.run([pm2, "start", str(src)], cwd=short_tmp, env=env, check=True,
+                   capture_output=True, timeout=60)
+    daemon = int((short_tmp / ".pm2" / "pm2.pid").read_text())
+    try:
+        wait_for(lambda: apps_up(seen(tree(daemon), keys)) >= 6, 30, what="PM2's 6 apps")
+        before = seen(tree(daemon), keys)
+    finally:
+        kids = tree(daemon)
+        subprocess.run([pm2, "kill"], env=env, capture_output=True, timeout=60)
+        end([daemon, *kids])
+    after = run_vigil(vigil, hosts, 6, keys)
+    assert after == before, f"PM2 ran {before}\nvigil ran {after}"
 
 
 def test_process_compose_file_is_accepted_and_runs(vigil: Vigil, short_tmp: Path) -> None:
@@ -386,3 +417,17 @@ def test_bad_input_is_one_line(vigil: Vigil, short_tmp: Path, name: str, body: s
     cp = vigil.run("import", str(src), *extra, check=False)
     assert cp.returncode == 2 and cp.stdout == "", cp.stdout + cp.stderr
     assert len(cp.stderr.strip().splitlines()) == 1 and says in cp.stderr, cp.stderr
+
+
+def test_import_with_apply_adds_and_wakes_the_hosts(vigil: Vigil, short_tmp: Path) -> None:
+    proc = procfile_files(short_tmp)
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    out = short_tmp / "hosts.toml"
+    cp = vigil.run("import", str(proc), "-o", str(out), "--apply")
+    assert f"wrote {out}: 5 hosts, 0 keys not imported" in cp.stderr, cp.stderr
+    assert "+ add web: worker" in cp.stdout and "~ wake web (running = true" in cp.stdout, cp.stdout
+    wait_for(lambda: all(vigil.status(h)["state"] == "awake"
+                         for h in ("web", "api", "worker", "clock", "release-tasks")), 30,
+             what="the imported hosts awake")
+    vigil.check()
