@@ -168,6 +168,10 @@ class Host(Base):
     # migration 0023): "fence" stops it before another box may take it over, "keep" leaves
     # it running. Only a host placed on several boxes is ever fenced.
     on_store_loss: Mapped[str] = mapped_column(String(8), default="fence", server_default="fence")
+    # How a drain asks it to stop (workflows/generations/stopway.py; migration 0035): a signal
+    # name without SIG (TERM unless set), or a command run instead of the signal.
+    stop_signal: Mapped[str] = mapped_column(String(16), default="TERM", server_default="TERM")
+    stop_command: Mapped[str | None] = mapped_column(Text)
 
     # Every duration finite, above 0, at most a day (migration 0006; on SQLite the same
     # rule is held by triggers, as adding a CHECK there means rebuilding the table; 0023's

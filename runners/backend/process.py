@@ -38,6 +38,7 @@ from runners.backend.launch import (
     environment,
     spawn_with_fds,
 )
+from runners.backend.stopcmd import StopCommands
 from runners.base.pids import (
     CTIME_TOLERANCE,
     carriers,
@@ -89,6 +90,7 @@ class ProcessBackend:
         self.limits = CgroupLimits(self.base, box)
         self.on_release: list[Callable[[str], None]] = [self.limits.drop, *on_release]
         self._lock = threading.Lock()
+        self.stops = StopCommands()  # hosts' stop commands in flight (runners/backend/stopcmd.py)
 
     # -- handles ------------------------------------------------------------------------
 
@@ -259,18 +261,27 @@ class ProcessBackend:
             live |= {pid for pid in cgroup_pids(ref.cgroup) if live_status(pid) is not None}
         return sorted(live)
 
-    def terminate(self, ref: ProcRef) -> None:
+    def terminate(self, ref: ProcRef, sig: int = signal.SIGTERM) -> None:
         if ref.pid is not None and ref.create_time is not None:
-            signal_same(ref.pid, ref.create_time, signal.SIGTERM)
+            signal_same(ref.pid, ref.create_time, sig)
 
-    def terminate_all(self, ref: ProcRef) -> None:
+    def run_stop_command(self, spec: SpawnSpec) -> None:
+        self.stops.start(spec)
+
+    def stop_command_running(self, generation_uuid: str) -> bool:
+        return self.stops.running(generation_uuid)
+
+    def stop_command_outcome(self, generation_uuid: str) -> str | None:
+        return self.stops.outcome(generation_uuid)
+
+    def terminate_all(self, ref: ProcRef, sig: int = signal.SIGTERM) -> None:
         pids: dict[int, float] = {**live_known(ref), **self._marker_scan(ref.generation_uuid, ref.user)}
         if ref.cgroup:
             for pid in cgroup_pids(ref.cgroup):
                 if (st := live_status(pid)) is not None:
                     pids.setdefault(pid, st[0])
         for pid, ctime in pids.items():
-            signal_same(pid, ctime, signal.SIGTERM)
+            signal_same(pid, ctime, sig)
 
     def kill_all(self, ref: ProcRef) -> None:
         kill_leader(ref.cgroup, ref.pid, ref.create_time)
@@ -316,6 +327,7 @@ class ProcessBackend:
                 pass
         if self.logs is not None:
             self.logs.forget(ref.generation_uuid)
+        self.stops.outcome(ref.generation_uuid)  # a stop command's handle, if still kept
         for hook in self.on_release:  # e.g. its NOTIFY_SOCKET is closed
             hook(ref.generation_uuid)
         if ref.pid is not None:

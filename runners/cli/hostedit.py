@@ -25,7 +25,7 @@ UNSETTABLE = ("args", "env", "cwd", "socket-group", "socket-mode", "listen", "re
               "health-interval", "unhealthy-after", "unhealthy-restart", "max-run",
               "restart-floor", "restart-cap", "restart-reset", "converge-grace", "one-shot",
               "drain-timeout", "health-timeout", "after", "on-store-loss", "env-file",
-              "credential")
+              "credential", "stop-signal", "stop-command")
 KEY_OF = {"credential": "credentials"}  # an option whose hosts-file key is named otherwise
 
 
@@ -180,6 +180,11 @@ SET_OPTIONS = [
                        "all)."),
     click.option("--on-store-loss", type=click.Choice(["fence", "keep"]), default=None,
                   help="While its box cannot reach the store: fence (stop it) or keep."),
+    click.option("--stop-signal", default=None, metavar="SIG",
+                  help="Signal that asks it to stop at a stop or drain (TERM, QUIT, 15, ...)."),
+    click.option("--stop-command", default=None, metavar="CMD",
+                  help="Run instead of the stop signal, as the app's user with its env "
+                       "($MAINPID: the leader); the drain timeout still ends in SIGKILL."),
     click.option("--unset", "unsets", multiple=True, type=click.Choice(UNSETTABLE),
                   help="Give this option back its default (repeatable)."),
     click.option("--dry-run", is_flag=True, help="Print the change; write nothing."),

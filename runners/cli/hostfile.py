@@ -35,6 +35,8 @@ from runners.cli.hostvalues import (
     _mode,
     _ready,
     _seconds,
+    _stop_command,
+    _stop_signal,
     _store_loss,
     _str_list,
     _str_table,
@@ -110,6 +112,9 @@ KEYS: dict[str, Key] = {
     "after": Key("start_after", file_after, []),
     # A host placed on several boxes, while its box cannot reach the store (runners/agent/fencing.py).
     "on_store_loss": Key("on_store_loss", _store_loss, "fence"),
+    # How a drain asks it to stop (workflows/generations/stopway.py): a signal, or a command.
+    "stop_signal": Key("stop_signal", _stop_signal, "TERM"),
+    "stop_command": Key("stop_command", _stop_command, None),
     # Processes sharing its listeners (workflows/generations/slots.py); checked with them.
     "instances": Key("instances", _whole, 1),
 }

@@ -111,5 +111,25 @@ def _store_loss(v: Any, _: Path) -> str:
                       'write on_store_loss = "fence" (stopped, never on two boxes) or "keep" '
                       '(left running)')
     return str(v)
+def _stop_signal(v: Any, _: Path) -> str:
+    from workflows.generations.stopway import parse_signal
+
+    try:
+        return parse_signal(v, label="")
+    except BadInput as exc:
+        raise Invalid(exc.cause, 'write e.g. stop_signal = "QUIT" (a name of `kill -l`)') from None
+
+
+def _stop_command(v: Any, _: Path) -> str | None:
+    from workflows.generations.stopway import check_command
+
+    if not isinstance(v, str):
+        raise Invalid(f"must be a string, not {json.dumps(v)}", 'write stop_command = "nginx -s quit"')
+    try:
+        return check_command(v, label="")
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
+
+
 def _whole(v: Any, _: Path) -> Any:
     return v  # checked beside the listeners (check_instances), which it needs

@@ -107,6 +107,11 @@ run_options = options(
                      help="Open-files limit (RLIMIT_NOFILE, soft and hard)."),
         click.option("--limit-core", default=None, metavar="SIZE",
                      help="Core-file size limit (RLIMIT_CORE, soft and hard): 0 writes none."),
+        click.option("--stop-signal", default="TERM", show_default=True, metavar="SIG",
+                     help="Signal that asks it to stop at a stop or drain (TERM, QUIT, 15, ...)."),
+        click.option("--stop-command", default=None, metavar="CMD",
+                     help="Run instead of the stop signal, as the app's user with its env "
+                          "($MAINPID: the leader); the drain timeout still ends in SIGKILL."),
 )
 
 
@@ -132,7 +137,16 @@ def checked_run(opts: dict[str, Any]) -> dict[str, Any]:
     env_files = check_entries(files)
     warn_shared(env_files, "--env-file ")
     return {"run_user": user, "run_group": group, "env_files": json.dumps(env_files),
-            "credentials": json.dumps(check_credentials(creds)), **limits}
+            "credentials": json.dumps(check_credentials(creds)), **limits, **checked_stop(opts)}
+
+
+def checked_stop(opts: dict[str, Any]) -> dict[str, Any]:
+    """Takes --stop-signal and --stop-command out of `opts`: the host columns, checked
+    (workflows/generations/stopway.py)."""
+    from workflows.generations.stopway import check_command, parse_signal
+
+    return {"stop_signal": parse_signal(opts.pop("stop_signal", None) or "TERM"),
+            "stop_command": check_command(opts.pop("stop_command", None))}
 
 
 def warn_shared(paths: list[str], label: str) -> None:

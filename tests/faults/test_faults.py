@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -158,9 +159,9 @@ class KillRefused:
     active: bool = True
     refused: int = 0
 
-    def terminate(self, ref: ProcRef) -> None:
+    def terminate(self, ref: ProcRef, sig: int = signal.SIGTERM) -> None:
         self._refuse()
-        self.real.terminate(ref)
+        self.real.terminate(ref, sig)
 
     def kill_all(self, ref: ProcRef) -> None:
         self._refuse()
@@ -177,11 +178,11 @@ class KillRefused:
 
 @dataclass
 class SilentKill(KillRefused):
-    def terminate(self, ref: ProcRef) -> None:
+    def terminate(self, ref: ProcRef, sig: int = signal.SIGTERM) -> None:
         if self.active:
             self.refused += 1
             return
-        self.real.terminate(ref)
+        self.real.terminate(ref, sig)
 
     def kill_all(self, ref: ProcRef) -> None:
         if self.active:
@@ -327,9 +328,9 @@ def test_swap_drain_whose_proof_fails_stays_switched_then_finishes(
     # Let the swap run up to its drain with an honest proof, then lie from the drain on.
     real_terminate = proof.real.terminate
 
-    def terminate(ref: ProcRef) -> None:
+    def terminate(ref: ProcRef, sig: int = signal.SIGTERM) -> None:
         proof.active = True
-        real_terminate(ref)
+        real_terminate(ref, sig)
 
     proof.terminate = terminate  # type: ignore[method-assign]
     result, error = drive_now(box, "attempt", aid)

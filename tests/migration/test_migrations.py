@@ -467,7 +467,15 @@ def seed_0034(conn: Connection) -> None:
 
 
 def seed_0035(conn: Connection) -> None:
-    """Rows at 0035 (stop_signal): none yet."""
+    """A host stopped by its own signal and one by its own command (0035: hosts.stop_signal,
+    hosts.stop_command)."""
+    for name, sig, command in (("quits", "QUIT", None), ("own-stop", "TERM", "nginx -s quit")):
+        raw_insert(conn, "hosts", {"name": name, "kind": "instance", "build_id": 1,
+                                   "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                                   "health_timeout": 5.0, "memory_tier_mb": None,
+                                   "desired": "down", "raised": False, "fence_seq": 0,
+                                   "created_at": T0, "stop_signal": sig,
+                                   "stop_command": command})
 
 
 def seed_0036(conn: Connection) -> None:
@@ -678,6 +686,13 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         # 0023: a host written before it is fenced, as before; a value not known is refused.
         assert conn.execute(text("SELECT on_store_loss FROM hosts WHERE name = 'web'")).scalar() == "fence"
         assert conn.execute(text("SELECT on_store_loss FROM hosts WHERE name = 'port-b'")).scalar() == "keep"
+        # 0035: a host written before it is stopped by SIGTERM, as before; its own kept.
+        assert tuple(conn.execute(text(
+            "SELECT stop_signal, stop_command FROM hosts WHERE name = 'web'")).one()) == ("TERM", None)
+        assert tuple(conn.execute(text(
+            "SELECT stop_signal, stop_command FROM hosts WHERE name = 'own-stop'")).one()) == \
+            ("TERM", "nginx -s quit")
+        assert conn.execute(text("SELECT stop_signal FROM hosts WHERE name = 'quits'")).scalar() == "QUIT"
         # 0025: an undelivered notification is an open obligation, paced as its notifier.
         assert ("notification", "notify pager", 1) in open_kinds
         assert conn.execute(text("SELECT outcome FROM delivery_tries WHERE id = 250")).scalar() is None

@@ -6,6 +6,7 @@ them only to cause faults that cannot be caused for real.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -84,11 +85,23 @@ class ProcessPort(Protocol):
     def live_members(self, ref: ProcRef) -> list[int]:
         """Pids of live (non-zombie) processes in the generation's containment."""
 
-    def terminate(self, ref: ProcRef) -> None:
-        """SIGTERM the leader if its identity still matches; a gone process is fine."""
+    def terminate(self, ref: ProcRef, sig: int = signal.SIGTERM) -> None:
+        """Send `sig` (the host's stop signal) to the leader if its identity still matches;
+        a gone process is fine."""
 
-    def terminate_all(self, ref: ProcRef) -> None:
-        """SIGTERM every live process of the containment (each pid-verified)."""
+    def terminate_all(self, ref: ProcRef, sig: int = signal.SIGTERM) -> None:
+        """Send `sig` to every live process of the containment (each pid-verified)."""
+
+    def run_stop_command(self, spec: SpawnSpec) -> None:
+        """Start the host's stop command inside the generation's containment, as its user,
+        with its env (spec.argv). Raises SpawnError when it cannot start."""
+
+    def stop_command_running(self, generation_uuid: str) -> bool:
+        """True while a stop command this process started for the generation runs."""
+
+    def stop_command_outcome(self, generation_uuid: str) -> str | None:
+        """Once: how its stop command ended (`exit 0`, `exit 3: last line`, `still
+        running`); None when this process started none."""
 
     def kill_all(self, ref: ProcRef) -> None:
         """SIGKILL everything in the containment (and the leader if it still matches)."""

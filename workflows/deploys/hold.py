@@ -21,6 +21,7 @@ from workflows.deploys import steps as deploy
 from workflows.deploys.steps import Run
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
+from workflows.generations.stopway import stop_way
 from workflows.leases.lease import owe_release, release_owed
 from workflows.lifecycle.members import leave_set
 from workflows.lifecycle.start import Step, Steps, link
@@ -223,7 +224,7 @@ def _end_others(ctx: Context, a: Run) -> list[Generation]:
         if g.state is GenState.proven or host is None:
             continue
         until = since.replace(tzinfo=UTC).timestamp() + host.drain_timeout
-        problem = end_generation(ctx, g, drain_until=until)
+        problem = end_generation(ctx, g, drain_until=until, way=stop_way(host, g))
         if problem is not None:
             raise Poke(problem)
     return [g for g, _ in rows]

@@ -36,6 +36,7 @@ from workflows.builds.staged import mark_published, set_build, staged_problem
 from workflows.generations.create import intend, join_set
 from workflows.generations.ending import end_generation, ref_of
 from workflows.generations.listeners import stored
+from workflows.generations.stopway import stop_way
 from workflows.leases.lease import acquire, held_fence
 from workflows.lifecycle.members import MEMBER_NOTE, drive_member
 from workflows.lifecycle.scale import scaling_down
@@ -53,7 +54,8 @@ SPAWNED = define("swap.spawned", "the successor's pid is recorded; health not ch
 HEALTHY = define("swap.healthy", "the successor answered its health check")
 SETTLED = define("swap.settled", "the canary settle window passed")
 SWITCHED = define("swap.switched", "the successor is current and linked; the old one is retiring")
-DRAIN_TERMED = define("swap.drain_termed", "the retiring generation was sent SIGTERM")
+DRAIN_TERMED = define("swap.drain_termed", "the retiring generation was sent its host's stop "
+                      "signal (SIGTERM unless set) or its stop command was started")
 DRAIN_KILLED = define("swap.drain_killed", "the retiring generation's containment was sent SIGKILL")
 
 
@@ -239,9 +241,10 @@ def make_current_in(s: Session, gen: Generation) -> None:
 
 
 def end_retiring(ctx: Context, a: Run, *, mark_unproven: bool) -> tuple[Generation, float]:
-    """SIGTERM the attempt's retiring generation, its drain up to the host's drain timeout
-    (counted from when it became a member), SIGKILL, proof. Returns it and the drain time;
-    raises Poke while it is not proven gone (optionally marking the member unproven)."""
+    """Ask the attempt's retiring generation to stop (its host's stop signal or command),
+    its drain up to the host's drain timeout (counted from when it became a member),
+    SIGKILL, proof. Returns it and the drain time; raises Poke while it is not proven gone
+    (optionally marking the member unproven)."""
     old = ctx.store.read(lambda s: s.get(Generation, a.retiring_id))
     member = ctx.store.read(lambda s: s.get(Member, a.retiring_id))
     host = ctx.store.read(lambda s: s.get(Host, a.host))
@@ -250,7 +253,7 @@ def end_retiring(ctx: Context, a: Run, *, mark_unproven: bool) -> tuple[Generati
     started = (member.since if member is not None else utcnow()).replace(tzinfo=UTC).timestamp()
     if old.state is not GenState.proven:
         problem = end_generation(ctx, old, drain_until=started + host.drain_timeout,
-                                 points=(DRAIN_TERMED, DRAIN_KILLED))
+                                 points=(DRAIN_TERMED, DRAIN_KILLED), way=stop_way(host, old))
         if problem is not None:
             if mark_unproven:
                 ctx.store.write(lambda s: move_many(

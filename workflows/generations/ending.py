@@ -1,5 +1,6 @@
-"""Ending a generation: SIGTERM, its own drain up to a deadline, SIGKILL to everything in
-its containment, then the termination proof. Shared by stop, failed wakes and members."""
+"""Ending a generation: its host's stop signal (SIGTERM unless set) or stop command, its own
+drain up to a deadline, SIGKILL to everything in its containment, then the termination
+proof. Shared by stop, failed wakes and members."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.orm import Session
 
 from models.states import GenState
-from models.store import utcnow
+from models.store import emit, utcnow
 from models.tables import Generation
 from models.transition import move
 from workflows.base.context import Context, Until
 from workflows.base.crash import crashpoint, define
-from workflows.base.ports import ProcRef
+from workflows.base.ports import ProcRef, SpawnError
 from workflows.base.waivers import BY_STATE
 from workflows.generations.known import note, with_known
+from workflows.generations.stopway import TERM, StopWay
 
 log = logging.getLogger("vigil.proof")
 
@@ -46,9 +48,11 @@ def _drain(ctx: Context, gen: Generation, drain_until: float, done: Callable[[],
 
 
 def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
-                   points: tuple[str | None, str] | None = None, drain_rest: bool = False) -> str | None:
+                   points: tuple[str | None, str] | None = None, drain_rest: bool = False,
+                   way: StopWay = TERM) -> str | None:
     """Drive the generation's processes to their end. `drain_until` (epoch seconds) is how
-    long the leader may drain after SIGTERM; None means kill at once (a failed start).
+    long the leader may drain after it is asked to stop, the host's `way` (its stop signal,
+    SIGTERM unless set, or its stop command); None means kill at once (a failed start).
     `points` names the crash points after the TERM and after the KILL. `drain_rest`: when
     the leader is already gone, what is left of the containment gets SIGTERM and the same
     drain before SIGKILL (a server's workers on a shared listener finish the requests they
@@ -61,12 +65,15 @@ def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
     leader = drain_until is not None and ctx.proc.leader_alive(ref)
     if drain_until is not None and (leader or drain_rest and ctx.proc.live_members(ref)):
         if gen.uuid not in ctx.termed:
-            (ctx.proc.terminate if leader else ctx.proc.terminate_all)(ref)
+            _ask_to_stop(ctx, gen, ref, way, leader)
             ctx.termed.add(gen.uuid)
             if points and points[0]:
                 crashpoint(points[0])
-        _drain(ctx, gen, drain_until, (lambda: not ctx.proc.leader_alive(ref)) if leader
-               else (lambda: ctx.proc.proven(ref)))
+        _drain(ctx, gen, drain_until, (lambda: not ctx.proc.leader_alive(ref) and not (
+            way.command and ctx.proc.stop_command_running(gen.uuid))) if leader
+            else (lambda: ctx.proc.proven(ref)))
+        if way.command:
+            _say_stop_command(ctx, gen, ctx.proc.stop_command_outcome(gen.uuid))
     if not ctx.proc.proven(ref):
         ctx.proc.kill_all(ref)
         if points:
@@ -80,6 +87,32 @@ def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
     why = f"generation g{gen.id} not proven gone: {said}, live pids {left}"
     log.warning("proof failed host=%s generation=g%d reason=%r", gen.host, gen.id, why)
     return why
+
+
+def _ask_to_stop(ctx: Context, gen: Generation, ref: ProcRef, way: StopWay, leader: bool) -> None:
+    """The host's stop signal to the leader (or, the leader gone, to what is left of it), or
+    its stop command instead. A command that cannot start is said in an event; the drain
+    deadline's SIGKILL ends the generation all the same."""
+    if way.command and way.spec is not None and leader:
+        try:
+            ctx.proc.run_stop_command(way.spec)
+        except SpawnError as exc:
+            _say_stop_command(ctx, gen, f"could not start: {exc}")
+        return
+    (ctx.proc.terminate if leader else ctx.proc.terminate_all)(ref, way.signum)
+
+
+def _say_stop_command(ctx: Context, gen: Generation, outcome: str | None) -> None:
+    """An event of what the stop command did (None: it was started by an agent before this
+    one, whose handle on it died with it). Advisory: a failed write changes no step."""
+    if outcome is None:
+        return
+    try:
+        ctx.store.write(lambda s: emit(s, "stop_command", gen.host, gen.id, outcome=outcome))
+    except Exception:  # noqa: BLE001 - the drain goes on; the log keeps what happened
+        log.exception("stop_command event not written host=%s generation=g%d outcome=%r",
+                      gen.host, gen.id, outcome)
+    log.info("stop command host=%s generation=g%d outcome=%r", gen.host, gen.id, outcome)
 
 
 def mark_proven(s: Session, gen_id: int, reason: str | None = None) -> None:

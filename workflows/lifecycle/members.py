@@ -27,6 +27,7 @@ from workflows.base.waivers import BY_STATE
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, ref_of
 from workflows.generations.known import note
+from workflows.generations.stopway import stop_way
 from workflows.leases.lease import owe_release, release_owed
 from workflows.lifecycle.restarts import exit_code, exit_line, oom_line, schedule, uptime
 from workflows.lifecycle.workers import worker_exited
@@ -141,7 +142,7 @@ def drive_member(ctx: Context, gen_id: int) -> Result:
         shared = ctx.store.read(lambda s: s.execute(select(Listener.position).where(
             Listener.host == m.host).limit(1)).first()) is not None
         problem = end_generation(ctx, gen, drain_until=since + host.drain_timeout,
-                                 drain_rest=shared)
+                                 drain_rest=shared, way=stop_way(host, gen))
         if problem is not None:
             ctx.store.write(lambda s: move_many(
                 s, Member, [Member.generation_id == gen_id],

@@ -1,4 +1,5 @@
-"""Stop: retire the current generation, SIGTERM, drain, SIGKILL, prove, give the lease back.
+"""Stop: retire the current generation, its stop signal (SIGTERM unless set) or stop command,
+drain, SIGKILL, prove, give the lease back.
 
 A stop whose proof fails stays `signalled` with its lease; the sweep retries it, sending
 SIGKILL again and re-reading the proof, until it holds.
@@ -33,12 +34,14 @@ from workflows.base.waivers import BY_STATE, OPERATOR
 from workflows.builds.book import nudge
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, ref_of
+from workflows.generations.stopway import stop_way
 from workflows.leases.lease import held_fence, owe_release, release_owed
 from workflows.lifecycle.order import refuse_stop, stop_waiters, stopping_dependents
 
 INTENT = define("stop.intent", "the stop is signalled and the generation retiring; link still there")
 UNLINKED = define("stop.unlinked", "the canonical link is removed; nothing signalled yet")
-TERMED = define("stop.termed", "SIGTERM was sent to the leader; drain in progress")
+TERMED = define("stop.termed", "the host's stop signal (SIGTERM unless set) was sent to the "
+                "leader, or its stop command started; drain in progress")
 KILLED = define("stop.killed", "SIGKILL was sent to the containment; no proof written yet")
 PROVEN = define("stop.proven", "the generation is proven gone, the stop done, the release owed")
 
@@ -201,7 +204,8 @@ def _finish(ctx: Context, st: Stop) -> Result:
         # The drain deadline is measured from the first SIGTERM, so a retry after a
         # restart does not grant the app a second full drain.
         drain_until = st.signalled_at.replace(tzinfo=UTC).timestamp() + host.drain_timeout
-        problem = end_generation(ctx, gen, drain_until=drain_until, points=(TERMED, KILLED))
+        problem = end_generation(ctx, gen, drain_until=drain_until, points=(TERMED, KILLED),
+                                 way=stop_way(host, gen))
         if problem is not None:
             raise Poke(problem)
     if siblings:  # the other instances drain as members, at once; the stop ends after them

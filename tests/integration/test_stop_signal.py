@@ -1,0 +1,188 @@
+"""A host's own stop signal and stop command (issue 39 item 1), on real processes: an app
+that ignores SIGTERM and drains on SIGQUIT is stopped within its drain without SIGKILL, by
+a stop, by the drain after an overlap deploy, and after the agent died before it sent the
+signal; a stop command runs as the app's user with its env and MAINPID; one that hangs or
+fails still ends in SIGKILL and the proof at the drain deadline, said in an event; bad
+input is one line and changes nothing. nginx with --stop-signal QUIT: test_nginx_quit.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from models.tables import Event
+from tests.conftest import FIXTURES, HELLO, Vigil, ignores_sigterm, pid_dead, wait_for
+from tests.integration.test_cli_bad_input import refused
+
+QUITTER = FIXTURES / "quit_drains.py"
+DRAIN = "30"  # far above what a QUIT takes: a stop that waited for it would show
+
+
+def events(v: Vigil, kind: str, host: str) -> list[dict[str, Any]]:
+    return v.store.read(lambda s: [
+        {"generation": e.generation_id, **json.loads(e.detail)}
+        for e in s.execute(select(Event).where(Event.host == host, Event.kind == kind)
+                           .order_by(Event.id)).scalars()])
+
+
+def awake_pid(v: Vigil, host: str) -> int:
+    st = v.status(host)
+    assert st["state"] == "awake" and st["pid"], st
+    wait_for(lambda: ignores_sigterm(st["pid"]), 10, what="fixture ignoring SIGTERM")
+    return int(st["pid"])
+
+
+def stopped(v: Vigil, host: str, *pids: int) -> None:
+    for pid in pids:
+        assert pid_dead(pid), f"pid {pid} still alive after the stop"
+    v.quiesce(10)
+    assert v.status(host)["state"] == "asleep"
+    assert v.app_pids() == []
+    v.check()
+
+
+def test_quit_stops_an_app_that_ignores_term_without_sigkill(vigil: Vigil, short_tmp: Path) -> None:
+    mark = short_tmp / "quit.log"
+    vigil.add_host("quits", QUITTER, "--stop-signal", "SIGQUIT", "--drain-timeout", DRAIN,
+                   "--env", f"QUIT_MARK={mark}")
+    assert vigil.json("host", "show", "quits")["stop_signal"] == "QUIT"
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "quits", "--wait")
+    pid = awake_pid(vigil, "quits")
+    started = time.monotonic()
+    vigil.run("stop", "quits", "--wait")
+    took = time.monotonic() - started
+    assert took < 10, f"the stop took {took:.1f}s: QUIT was not what it was sent"
+    assert mark.read_text() == f"quit pid={pid}\n"  # exited by its own handler, not SIGKILL
+    stopped(vigil, "quits", pid)
+
+    # The drain of the retiring generation after an overlap deploy asks it the same way.
+    vigil.run("wake", "quits", "--wait")
+    old = awake_pid(vigil, "quits")
+    new_build = short_tmp / "quit2.py"
+    new_build.write_bytes(QUITTER.read_bytes() + b"\n# build 2\n")
+    new_build.chmod(0o755)
+    vigil.run("deploy", "quits", str(new_build), "--wait")
+    wait_for(lambda: pid_dead(old), 10, what="the retiring generation gone")
+    assert f"quit pid={old}\n" in mark.read_text()
+    swapped = events(vigil, "swapped", "quits")[-1]
+    assert swapped["drain_seconds"] < 10, swapped
+    vigil.run("stop", "quits", "--wait")
+    vigil.stop_agent(agent)
+
+
+def test_the_signal_is_sent_by_the_agent_that_recovers(vigil: Vigil, short_tmp: Path) -> None:
+    """The agent dies with the stop's intent written and nothing sent: the next one sends
+    the host's signal, not SIGTERM."""
+    mark = short_tmp / "quit.log"
+    vigil.add_host("quits", QUITTER, "--stop-signal", "QUIT", "--drain-timeout", DRAIN,
+                   "--env", f"QUIT_MARK={mark}")
+    agent = vigil.start_agent("stop.intent")
+    vigil.wait_ready(agent)
+    vigil.run("wake", "quits", "--wait")
+    pid = awake_pid(vigil, "quits")
+    vigil.run("stop", "quits")
+    wait_for(lambda: agent.poll() is not None, 20, what="the agent's death at stop.intent")
+    assert not pid_dead(pid) and not mark.exists()
+    before = vigil.ready_count()
+    started = time.monotonic()
+    agent = vigil.start_agent()
+    vigil.wait_ready_after(agent, before)
+    wait_for(lambda: vigil.status("quits")["state"] == "asleep", 20, what="the stop done")
+    assert time.monotonic() - started < 15
+    assert mark.read_text() == f"quit pid={pid}\n"
+    stopped(vigil, "quits", pid)
+    vigil.stop_agent(agent)
+
+
+def test_a_stop_command_runs_as_the_app_with_its_env(vigil: Vigil, short_tmp: Path) -> None:
+    out = short_tmp / "stopcmd.out"
+    mark = short_tmp / "quit.log"
+    command = f'echo "$GREETING $MAINPID $VIGIL_HOST $(id -u)" > {out}; kill -QUIT $MAINPID'
+    vigil.add_host("own", QUITTER, "--stop-command", command, "--drain-timeout", DRAIN,
+                   "--env", "GREETING=bye", "--env", f"QUIT_MARK={mark}")
+    shown = vigil.run("host", "show", "own").stdout
+    assert f"stop command:       {command}" in shown and "stop signal:        TERM" in shown, shown
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "own", "--wait")
+    pid = awake_pid(vigil, "own")
+    started = time.monotonic()
+    vigil.run("stop", "own", "--wait")
+    assert time.monotonic() - started < 10
+    assert out.read_text() == f"bye {pid} own {os.getuid()}\n"
+    assert mark.read_text() == f"quit pid={pid}\n"
+    said = events(vigil, "stop_command", "own")
+    assert [e["outcome"] for e in said] == ["exit 0"], said
+    stopped(vigil, "own", pid)
+    vigil.stop_agent(agent)
+
+
+@pytest.mark.parametrize("containment", ["auto", "marker"], indirect=True)
+def test_a_stop_command_that_hangs_or_fails_still_ends_in_sigkill(vigil: Vigil) -> None:
+    """The command runs in the generation's containment (its cgroup, or its marker), so the
+    drain deadline's SIGKILL and the proof reach it too."""
+    vigil.add_host("hangs", QUITTER, "--stop-command", "echo waiting; sleep 600",
+                   "--drain-timeout", "1.5")
+    vigil.add_host("fails", QUITTER, "--stop-command", "echo no such way >&2; exit 3",
+                   "--drain-timeout", "1.5")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    for host in ("hangs", "fails"):
+        vigil.run("wake", host, "--wait")
+        pid = awake_pid(vigil, host)
+        started = time.monotonic()
+        vigil.run("stop", host, "--wait")
+        took = time.monotonic() - started
+        assert 1.4 <= took < 15, f"{host}: the stop took {took:.2f}s, not the 1.5 s drain"
+        stopped(vigil, host, pid)  # the leader and the command (in its containment) gone
+    assert [e["outcome"] for e in events(vigil, "stop_command", "hangs")] == ["still running: waiting"]
+    assert [e["outcome"] for e in events(vigil, "stop_command", "fails")] == ["exit 3: no such way"]
+    vigil.stop_agent(agent)
+
+
+def test_bad_stop_settings_are_one_line_and_change_nothing(vigil: Vigil, short_tmp: Path) -> None:
+    refused(vigil.run("host", "add", "bad", "--build", str(HELLO), "--stop-signal", "BOGUS",
+                      check=False), "--stop-signal 'BOGUS' is not a signal", "kill -l")
+    refused(vigil.run("host", "add", "bad", "--build", str(HELLO), "--stop-signal", "STOP",
+                      check=False), "SIGSTOP freezes")
+    refused(vigil.run("host", "add", "bad", "--build", str(HELLO), "--stop-command", " ",
+                      check=False), "--stop-command is blank")
+    assert vigil.json("host", "list") == []
+
+    vigil.add_host("web", HELLO, "--stop-signal", "3")  # a number is its name
+    assert vigil.json("host", "show", "web")["stop_signal"] == "QUIT"
+    refused(vigil.run("host", "set", "web", "--stop-signal", "SIGNOPE", check=False),
+            "host set web: --stop-signal", "is not a signal")
+    assert vigil.json("host", "show", "web")["stop_signal"] == "QUIT"
+    dry = vigil.run("host", "set", "web", "--stop-signal", "int", "--dry-run").stdout
+    assert 'stop_signal "QUIT" -> "INT"' in dry and "dry run" in dry, dry
+    assert vigil.json("host", "show", "web")["stop_signal"] == "QUIT"
+    vigil.run("host", "set", "web", "--stop-command", "kill -TERM $MAINPID")
+    assert vigil.json("host", "show", "web")["stop_command"] == "kill -TERM $MAINPID"
+    vigil.run("host", "set", "web", "--unset", "stop-signal", "--unset", "stop-command")
+    shown = vigil.json("host", "show", "web")
+    assert (shown["stop_signal"], shown["stop_command"]) == ("TERM", None)
+    assert "nothing to change" in vigil.run("host", "set", "web", "--stop-signal", "TERM",
+                                            "--dry-run").stdout
+
+    f = short_tmp / "hosts.toml"
+    f.write_text(f'[hosts.web]\nbuild = "{HELLO}"\nstop_signal = 99\n')
+    refused(vigil.run("apply", str(f), check=False), "hosts.toml:3: hosts.web.stop_signal",
+            "is not a signal")
+    f.write_text(f'[hosts.web]\nbuild = "{HELLO}"\nstop_command = ["nginx", "-s", "quit"]\n')
+    refused(vigil.run("apply", str(f), check=False), "hosts.toml:3: hosts.web.stop_command",
+            "must be a string")
+    assert vigil.json("host", "show", "web")["stop_signal"] == "TERM"
+    f.write_text(f'[hosts.web]\nbuild = "{HELLO}"\nstop_signal = "SIGQUIT"\n'
+                 'stop_command = "nginx -s quit"\n')
+    vigil.run("apply", str(f))
+    shown = vigil.json("host", "show", "web")
+    assert (shown["stop_signal"], shown["stop_command"]) == ("QUIT", "nginx -s quit")
