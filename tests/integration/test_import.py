@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tomllib
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -146,7 +147,7 @@ processes:
       exec:
         command: "true"
   migrate:
-    command: "python3 portapp.py migrate --port 0"
+    command: "python3 -c 'pass'"  # a migration: exits 0
     depends_on:
       db:
         condition: process_healthy
@@ -303,6 +304,10 @@ def test_supervisord_file_runs_the_same_under_vigil(vigil: Vigil, short_tmp: Pat
     before = run_original([str(BIN / "supervisord"), "-n", "-c", str(conf)], conf.parent, 5, keys)
     after = run_vigil(vigil, hosts, 5, keys)
     assert after == before, f"supervisord ran {before}\nvigil ran {after}"
+    for host in ("api", "front"):  # and they serve, on their own ports, as before
+        port = doc[host]["args"][doc[host]["args"].index("--port") + 1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+            assert r.read().decode().startswith(f"{host} pid=")
     assert any(k[2] == pwd.getpwnam("nobody").pw_uid for k in after), after
 
 
@@ -384,7 +389,7 @@ def test_pm2_runs_the_same_under_vigil(vigil: Vigil, short_tmp: Path) -> None:
     assert after == before, f"PM2 ran {before}\nvigil ran {after}"
 
 
-def test_process_compose_file_is_accepted_and_runs(vigil: Vigil, short_tmp: Path) -> None:
+def test_process_compose_file_runs_in_its_order(vigil: Vigil, short_tmp: Path) -> None:
     src = compose_files(short_tmp)
     hosts, err = imported(vigil, src)
     doc = tomllib.loads(hosts.read_text())["hosts"]
@@ -399,6 +404,16 @@ def test_process_compose_file_is_accepted_and_runs(vigil: Vigil, short_tmp: Path
     assert "process db: readiness_probe = " in err and "vigil has no readiness" in err, err
     assert "process docs: namespace = extras" in err and "top: log_location" in err, err
     dry_run_accepts(vigil, hosts)
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("apply", str(hosts))
+    # api starts only after migrate, a one-shot, exited 0 (process_completed_successfully)
+    wait_for(lambda: all(vigil.status(h)["state"] == "awake" for h in (
+        "db", "api", "workers-0", "workers-1")), 30, what="the composed hosts awake")
+    assert vigil.status("docs")["state"] == "asleep"
+    events = [ln.split()[2:5:2] for ln in vigil.run("events").stdout.splitlines()]
+    order = [events.index(e) for e in (["db", "woke"], ["migrate", "clean_exit"], ["api", "woke"])]
+    assert order == sorted(order), events
 
 
 @pytest.mark.parametrize(("name", "body", "extra", "says"), [
@@ -409,6 +424,8 @@ def test_process_compose_file_is_accepted_and_runs(vigil: Vigil, short_tmp: Path
     ("process-compose.yaml", "processes: [1\n", (), "invalid YAML"),
     ("ecosystem.config.json", "{", (), "invalid JSON"),
     ("Procfile", "web: true\n", ("--apply",), "--apply applies the written file"),
+    ("Procfile", "web: true\nWeb: true\n", (), "two programs make host web"),
+    ("Procfile", "__: true\n", (), "program name '__' makes no host name"),
 ])
 def test_bad_input_is_one_line(vigil: Vigil, short_tmp: Path, name: str, body: str,
                                extra: tuple[str, ...], says: str) -> None:
@@ -431,3 +448,12 @@ def test_import_with_apply_adds_and_wakes_the_hosts(vigil: Vigil, short_tmp: Pat
                          for h in ("web", "api", "worker", "clock", "release-tasks")), 30,
              what="the imported hosts awake")
     vigil.check()
+
+
+def test_a_js_ecosystem_file_without_node_is_one_line(vigil: Vigil, short_tmp: Path) -> None:
+    src = short_tmp / "ecosystem.config.js"
+    src.write_text("module.exports = { apps: [] };\n")
+    cp = vigil.run("import", str(src), check=False, env={"PATH": str(short_tmp)})
+    assert cp.returncode == 2 and cp.stdout == "", cp.stdout + cp.stderr
+    assert cp.stderr == (f"vigil: error: {src}: reading a .js ecosystem file needs node, not on "
+                         "PATH; install node, or write the file as ecosystem.config.json\n")
