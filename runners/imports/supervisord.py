@@ -155,15 +155,14 @@ def read(path: str) -> Imported:
 
 
 def _order(programs: list[Program], priorities: dict[str, int]) -> None:
-    """priority (lower starts first) as `after`: each host waits for the hosts of the
-    nearest lower priority (which wait for theirs)."""
-    levels = sorted(set(priorities.values()))
-    if len(levels) < 2:
-        return
+    """priority (lower starts first) as `after`: each host waits for the started hosts of
+    the nearest lower priority (which wait for theirs)."""
+    started = {p.name: priorities[p.name] for p in programs if p.keys.get("running")}
+    levels = sorted(set(started.values()))  # one not started (autostart=false) orders nothing
     for p in programs:
         lower = [lv for lv in levels if lv < priorities[p.name]]
         if lower:
-            p.keys["after"] = sorted(n for n, lv in priorities.items() if lv == lower[-1])
+            p.keys["after"] = sorted(n for n, lv in started.items() if lv == lower[-1])
 
 
 def _program(s: _Section, name: str, group: str, source: str,

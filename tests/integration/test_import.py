@@ -74,6 +74,7 @@ autorestart=unexpected
 [program:nightly]
 command=python3 portapp.py nightly
 directory=%(here)s
+priority=5
 autostart=false
 autorestart=false
 
@@ -298,6 +299,7 @@ def test_supervisord_file_runs_the_same_under_vigil(vigil: Vigil, short_tmp: Pat
     assert doc["worker-00"]["after"] == ["api"] and "after" not in doc["api"]
     assert doc["worker-01"]["args"] == ["portapp.py", "worker-1"]
     assert doc["nightly"]["running"] is False and doc["nightly"]["one_shot"] is True
+    assert "after" not in doc["nightly"] and "after" not in doc["api"]  # not started: no order
     assert doc["sleeper"]["user"] == "nobody"
     dry_run_accepts(vigil, hosts)
     keys = configured_env(hosts)
