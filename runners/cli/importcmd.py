@@ -26,16 +26,15 @@ def import_cmd(ctx: click.Context, file: str, fmt: str | None, output: str | Non
     process-compose.yaml: every key that maps is mapped, each that does not is listed on
     stderr (and atop the file) with why (docs/guides/coming-over.md)."""
     from models.errors import BadInput
+    from runners.cli.hostfile import BUILD, KEYS, LISTEN, RUNNING
     from runners.imports.formats import read
     from runners.imports.tomlwrite import render
 
     if then_apply and output is None:
         raise BadInput("--apply applies the written file: there is none without -o",
                        "add -o hosts.toml")
-    from runners.cli.hostfile import BUILD, KEYS, LISTEN, RUNNING
-
     imported = read(file, fmt)
-    imported.keep_known({BUILD, LISTEN, RUNNING, *KEYS})
+    imported.keep_known({BUILD, LISTEN, RUNNING, *KEYS})  # a key this vigil lacks is listed
     out_dir = os.path.dirname(os.path.abspath(output)) if output else None
     text = render(imported, out_dir)
     for line in imported.unmapped:
@@ -57,11 +56,16 @@ def _write(path: str, text: str) -> None:
     from models.errors import BadInput
 
     folder = os.path.dirname(os.path.abspath(path))
+    tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=".vigil-import.", dir=folder)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
+        tmp = None
     except OSError as exc:
         raise BadInput(f"cannot write {path}: {exc.strerror}",
                        "pass -o a path in a writable directory") from None
+    finally:
+        if tmp is not None:  # a full disk, say: no half file left beside it
+            os.unlink(tmp)

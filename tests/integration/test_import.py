@@ -428,6 +428,7 @@ def test_process_compose_file_runs_in_its_order(vigil: Vigil, short_tmp: Path) -
     ("Procfile", "web: true\n", ("--apply",), "--apply applies the written file"),
     ("Procfile", "web: true\nWeb: true\n", (), "two programs make host web"),
     ("Procfile", "__: true\n", (), "program name '__' makes no host name"),
+    ("Procfile", "web: true\n", ("-o", "/nonexistent/hosts.toml"), "cannot write"),
 ])
 def test_bad_input_is_one_line(vigil: Vigil, short_tmp: Path, name: str, body: str,
                                extra: tuple[str, ...], says: str) -> None:
