@@ -123,8 +123,9 @@ def woken(env: Env, name: str, wake_id: int, timeout: float) -> None:
 @click.pass_obj
 def stop(env: Env, names: tuple[str, ...], every: bool, wait: bool, timeout: float,
          force: bool) -> None:
-    """Stop hosts: SIGTERM, drain, SIGKILL, proof, lease given back (HOST..., a glob
-    such as 'web*', or --all; the hosts that start after others first)."""
+    """Stop hosts: each its stop signal (TERM unless set) or stop command, drain,
+    SIGKILL, proof, lease given back (HOST..., a glob such as 'web*', or --all; the hosts
+    that start after others first)."""
     hosts = in_order(env, resolve(env, names, every), stop=True)
     _each(env, "stop", hosts, wait, timeout, stopped, force=force)
 

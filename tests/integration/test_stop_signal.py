@@ -186,3 +186,34 @@ def test_bad_stop_settings_are_one_line_and_change_nothing(vigil: Vigil, short_t
     vigil.run("apply", str(f))
     shown = vigil.json("host", "show", "web")
     assert (shown["stop_signal"], shown["stop_command"]) == ("QUIT", "nginx -s quit")
+
+
+def test_scale_down_and_shutdown_ask_with_the_stop_signal(vigil: Vigil, short_tmp: Path) -> None:
+    """A scale-down's stop of one instance and shutdown's stops send QUIT too: each instance
+    exits by its own handler, long before the drain timeout."""
+    from tests.listening import free_port
+
+    mark = short_tmp / "quit.log"
+    vigil.add_host("pair", QUITTER, "--listen", f"http=tcp:127.0.0.1:{free_port()}",
+                   "--ready", "http", "--instances", "2", "--stop-signal", "QUIT",
+                   "--drain-timeout", DRAIN, "--env", f"QUIT_MARK={mark}")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "pair", "--wait")
+    wait_for(lambda: len(vigil.app_pids()) == 2, 30, what="two instances")
+    pids = sorted(vigil.app_pids())
+    for pid in pids:
+        wait_for(lambda: ignores_sigterm(pid), 10, what="fixture ignoring SIGTERM")  # noqa: B023
+    started = time.monotonic()
+    vigil.run("scale", "pair", "1", "--wait")
+    wait_for(lambda: len(vigil.app_pids()) == 1, 20, what="one instance left")
+    assert time.monotonic() - started < 10
+    (left,) = vigil.app_pids()
+    (gone,) = set(pids) - {left}
+    assert mark.read_text() == f"quit pid={gone}\n"
+    started = time.monotonic()
+    vigil.run("shutdown", "--wait", timeout=120)
+    agent.wait(10)
+    assert time.monotonic() - started < 15
+    assert mark.read_text() == f"quit pid={gone}\nquit pid={left}\n"
+    assert vigil.app_pids() == []
