@@ -217,3 +217,28 @@ def test_scale_down_and_shutdown_ask_with_the_stop_signal(vigil: Vigil, short_tm
     assert time.monotonic() - started < 15
     assert mark.read_text() == f"quit pid={gone}\nquit pid={left}\n"
     assert vigil.app_pids() == []
+
+
+def test_a_stop_command_runs_as_the_app_s_user(vigil: Vigil, short_tmp: Path) -> None:
+    """With --user, the stop command is that user too (setpriv after the cgroup join, as the
+    app's own spawn): its output, in the event, says who it was."""
+    if os.geteuid() != 0:
+        pytest.skip("running apps as other users needs a root agent")
+    from tests.integration.test_run_as import PATH, ensure_user
+
+    ensure_user("vigil-t1")
+    os.chmod(short_tmp, 0o755)  # mkdtemp's 0700 would keep the app's user out of its build
+    vigil.add_host("theirs", QUITTER, "--user", "vigil-t1", "--env", PATH, "--env", "GREETING=bye",
+                   "--stop-command", 'echo "$(id -un) $GREETING $USER"; kill -QUIT "$MAINPID"',
+                   "--drain-timeout", DRAIN)
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "theirs", "--wait")
+    pid = awake_pid(vigil, "theirs")
+    started = time.monotonic()
+    vigil.run("stop", "theirs", "--wait")
+    assert time.monotonic() - started < 10
+    said = events(vigil, "stop_command", "theirs")
+    assert [e["outcome"] for e in said] == ["exit 0: vigil-t1 bye vigil-t1"], said
+    stopped(vigil, "theirs", pid)
+    vigil.stop_agent(agent)
