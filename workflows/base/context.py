@@ -78,8 +78,9 @@ class Context:
     settle_seconds: float = 10.0  # canary settle window
     shutting_down: threading.Event = field(default_factory=threading.Event)
     on_proof_failed: Callable[[], None] = lambda: None  # counted by the agent's metrics
-    # Generations (uuid) this agent has sent SIGTERM to and that are not proven gone yet:
-    # a drain waited for in short holds sends it once, not at every look.
+    # Generations (uuid) this agent has asked to stop (its host's stop signal or command)
+    # that are not proven gone yet: a drain waited for in short holds asks once, not at
+    # every look.
     termed: set[str] = field(default_factory=set)
     # Attempts a drive of this agent left mid-way (a step failed and so did writing its end,
     # e.g. on a full disk), with why: the next drive says that, not that the agent restarted.

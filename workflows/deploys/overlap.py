@@ -198,7 +198,7 @@ def _raise_parent(ctx: Context, run: Run, host: Host) -> Step:
 
 
 def _drain(ctx: Context, run: Run, steps: Steps) -> Slot | None:
-    """At or after the switch: finish. SIGTERM, the app's drain, SIGKILL, proof, leave;
+    """At or after the switch: finish. The stop signal, the app's drain, SIGKILL, proof, leave;
     a host of instances with a slot still to go: its successor admitted (returned). No
     gate: nothing refuses the end of a switched attempt."""
     if run.retiring_id is None:  # it had died: a member the sweep reaps

@@ -1,2 +1,2 @@
 """Generations: created, exec'd, made ready, given socket access and listeners, ended
-(SIGTERM, drain, SIGKILL, proof). Imports base, builds, leases."""
+(the stop signal, drain, SIGKILL, proof). Imports base, builds, leases."""

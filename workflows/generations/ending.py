@@ -26,7 +26,7 @@ log = logging.getLogger("vigil.proof")
 HOLD = 2.0  # seconds a drive may wait for a drain before it gives its slot back
 RECHECK = 1.0  # seconds between looks at a drain that goes on past the hold
 WAITING = define("obligation.waiting", "a drain outlasted the hold: the row gives its drive "
-                 "slot back and is due again shortly; SIGTERM was sent, nothing else changed")
+                 "slot back and is due again shortly; the stop signal was sent, nothing else changed")
 
 
 def ref_of(gen: Generation) -> ProcRef:
@@ -54,7 +54,7 @@ def end_generation(ctx: Context, gen: Generation, *, drain_until: float | None,
     long the leader may drain after it is asked to stop, the host's `way` (its stop signal,
     SIGTERM unless set, or its stop command); None means kill at once (a failed start).
     `points` names the crash points after the TERM and after the KILL. `drain_rest`: when
-    the leader is already gone, what is left of the containment gets SIGTERM and the same
+    the leader is already gone, what is left of the containment gets the stop signal and the same
     drain before SIGKILL (a server's workers on a shared listener finish the requests they
     accepted instead of being killed in the middle of one).
     Returns None when proven terminated, else why not (the caller keeps its obligation)."""

@@ -3,7 +3,7 @@ generation is current, `GET /` on its socket every S seconds. `--unhealthy-after
 in a row make it unhealthy: an `unhealthy` event, `vigil status` says so, `vigil check`
 fails and the metrics count it; one answer below 500 makes it healthy again (an event too).
 With `--unhealthy-restart` an unhealthy generation is retired through the ordinary member
-and wake obligations (SIGTERM, drain, proof, then a restart with the host's backoff), as
+and wake obligations (the stop signal, drain, proof, then a restart with the host's backoff), as
 an exited one is.
 
 The failures in a row are kept on the generation row (a restarted agent goes on counting);

@@ -201,7 +201,7 @@ def _finish(ctx: Context, st: Stop) -> Result:
         select(Member.generation_id).where(Member.host == st.host)).scalars().all())
     if gen.state is not GenState.proven:
         host = present(ctx.store.read(lambda s: s.get(Host, st.host)), "host is missing")
-        # The drain deadline is measured from the first SIGTERM, so a retry after a
+        # The drain deadline is measured from the first stop signal, so a retry after a
         # restart does not grant the app a second full drain.
         drain_until = st.signalled_at.replace(tzinfo=UTC).timestamp() + host.drain_timeout
         problem = end_generation(ctx, gen, drain_until=drain_until, points=(TERMED, KILLED),
