@@ -185,7 +185,7 @@ def _where(r: dict[str, Any]) -> str:
     """Its own socket, or its shared listeners (a lost one, bound again at the next start,
     and a reopened one say so)."""
     tags = {"lost": " (lost)", "opening": " (opening)"}
-    shared = [f"{lst['address']}{' (reopened)' if lst.get('reopened') else tags.get(lst['state'], '')}"
+    shared = [f"{lst['address']}{' (reopened)' if lst.get('reopened') else ' (closed)' if lst.get('closed') else tags.get(lst['state'], '')}"
               for lst in r.get("listeners", [])]
     return ", ".join(shared) or r["socket"] or ""
 

@@ -63,6 +63,7 @@ def shutdown(env: Env, wait: bool, timeout: float) -> None:
     closed = _close_sockets(env, box)
     click.echo(f"closed {closed} listening socket(s)")
     _end_standbys(env.state_dir)
+    _ask_to_leave(env.state_dir)
     if not wait:
         click.echo("the keepers exit by themselves within seconds (`--wait` waits for them)")
         return
@@ -103,6 +104,20 @@ def _close_sockets(env: Env, box: str | None) -> int:
             raise VigilError(f"the fd holder did not close its sockets ({exc})",
                              "run `vigil shutdown` again") from None
     return env.store().write(lambda s: mark_closed(s, box)) if box else 0
+
+
+def _ask_to_leave(state_dir: Path) -> None:
+    """The fd holder and the log keeper exit once they hold nothing, not IDLE seconds after
+    their last request (what `--wait` waited on: 5 s with nothing running). One that does
+    not answer exits by itself all the same."""
+    from runners.backend.listen import Listeners
+    from runners.keepers.logkeeper import LogPipes
+
+    for peer in (Listeners(state_dir).peer, LogPipes(state_dir).peer):
+        try:
+            peer.ask({"op": "leave"}, start=False)
+        except OSError:
+            pass
 
 
 def _end_standbys(state_dir: Path) -> None:

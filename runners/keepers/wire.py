@@ -8,7 +8,8 @@ Bounds (issue 20): a helper that does not answer within BOUND seconds (START_BOU
 new one) is treated as dead: SIGKILLed by pid and start time and replaced, but only when
 the agent holds a copy of everything it holds; otherwise it is left running and the
 exchange fails saying so. A helper serves only its own uid (SO_PEERCRED) and answers a bad
-request with an error, nothing held touched.
+request with an error, nothing held touched. Both helpers take `{"op": "leave"}`
+(`vigil shutdown`): exit as soon as nothing is held and no client is connected.
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ class Loop:
         self.sel = selectors.DefaultSelector()
         self.sel.register(server, selectors.EVENT_READ)
         self.clients: set[socket.socket] = set()
+        self.leaving = False  # asked to leave (shutdown): exit once idle, not IDLE seconds after
 
     def watch(self, fd: int, on_ready: Callable[[], None]) -> None:
         self.sel.register(fd, selectors.EVENT_READ, on_ready)
@@ -132,13 +134,15 @@ class Loop:
 
     def run(self, handle: Handler, holding: Callable[[], bool]) -> int:
         """Serve until nothing is held, no client is connected and no request came for
-        IDLE seconds."""
+        IDLE seconds (none once asked to `leave`)."""
         last = time.monotonic()
         while True:
             idle = not holding() and not self.clients
-            ready = self.sel.select(max(0.0, IDLE - (time.monotonic() - last)) if idle else None)
+            wait = 0.0 if self.leaving else max(0.0, IDLE - (time.monotonic() - last))
+            ready = self.sel.select(wait if idle else None)
             if not ready and not holding() and not self.clients:
-                log_line(self.name, "nothing held: exiting")
+                log_line(self.name, "nothing held, asked to leave: exiting" if self.leaving
+                         else "nothing held: exiting")
                 return 0
             for key, _ in ready:
                 if key.data is not None:
@@ -179,7 +183,11 @@ class Loop:
             self._drop(conn)
             return
         try:
-            reply, out = handle(parse(data), fds)
+            request = parse(data)
+            # `leave` (shutdown, once nothing is left to hold): exit when idle; any other
+            # request (a new agent) keeps the helper as before.
+            self.leaving = request.get("op") == "leave"
+            reply, out = ({"ok": True}, []) if self.leaving else handle(request, fds)
         except Exception as exc:  # one bad request never ends the helper
             reply, out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, []
         finally:

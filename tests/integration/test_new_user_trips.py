@@ -11,8 +11,11 @@ import sys
 import threading
 
 import pytest
+from sqlalchemy import select
 
+from models.tables import Stop
 from tests.conftest import FIXTURES, HELLO, ROOT, Vigil, wait_for
+from tests.listening import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -114,3 +117,33 @@ def test_deploy_wait_that_loses_its_agent_names_the_attempts_last_step(vigil: Vi
     vigil.wait_ready_after(vigil.start_agent(), before)
     vigil.quiesce(60)
     vigil.check()
+
+
+def test_shutdown_with_nothing_running_closes_its_listeners_and_waits_on_no_idle_keeper(
+        vigil: Vigil) -> None:
+    port = free_port()
+    vigil.add_host("front", HELLO, "--listen", f"tcp:127.0.0.1:{port}")
+    vigil.add_host("spare", HELLO)  # never woken: nothing of it to stop
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "front", "--wait")
+    vigil.run("stop", "front", "--wait")
+    stops = len(vigil.store.read(lambda s: s.execute(select(Stop.id)).all()))
+
+    cp = vigil.run("shutdown", "--wait")
+    agent.wait(10)
+    assert cp.stdout.splitlines()[-1] == f"nothing of vigil runs on {vigil.state_dir}"
+    assert not [ln for ln in cp.stdout.splitlines() if ln.startswith("host ")], cp.stdout
+    # Before: a stop of each asleep host, each a round trip through the agent.
+    assert len(vigil.store.read(lambda s: s.execute(select(Stop.id)).all())) == stops
+    # Before: --wait waited out the keepers' idle time (IDLE, 5 s) after their last request.
+    for keeper in ("fdholder", "logkeeper"):
+        log = (vigil.state_dir / "logs" / f"{keeper}.log").read_text()
+        assert "nothing held, asked to leave: exiting" in log, log[-2000:]
+    # Closed on purpose: said so, not `(lost)`, and no listener_lost to notify of.
+    text = vigil.run("status", env={"COLUMNS": "200"}).stdout
+    assert f"tcp:127.0.0.1:{port} (closed)" in text and "(lost)" not in text, text
+    (listener,) = vigil.status("front")["listeners"]
+    assert listener["closed"] and "was closed by `vigil shutdown`" in listener["note"], listener
+    kinds = [e["kind"] for e in vigil.json("events", "front")]
+    assert "listener_closed" in kinds and "listener_lost" not in kinds, kinds

@@ -33,6 +33,7 @@ from models.store import utcnow
 from models.streaks import streaks
 from models.tables import Attempt, Build, Event, Generation, Host, Lease, Listener, Stop, Wake
 from workflows.generations.listeners import note, reopened
+from workflows.generations.shutdown import closed
 from workflows.lifecycle.restarts import crashloop
 
 
@@ -235,7 +236,8 @@ def _listen_status(h: Host, rows: list[Listener]) -> dict[str, Any]:
         return {}
     return {"ready": h.ready or "http", "listeners": [
         {"name": r.name, "address": r.address, "state": r.state.value, "inode": r.inode,
-         "reopened": r.state is ListenerState.held and reopened(r), "note": note(r)}
+         "reopened": r.state is ListenerState.held and reopened(r), "closed": closed(r),
+         "note": note(r)}
         for r in rows]}
 
 

@@ -36,6 +36,7 @@ from workflows.base.lookups import get_host
 from workflows.base.ports import SpawnError
 from workflows.base.waivers import OPERATOR
 from workflows.generations.ending import ref_of
+from workflows.generations.shutdown import closed
 from workflows.leases import placement
 
 OPENING = define("listen.opening", "a host's listeners are written opening; nothing bound yet")
@@ -222,6 +223,8 @@ def note(r: Listener) -> str | None:
     if r.state is ListenerState.held:
         at = f" at {r.opened_at.isoformat(timespec='seconds')}Z" if r.opened_at else ""
         return f"host {r.host}: {r.address} was reopened{at} ({r.reason})"
+    if closed(r):
+        return f"host {r.host}: {r.address} was {r.reason}; its next start binds it again"
     if r.state in (ListenerState.lost, ListenerState.opening):
         return (f"host {r.host}: {r.address} was lost ({r.reason}); its next start binds it "
                 "again")
