@@ -42,6 +42,14 @@ class StopState(str, enum.Enum):
     cancelled = "cancelled"
 
 
+class ReloadState(str, enum.Enum):
+    queued = "queued"
+    signalled = "signalled"  # fence recorded; the reload signal sent (again after a crash)
+    done = "done"  # back ready
+    failed = "failed"  # not back ready within the health timeout: answered (restart or keep)
+    cancelled = "cancelled"  # a stop, a deploy or an exit took over the generation
+
+
 class AttemptStep(str, enum.Enum):
     queued = "queued"
     admitted = "admitted"  # successor registered as a member (overlap) / mode decided
@@ -224,11 +232,20 @@ TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
         StopState.done: frozenset(),
         StopState.cancelled: frozenset(),
     },
+    ReloadState: {
+        ReloadState.queued: frozenset({ReloadState.signalled, ReloadState.cancelled}),
+        ReloadState.signalled: frozenset({ReloadState.done, ReloadState.failed,
+                                          ReloadState.cancelled}),
+        ReloadState.done: frozenset(),
+        ReloadState.failed: frozenset(),
+        ReloadState.cancelled: frozenset(),
+    },
 }
 
 OPEN_WAKE = (WakeState.queued, WakeState.leased, WakeState.spawning, WakeState.checking,
              WakeState.reaping, WakeState.unproven)
 OPEN_STOP = (StopState.queued, StopState.signalled)
+OPEN_RELOAD = (ReloadState.queued, ReloadState.signalled)
 LIVE_GEN = (GenState.spawning, GenState.running, GenState.current, GenState.retiring)
 OPEN_ROLLOUT = tuple(s for s in RolloutState if s is not RolloutState.ended)
 IN_FLIGHT = (TargetState.deploying, TargetState.reverting)  # a target whose attempt is written

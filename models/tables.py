@@ -39,6 +39,7 @@ from models.states import (
     MemberRole,
     Mode,
     Outcome,
+    ReloadState,
     RolloutOutcome,
     RolloutState,
     StopState,
@@ -168,6 +169,12 @@ class Host(Base):
     # migration 0023): "fence" stops it before another box may take it over, "keep" leaves
     # it running. Only a host placed on several boxes is ever fenced.
     on_store_loss: Mapped[str] = mapped_column(String(8), default="fence", server_default="fence")
+    # `vigil reload` (workflows/deploys/reload.py; migration 0039): the signal sent to each
+    # current leader, and the answer to a reload not back ready ("restart": an overlap
+    # restart of the same build; "keep": left as it is, with an event).
+    reload_signal: Mapped[str] = mapped_column(String(16), default="HUP", server_default="HUP")
+    on_reload_fail: Mapped[str] = mapped_column(String(8), default="restart",
+                                                server_default="restart")
     # How a drain asks it to stop (workflows/generations/stopway.py; migration 0035): a signal
     # name without SIG (TERM unless set), or a command run instead of the signal.
     stop_signal: Mapped[str] = mapped_column(String(16), default="TERM", server_default="TERM")
@@ -180,6 +187,7 @@ class Host(Base):
         sql_check(c, nullable=c == "max_run") for c in DURATIONS), name="durations"),
         CheckConstraint(sql_check("health_interval", nullable=True), name="health_interval"),
         CheckConstraint("on_store_loss IN ('fence', 'keep')", name="on_store_loss"),
+        CheckConstraint("on_reload_fail IN ('restart', 'keep')", name="on_reload_fail"),
         # The hosts that have a start order, which are few: who names a host reads these
         # (workflows/lifecycle/order.py dependents; migration 0030).
         Index("ix_hosts_ordered", "name", sqlite_where=text(ORDERED)))  # PostgreSQL's: postgresql_options
@@ -372,6 +380,26 @@ class Stop(RetryColumns, Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime)
     # The one instance it ends (`vigil scale` down; migration 0024); NULL: the whole host.
     slot: Mapped[int | None] = mapped_column(Integer)
+
+
+class Reload(RetryColumns, Base):
+    """`vigil reload`: the reload signal sent to every current generation of the host, then
+    each waited for back ready (workflows/deploys/reload.py; migration 0039)."""
+
+    __tablename__ = "reloads"
+    __table_args__ = (Index("ix_reloads_state_next_attempt_at", "state", "next_attempt_at"),
+                      Index("ix_reloads_host_id", "host", "id"), {"sqlite_autoincrement": True})
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"))
+    state: Mapped[ReloadState] = mapped_column(state_enum(ReloadState, "reload_state"))
+    signal: Mapped[str] = mapped_column(String(16))
+    fence: Mapped[int | None] = mapped_column(Integer)
+    generation_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"), index=True)
+    signalled_at: Mapped[datetime | None] = mapped_column(DateTime)  # its first signal
+    reason: Mapped[str | None] = mapped_column(Text)
+    attempt_id: Mapped[int | None] = mapped_column(Integer)  # the restart answering a failure
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime)
 
 
 class Release(RetryColumns, Base):

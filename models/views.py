@@ -1,6 +1,6 @@
 """SQL views operators read with the sqlite3 shell or psql. Created by migrations."""
 
-from models.states import OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE, WakeState
+from models.states import OPEN_RELOAD, OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE, WakeState
 
 
 def _in(values: tuple) -> str:  # type: ignore[type-arg]
@@ -48,4 +48,7 @@ UNION ALL
 SELECT 'notification', {NOTIFY_LABEL_SQL}, generation_id, since, attempts, next_attempt_at,
        last_error
   FROM deliveries WHERE delivered_at IS NULL
+UNION ALL
+SELECT 'reload', host, generation_id, since, attempts, next_attempt_at, last_error
+  FROM reloads WHERE state IN ({_in(OPEN_RELOAD)})
 """

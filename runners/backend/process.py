@@ -283,6 +283,12 @@ class ProcessBackend:
         for pid, ctime in pids.items():
             signal_same(pid, ctime, sig)
 
+    def signal_leader(self, ref: ProcRef, signum: int) -> bool:
+        if ref.pid is None or ref.create_time is None or not self.leader_alive(ref):
+            return False
+        signal_same(ref.pid, ref.create_time, signum)
+        return True
+
     def kill_all(self, ref: ProcRef) -> None:
         kill_leader(ref.cgroup, ref.pid, ref.create_time)
         # Then every carrier of the marker and every recorded descendant (an escaped one

@@ -72,6 +72,11 @@ class _Watched:
     ready: threading.Event = field(default_factory=threading.Event)
     status: str | None = None
     status_at: float = 0.0
+    # For a reload (Type=notify-reload): lines counted as they come, and the count at the
+    # last RELOADING=1 and at the last READY=1.
+    said: int = 0
+    reloading_at: int = 0
+    ready_at: int = 0
 
 
 class Readiness:
@@ -113,6 +118,27 @@ class Readiness:
                 return "ready: process exited before it sent READY=1"
             if deadline.left() <= 0:
                 return silent_notify(w.host, float(timeout))
+
+    def reload_mark(self, generation_uuid: str) -> int | None:
+        w = self._watched.get(generation_uuid)
+        return None if w is None else w.said
+
+    def wait_reload(self, generation_uuid: str, mark: int, timeout: float,
+                    alive: Callable[[], bool]) -> str | None:
+        w = self._watched.get(generation_uuid)
+        if w is None:
+            return "reload: the generation has no NOTIFY_SOCKET"
+        deadline = Deadline(timeout, 0.02, f"reload g{w.generation_id}")
+        while True:
+            if w.reloading_at > mark and w.ready_at > w.reloading_at:
+                return None
+            if not alive():
+                return "reload: process exited before it sent READY=1"
+            if deadline.left() <= 0:
+                said = "RELOADING=1 but no READY=1" if w.reloading_at > mark else "no RELOADING=1"
+                return (f"reload: {said} on $NOTIFY_SOCKET within {float(timeout)}s of the "
+                        "signal (systemd's notify-reload protocol)")
+            time.sleep(min(0.02, max(0.0, deadline.left())))
 
     def forget(self, generation_uuid: str) -> None:
         with self._lock:
@@ -162,6 +188,13 @@ class Readiness:
 
     def _record(self, w: _Watched, lines: list[str], pid: int | None) -> None:
         events: list[tuple[str, dict[str, object]]] = []
+        for line in lines:  # in the order said: RELOADING=1 before READY=1 in one message too
+            w.said += 1
+            if line == "RELOADING=1":
+                w.reloading_at = w.said
+                events.append(("app_reloading", {"pid": pid}))
+            elif line == "READY=1":
+                w.ready_at = w.said
         if "READY=1" in lines and not w.ready.is_set():
             w.ready.set()
             events.append(("app_ready", {"pid": pid}))

@@ -23,6 +23,7 @@ from runners.cli import (
     lifecycle,
     logs,
     notify,
+    reloadcmds,
     schedule,
     teardown,
     top,
@@ -55,6 +56,8 @@ for command in (db.db, hostcmds.host, hostcmds.apply_cmd, lifecycle.wake, lifecy
                 ui.ui, completion.completion, notify.notify, lifecycle.scale,
                 importcmd.import_cmd):
     cli.add_command(command)
+cli.add_command(reloadcmds.reload)  # vigil reload, vigil signal
+cli.add_command(reloadcmds.signal_cmd)
 hostedit.attach(hostcmds.host)
 completion.attach(cli)  # host names and generations from the store, on the light path
 

@@ -12,6 +12,7 @@ import click
 from models.errors import BadInput
 from models.states import HostKind
 from runners.cli.common import SECONDS, Env, echo_json, options, show, socket_options, table
+from runners.cli.reloadcmds import checked_reload, reload_options
 from runners.cli.runopts import checked_run, env_pairs, run_options
 
 # How an instance's health is probed, and how a host is restarted (workers recycled).
@@ -32,6 +33,7 @@ policy_options = options(
                  help="Up this long, the backoff starts again (60)."),
     click.option("--converge-grace", type=SECONDS, default=None,
                  help="Worker: how long its live build may differ before it converges (60)."),
+    *reload_options,  # how a reload is sent and answered (runners/cli/reloadcmds.py)
 )
 
 
@@ -87,7 +89,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
     listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready, placed,
                                          instances)
     group, mode = socket_options(socket_group, socket_mode)
-    run = checked_run(policy)  # --user, --group, --env-file: out of policy before its check
+    run = {**checked_run(policy), **checked_reload(policy)}  # --user, --group, --env-file, --reload-*: out of policy first
     pairs = _checked_run(env, name, HostKind(kind), args, envs, cwd, policy)
     probe = check_probe(HostKind(kind), health_interval, unhealthy_after, unhealthy_restart)
     path, digest = stage_build(build_path, env.state_dir)

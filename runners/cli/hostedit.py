@@ -21,7 +21,7 @@ from models.errors import BadInput
 from models.states import HostKind
 from runners.cli.common import SECONDS, Env, echo_json, options
 
-UNSETTABLE = ("args", "env", "cwd", "socket-group", "socket-mode", "listen", "ready",
+UNSETTABLE = ("reload-signal", "on-reload-fail", "args", "env", "cwd", "socket-group", "socket-mode", "listen", "ready",
               "health-interval", "unhealthy-after", "unhealthy-restart", "max-run",
               "restart-floor", "restart-cap", "restart-reset", "converge-grace", "one-shot",
               "drain-timeout", "health-timeout", "after", "on-store-loss", "env-file",
@@ -185,6 +185,10 @@ SET_OPTIONS = [
     click.option("--stop-command", default=None, metavar="CMD",
                   help="Run instead of the stop signal, as the app's user with its env "
                        "($MAINPID: the leader); the drain timeout still ends in SIGKILL."),
+    click.option("--reload-signal", default=None, metavar="SIG",
+                 help="The signal `vigil reload` sends (HUP)."),
+    click.option("--on-reload-fail", type=click.Choice(["restart", "keep"]), default=None,
+                 help="A reload not back ready in time: restart (overlap, same build) or keep."),
     click.option("--unset", "unsets", multiple=True, type=click.Choice(UNSETTABLE),
                   help="Give this option back its default (repeatable)."),
     click.option("--dry-run", is_flag=True, help="Print the change; write nothing."),

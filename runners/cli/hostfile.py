@@ -34,6 +34,8 @@ from runners.cli.hostvalues import (
     _megabytes,
     _mode,
     _ready,
+    _reload_fail,
+    _reload_signal,
     _seconds,
     _stop_command,
     _stop_signal,
@@ -112,6 +114,9 @@ KEYS: dict[str, Key] = {
     "after": Key("start_after", file_after, []),
     # A host placed on several boxes, while its box cannot reach the store (runners/agent/fencing.py).
     "on_store_loss": Key("on_store_loss", _store_loss, "fence"),
+    # `vigil reload` (workflows/deploys/reload.py): its signal and the answer to a failed one.
+    "reload_signal": Key("reload_signal", _reload_signal, "HUP"),
+    "on_reload_fail": Key("on_reload_fail", _reload_fail, "restart"),
     # How a drain asks it to stop (workflows/generations/stopway.py): a signal, or a command.
     "stop_signal": Key("stop_signal", _stop_signal, "TERM"),
     "stop_command": Key("stop_command", _stop_command, None),

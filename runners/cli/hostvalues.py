@@ -92,6 +92,25 @@ def _ready(v: Any, _: Path) -> str:
     return parse_ready(v, label="")
 
 
+def _reload_signal(v: Any, _: Path) -> str:
+    from workflows.deploys.reload import check_reload_signal
+
+    if not isinstance(v, str):
+        raise Invalid(f"must be a string, not {json.dumps(v)}", 'write reload_signal = "HUP"')
+    try:
+        return check_reload_signal(v, label="")
+    except BadInput as exc:
+        raise Invalid(exc.cause, 'write e.g. reload_signal = "HUP" (a name of `kill -l`)') from None
+
+
+def _reload_fail(v: Any, _: Path) -> str:
+    if v not in ("restart", "keep"):
+        raise Invalid(f"must be \"restart\" or \"keep\", not {json.dumps(v)}",
+                      'write on_reload_fail = "restart" (an overlap restart of the same build) '
+                      'or "keep" (left as it is)')
+    return str(v)
+
+
 def _flag(v: Any, _: Path) -> bool:
     if not isinstance(v, bool):
         raise Invalid(f"must be true or false, not {json.dumps(v)}", "write true or false")

@@ -47,6 +47,7 @@ from models.states import (
     GenState,
     HostKind,
     Outcome,
+    ReloadState,
     RolloutState,
     TryOutcome,
     WakeState,
@@ -64,6 +65,7 @@ from models.tables import (
     HeldBuild,
     Host,
     Lease,
+    Reload,
     Rollout,
     Wake,
 )
@@ -73,6 +75,7 @@ from runners.base.doorbell import ring
 from runners.base.pids import CTIME_TOLERANCE
 from tests.conftest import FIXTURES, HELLO, Vigil, marked_pids, schema_template, wait_for
 from tests.listening import app_has, holder_inodes
+from tests.reloadapps import breaks_on_reload, reloadable
 from workflows.config import hosts
 from workflows.engine.recovery import ADOPTED
 from workflows.generations.listeners import Listen
@@ -587,7 +590,40 @@ CHORES = Flow("chores", None, end="awake", pre_awake=True, target_fate="kept",
               verify=chores_held)
 
 
+# Reloads (workflows/deploys/reload.py): the target reloads in place on SIGHUP (its readiness
+# probed again) and keeps its generation; one whose reload breaks it (it answers 500 from
+# then on) is answered by an overlap restart of the same build, which serves.
+def cli_reload(v: Vigil) -> None:
+    v.run("reload", TARGET)
+
+
+def reload_ended(state: ReloadState, answered: bool) -> Callable[[Vigil], None]:
+    def verify(v: Vigil) -> None:
+        (r,) = rows(v, Reload)
+        assert r.state is state, (r.state, r.reason, r.last_error)
+        assert (r.attempt_id is not None) == answered, r.attempt_id
+        if answered:
+            (a,) = rows(v, Attempt, Attempt.id == r.attempt_id)
+            assert a.outcome is Outcome.done and a.cause is Cause.restart, (a.outcome, a.reason)
+            assert currents(v)[TARGET].build_id == a.build_id == generations(v, TARGET)[0].build_id
+
+    return verify
+
+
+RELOAD = Flow("reload", cli_reload, end="awake", pre_awake=True, target_fate="kept",
+              build=lambda v: reloadable(v.state_dir.parent),
+              verify=reload_ended(ReloadState.done, False))
+RELOAD_FAILED = Flow("reload-failed", cli_reload, end="awake", pre_awake=True,
+                     target_fate="ended", build=lambda v: breaks_on_reload(v.state_dir.parent),
+                     host={"health_timeout": 2.0},
+                     verify=reload_ended(ReloadState.failed, True))
+
+
 SCENARIOS: dict[str, Scenario] = {
+    # a reload in place, and one not back ready (answered by a restart)
+    "reload.intent": Scenario(RELOAD),
+    "reload.sent": Scenario(RELOAD),
+    "reload.ended": Scenario(RELOAD_FAILED),
     # wake of a good host
     "wake.leased": Scenario(WAKE),
     "wake.intent": Scenario(WAKE),

@@ -103,6 +103,10 @@ class ProcessPort(Protocol):
         """Once: how its stop command ended (`exit 0`, `exit 3: last line`, `still
         running`); None when this process started none."""
 
+    def signal_leader(self, ref: ProcRef, signum: int) -> bool:
+        """Send `signum` to the leader if its identity still matches; False when it is gone
+        (`vigil signal`, `vigil reload`)."""
+
     def kill_all(self, ref: ProcRef) -> None:
         """SIGKILL everything in the containment (and the leader if it still matches)."""
 
@@ -209,6 +213,15 @@ class ReadinessPort(Protocol):
     def wait_notify(self, generation_uuid: str, timeout: float,
                     alive: Callable[[], bool]) -> str | None:
         """Until READY=1 arrives from the generation (None), or why not."""
+
+    def reload_mark(self, generation_uuid: str) -> int | None:
+        """Where the generation's notify messages are now (None: no NOTIFY_SOCKET is
+        watched): taken before a reload's signal, given to wait_reload."""
+
+    def wait_reload(self, generation_uuid: str, mark: int, timeout: float,
+                    alive: Callable[[], bool]) -> str | None:
+        """Until RELOADING=1 then READY=1 arrive after `mark` (None: reloaded), or why not
+        (systemd's Type=notify-reload protocol)."""
 
     def run_probe(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
                   alive: Callable[[], bool]) -> str | None:

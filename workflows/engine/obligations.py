@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import String, cast, exists, func, literal, or_, select, union_all, update
 from sqlalchemy.orm import Session
 
-from models.states import OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE, HostKind
+from models.states import OPEN_RELOAD, OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE, HostKind
 from models.store import utcnow
 from models.tables import (
     Attempt,
@@ -21,6 +21,7 @@ from models.tables import (
     Lease,
     Member,
     Release,
+    Reload,
     Restore,
     Rollout,
     Stop,
@@ -31,6 +32,7 @@ from workflows.base.context import Context, Held, Poke, Result, Until
 from workflows.base.pacing import backoff
 from workflows.base.sanity import impossible_hosts, refuse_if_impossible
 from workflows.deploys.driver import drive_attempt
+from workflows.deploys.reload import drive_reload
 from workflows.leases.lease import drive_release, give_back
 from workflows.lifecycle.members import drive_member, drive_restore
 from workflows.lifecycle.stop import drive_stop
@@ -78,6 +80,8 @@ KINDS: dict[str, Kind] = {
         Kind("member", Member, Member.generation_id, None, drive_member),
         Kind("attempt", Attempt, Attempt.id, Attempt.outcome.is_(None), drive_attempt),
         Kind("restore", Restore, Restore.id, None, drive_restore),
+        # `vigil reload`: its drive waits (up to the health timeout) for the app back ready.
+        Kind("reload", Reload, Reload.id, Reload.state.in_(OPEN_RELOAD), drive_reload),
         Kind("release", Release, Release.id, None, drive_release, give_back,
              lambda ctx: Release.holder == ctx.agent_id),
         # Advanced by whichever agent claims it; its attempts by each host's lease holder.
