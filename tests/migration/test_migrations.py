@@ -491,7 +491,13 @@ def seed_0038(conn: Connection) -> None:
 
 
 def seed_0039(conn: Connection) -> None:
-    """Rows at 0039 (reloads): none yet."""
+    """A host's reload settings and a reload in flight (0039: hosts.reload_signal and
+    on_reload_fail, the reloads table)."""
+    conn.execute(text("UPDATE hosts SET reload_signal = 'USR2', on_reload_fail = 'keep' "
+                      "WHERE name = 'web'"))
+    raw_insert(conn, "reloads", {"id": 1, "host": "web", "state": "signalled", "signal": "USR2",
+                                 "fence": 1, "generation_id": 1, "signalled_at": T0,
+                                 "created_at": T0, **retry_cols(7)})
 
 
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
@@ -535,7 +541,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
 LATER_TABLES = {"box_leases", "chores", "slot_streaks", "apscheduler_jobs", "listeners", "known_processes", "rollouts", "rollout_targets",
-                "held_builds", "notifiers", "notify_on", "deliveries", "delivery_tries"}
+                "held_builds", "notifiers", "notify_on", "deliveries", "delivery_tries", "reloads"}
 SEEDED_KINDS_0001 = {("wake", "web", 1), ("stop", "web", 1), ("release", "web", None),
                      ("restore", "web", None), ("attempt", "web", 1), ("member", "web", 2)}
 
@@ -696,6 +702,10 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         # 0025: an undelivered notification is an open obligation, paced as its notifier.
         assert ("notification", "notify pager", 1) in open_kinds
         assert conn.execute(text("SELECT outcome FROM delivery_tries WHERE id = 250")).scalar() is None
+        # 0039: a reload in flight is an open obligation; a host written before it reloads by HUP.
+        assert ("reload", "web", 1) in open_kinds
+        assert conn.execute(text("SELECT reload_signal, on_reload_fail FROM hosts WHERE name = "
+                                 "'api'")).one() == ("HUP", "restart")
         # 0029: a lease from before it has epoch 0 (judged by its own expiry); the box
         # lease and the host lease taken under its epoch are kept.
         assert conn.execute(text("SELECT epoch FROM leases WHERE host = 'leased'")).scalar() == 0
@@ -852,12 +862,16 @@ def test_pending_obligations_lists_every_open_kind(migrated: Store) -> None:
         raw_insert(conn, "stops", {"id": 2, "host": "web", "state": "cancelled",
                                    "created_at": T0, **retry_cols()})
         conn.execute(text("UPDATE members SET unproven = :t"), {"t": True})
+        raw_insert(conn, "reloads", {"id": 1, "host": "web", "state": "queued", "signal": "HUP",
+                                     "created_at": T0, **retry_cols(7)})
+        raw_insert(conn, "reloads", {"id": 2, "host": "web", "state": "done", "signal": "HUP",
+                                     "created_at": T0, **retry_cols()})
         rows = {tuple(r) for r in conn.execute(
             text("SELECT kind, host, generation, attempts FROM pending_obligations"))}
     assert rows == {("wake", "web", 1, 1), ("unproven_wake", "web", None, 0),
                     ("stop", "web", 1, 2), ("release", "web", None, 3),
                     ("restore", "web", None, 4), ("attempt", "web", 1, 5),
-                    ("unproven_member", "web", 2, 6)}
+                    ("unproven_member", "web", 2, 6), ("reload", "web", None, 7)}
 
 
 # -- invariants the database holds ----------------------------------------------------------
@@ -917,6 +931,8 @@ def _row(table: str, i: int) -> dict[str, Any]:
                             "state": "pending", "tries": 0, "spent": 0},
         "delivery_tries": {"id": 100 + i, "delivery_id": 1, "agent_id": "a",
                            "started_at": T0},
+        "reloads": {"id": 100 + i, "host": "web", "state": "queued", "signal": "HUP",
+                    "created_at": T0, **retry_cols()},
     }
     return rows[table]
 
@@ -928,7 +944,8 @@ def test_enum_columns_are_known() -> None:
                     ("attempts", "mode"), ("attempts", "effective_mode"), ("attempts", "step"),
                     ("attempts", "outcome"), ("members", "role"), ("listeners", "state"),
                     ("rollouts", "mode"), ("rollouts", "state"), ("rollouts", "outcome"),
-                    ("rollout_targets", "state"), ("delivery_tries", "outcome")}
+                    ("rollout_targets", "state"), ("delivery_tries", "outcome"),
+                    ("reloads", "state")}
     for _, _, typ in enum_columns():
         assert typ.enum_class is not None
         assert list(typ.enums) == [m.value for m in typ.enum_class]

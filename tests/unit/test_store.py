@@ -34,6 +34,7 @@ from models.states import (
     ListenerState,
     MemberRole,
     Mode,
+    ReloadState,
     RolloutState,
     StopState,
     TargetState,
@@ -57,6 +58,7 @@ from models.tables import (
     Lease,
     Listener,
     Member,
+    Reload,
     Rollout,
     RolloutTarget,
     Stop,
@@ -352,7 +354,8 @@ STATE_MODELS = {GenState: (Generation, "state", Generation.id),
                 Desired: (Host, "desired", Host.name),
                 ListenerState: (Listener, "state", Listener.position),
                 RolloutState: (Rollout, "state", Rollout.id),
-                TargetState: (RolloutTarget, "state", RolloutTarget.rollout_id)}
+                TargetState: (RolloutTarget, "state", RolloutTarget.rollout_id),
+                ReloadState: (Reload, "state", Reload.id)}
 
 
 def one_of_each(s: Session, gid: int) -> dict[type, Any]:
@@ -372,7 +375,9 @@ def one_of_each(s: Session, gid: int) -> dict[type, Any]:
                 wave_count=1, wave=0, settled=0, max_failures=0, auto_revert=False,
                 after_attempt=0, after_stop=0, state=RolloutState.running, since=now,
                 next_attempt_at=now, created_at=now)
-    s.add_all([w, st, a, m, lst, r])
+    rl = Reload(host="web", state=ReloadState.queued, signal="HUP", since=now,
+                next_attempt_at=now, created_at=now)
+    s.add_all([w, st, a, m, lst, r, rl])
     s.flush()
     s.add(RolloutTarget(rollout_id=r.id, host="web", position=0, wave=1,
                         state=TargetState.pending, tries=0, spent=0))
@@ -386,7 +391,8 @@ def one_of_each(s: Session, gid: int) -> dict[type, Any]:
             Host: ("web", Desired.down, Desired.up),
             Rollout: (r.id, RolloutState.running, RolloutState.paused),
             RolloutTarget: ({"rollout_id": r.id, "host": "web"}, TargetState.pending,
-                            TargetState.deploying)}
+                            TargetState.deploying),
+            Reload: (rl.id, ReloadState.queued, ReloadState.signalled)}
 
 
 @pytest.mark.parametrize("holder,fence", [(AGENT, FENCE + 1), ("agent-2", FENCE)])
