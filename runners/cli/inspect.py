@@ -37,11 +37,9 @@ def status_cmd(env: Env, names: tuple[str, ...], as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
-    from rich.text import Text
+    from runners.cli.output import Phrases, agent_phrases, status_table
 
-    from runners.cli.output import agent_line, status_table
-
-    show(Text(agent_line(quick.call("agent"))))  # wrapped at the console's width
+    show(Phrases(agent_phrases(quick.call("agent"))))  # wrapped between its phrases
     show(status_table(rows))
 
 

@@ -56,6 +56,8 @@ GAP = "  "  # between columns
 CELL_FLOOR = 8  # a column is cut no narrower than this (or its heading)
 LAST_FLOOR = 20  # narrower than this, the last column goes on lines of its own, under its row
 UNDER = "    "  # the indent of a last column put under its row
+WHOLE = ("kind", "state", "outcome")  # columns of one word each, never cut (`cras…oop`)
+MORE = "  "  # the indent of a line of phrases that goes on (the agent's line)
 
 
 def table(*columns: str, title: str | None = None) -> Fitted:
@@ -115,7 +117,8 @@ class Fitted:
     def lines(self, width: int) -> list[str]:
         heads, rows = list(self.columns), self.rows
         natural = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(heads)]
-        floors = [min(n, max(len(h), CELL_FLOOR)) for h, n in zip(heads, natural, strict=True)]
+        floors = [n if h in WHOLE else min(n, max(len(h), CELL_FLOOR))
+                  for h, n in zip(heads, natural, strict=True)]
         room = width - len(GAP) * (len(heads) - 1)
         fixed = narrowed(natural[:-1], floors[:-1], room - min(natural[-1], LAST_FLOOR))
         last = room - sum(fixed)
@@ -192,18 +195,45 @@ def _where(r: dict[str, Any]) -> str:
 
 def agent_line(info: dict[str, Any]) -> str:
     """The agent, in one line: `vigil status`'s header."""
+    return " ".join(agent_phrases(info))
+
+
+def agent_phrases(info: dict[str, Any]) -> list[str]:
+    """The agent's line in phrases, each with its punctuation: where it may wrap."""
     n = info.get("open_obligations") or 0
     open_ = f"{n} open obligation{'' if n == 1 else 's'}"
     if not info.get("running"):
-        waits = f"; {open_} wait for it" if n else ""
-        return (f"agent: not running on {info['state_dir']}{waits} "
-                "(start it with `vigil agent start`)")
-    parts = [f"pid {info['pid']}", f"box {info['box']}"]
+        head = f"agent: not running on {info['state_dir']}"
+        waits = [f"{head};", f"{open_} wait for it"] if n else [head]
+        return [*waits, "(start it with `vigil agent start`)"]
+    parts = [f"agent: running on {info['state_dir']}", f"pid {info['pid']}", f"box {info['box']}"]
     if info.get("up_since"):
         parts.append(f"up {age(info['up_since'])}")
     if info.get("last_round"):
         parts.append(f"last round {age(info['last_round'])} ago")
-    return f"agent: running on {info['state_dir']}, {', '.join(parts)}, {open_}"
+    return [p + "," for p in parts] + [open_]
+
+
+class Phrases:
+    """Phrases on lines that fit the console's width, each line after the first indented:
+    a line breaks between phrases, never inside one (`last round 3s` / `ago`)."""
+
+    def __init__(self, phrases: list[str]) -> None:
+        self.phrases = phrases
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.text import Text
+
+        yield Text("\n".join(self.lines(options.max_width)))  # one phrase wider: folded
+
+    def lines(self, width: int) -> list[str]:
+        out = [self.phrases[0]]
+        for p in self.phrases[1:]:
+            if len(out[-1]) + 1 + len(p) <= width:
+                out[-1] += " " + p
+            else:
+                out.append(MORE + p)
+        return out
 
 
 def obligations_table(rows: list[dict[str, Any]]) -> Any:

@@ -6,6 +6,7 @@ a host that wrote nothing says so."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -147,3 +148,34 @@ def test_shutdown_with_nothing_running_closes_its_listeners_and_waits_on_no_idle
     assert listener["closed"] and "was closed by `vigil shutdown`" in listener["note"], listener
     kinds = [e["kind"] for e in vigil.json("events", "front")]
     assert "listener_closed" in kinds and "listener_lost" not in kinds, kinds
+
+
+def test_status_at_80_columns_cuts_no_state_word_nor_an_agent_phrase(vigil: Vigil) -> None:
+    web = "a-rather-long-host-name-for-the-payments-api-eu1"  # the table must narrow
+    vigil.add_host(web, HELLO, "--health-timeout", "60")
+    vigil.add_host("flaky-batch-worker", FIXTURES / "exit_fast.py", "--kind", "worker")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", web, "--wait")
+    vigil.run("wake", "flaky-batch-worker")
+    follow = Follow(vigil, "deploy", web, str(FIXTURES / "no_socket.py"), "--wait")
+    try:  # deploying for its health timeout: the successor never listens
+        wait_for(lambda: vigil.status(web)["state"] == "deploying", 30, what="deploying")
+        wait_for(lambda: vigil.status("flaky-batch-worker")["state"] == "crashloop", 60,
+                 what="a crash loop")
+        text = vigil.run("status", env={"COLUMNS": "80"}).stdout
+    finally:
+        follow.p.kill()  # by pid: the attempt goes on in the agent
+        follow.end()
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines), text
+    rows = {line.split()[0][:5]: line.split() for line in lines if line[:5] in (web[:5], "flaky")}
+    assert "deploying" in rows[web[:5]] and "crashloop" in rows["flaky"], text  # whole words
+    head = lines[:[line.startswith("host ") for line in lines].index(True)]
+    assert head[0].startswith("agent: running on ") and all(
+        line.startswith("  ") for line in head[1:]), text
+    # A line breaks only after a phrase's comma (before: `..., last` / `round 0s ago, ...`).
+    assert all(line.endswith(",") for line in head[:-1]), text
+    assert head[-1].endswith(("obligation", "obligations")), text
+    assert re.search(r"last round \S+ ago,", " ".join(head)), text
+    vigil.run("stop", web, "flaky-batch-worker", "--wait", timeout=180)
