@@ -97,11 +97,14 @@ def signal_cmd(env: Env, name: str, sig: str) -> None:
     """Send SIG (a name such as HUP, USR1 or SIGUSR2, or its number) to every current
     process of a host, instances included; an event (signal_sent) each."""
     from runners.backend.process import ProcessBackend
+    from workflows.base.paths import AGENT_ID
     from workflows.deploys.reload import check_signal, signal_host
 
     known = check_signal(sig, "signal ")  # a bad name is refused before the store is opened
     proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"))
-    sent = signal_host(env.store(), proc, name, known)
+    box_file = env.state_dir / AGENT_ID  # this box's name, once an agent has run here
+    box = box_file.read_text().strip() if box_file.exists() else None
+    sent = signal_host(env.store(), proc, name, known, box)
     for o in sent:
         click.echo(f"host {name}: g{o.generation} (slot {o.slot}, pid {o.pid}) "
                    + (f"sent SIG{known}" if o.sent else "had exited: not signalled"))

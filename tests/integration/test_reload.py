@@ -12,9 +12,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
-from models.tables import Event, Reload
+from models.tables import Event, Lease, Reload
 from tests.conftest import Vigil, wait_for
 from tests.listening import Client, add_gunicorn, free_port, serve_builds
 from tests.reloadapps import breaks_on_reload, reloadable
@@ -198,3 +198,29 @@ def test_reload_settings_on_add_set_show_and_the_hosts_file(vigil: Vigil,
     hosts.write_text(f'[hosts.app]\nbuild = "{reloadable(short_tmp)}"\non_reload_fail = "maybe"\n')
     cp = vigil.run("apply", str(hosts), check=False)
     assert cp.returncode == 2 and "on_reload_fail" in cp.stderr, cp.stderr
+
+
+def test_signal_refused_for_a_host_another_box_holds(vigil: Vigil) -> None:
+    """The lease names another box: its processes are not this box's to signal (a pid here
+    may be anything), so nothing is sent. The agent is stopped (the app keeps running) while
+    the lease is made another box's, and given back before the app is stopped."""
+    vigil.add_host("app")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "app", "--wait")
+    pid = vigil.status("app")["pid"]
+    vigil.stop_agent(agent)
+    mine = vigil.store.read(lambda s: s.execute(select(Lease.holder)).scalar_one())
+
+    def holder(name: str) -> None:
+        vigil.store.write(lambda s: s.execute(update(Lease).values(holder=name)))
+
+    holder("box-b")
+    try:
+        cp = vigil.run("signal", "app", "HUP", check=False)
+    finally:
+        holder(mine)
+    assert cp.returncode != 0 and "runs on box box-b, not this one" in cp.stderr, cp.stderr
+    assert psutil.pid_exists(pid) and not events(vigil, "signal_sent")
+    vigil.wait_ready(vigil.start_agent())
+    vigil.run("stop", "app", "--wait")

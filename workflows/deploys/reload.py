@@ -29,7 +29,7 @@ from models.tables import Build, Generation, Host, Reload
 from models.transition import Fence, move
 from workflows.base.context import Context, Poke, Result
 from workflows.base.crash import crashpoint, define
-from workflows.base.lookups import get_host, open_attempt, open_stop
+from workflows.base.lookups import get_host, lease_of, open_attempt, open_stop
 from workflows.base.ports import ProcessPort
 from workflows.base.waivers import BY_STATE
 from workflows.deploys.request import request_deploy
@@ -236,14 +236,25 @@ class Signalled:
     sent: bool  # False: it had exited
 
 
-def signal_host(store: Store, proc: ProcessPort, host: str, name: str) -> list[Signalled]:
+def signal_host(store: Store, proc: ProcessPort, host: str, name: str,
+                box: str | None = None) -> list[Signalled]:
     """`vigil signal HOST SIG`: the signal sent to every current leader of the host
-    (instances included), an event each. Refused, nothing sent, when nothing runs."""
+    (instances included), an event each. Refused, nothing sent, when nothing runs or when
+    another box than `box` (this one's agent id) holds the host."""
     sig = check_signal(name, "signal ")
-    gens = store.read(lambda s: (get_host(s, host), _currents(s, host))[1])
+
+    def read(s: Session) -> tuple[list[Generation], str | None]:
+        get_host(s, host)
+        lease = lease_of(s, host)
+        return _currents(s, host), lease.holder if lease is not None else None
+
+    gens, holder = store.read(read)
     if not gens:
         raise Refused(f"host {host} has nothing running: no signal was sent",
                       f"start it with `vigil wake {host}`, or check `vigil status {host}`")
+    if box is not None and holder is not None and holder != box:
+        raise Refused(f"host {host} runs on box {holder}, not this one ({box}): no signal was "
+                      "sent", f"run `vigil signal` on {holder}")
     out = [Signalled(g.id, g.slot, g.pid, proc.signal_leader(ref_of(g), signal.Signals["SIG" + sig]))
            for g in gens]
 
