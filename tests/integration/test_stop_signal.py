@@ -242,3 +242,30 @@ def test_a_stop_command_runs_as_the_app_s_user(vigil: Vigil, short_tmp: Path) ->
     assert [e["outcome"] for e in said] == ["exit 0: vigil-t1 bye vigil-t1"], said
     stopped(vigil, "theirs", pid)
     vigil.stop_agent(agent)
+
+
+@pytest.mark.parametrize("containment", ["auto", "marker"], indirect=True)
+def test_a_hanging_stop_command_and_an_agent_killed_after_it_started(vigil: Vigil) -> None:
+    """The agent dies at stop.termed, its stop command still running in the containment:
+    the next agent runs the command again (the row says how to stop, not whether the last
+    ask got through) and, at the deadline counted from the first ask, SIGKILL ends the app
+    and both commands; nothing of the generation is left."""
+    vigil.add_host("hangs", QUITTER, "--stop-command", "sleep 600", "--drain-timeout", "4")
+    agent = vigil.start_agent("stop.termed")
+    vigil.wait_ready(agent)
+    vigil.run("wake", "hangs", "--wait")
+    pid = awake_pid(vigil, "hangs")
+    asked = time.monotonic()
+    vigil.run("stop", "hangs")
+    wait_for(lambda: agent.poll() is not None, 20, what="the agent's death at stop.termed")
+    assert not pid_dead(pid) and len(vigil.app_pids()) > 1  # the app and its stop command
+    before = vigil.ready_count()
+    agent = vigil.start_agent()
+    vigil.wait_ready_after(agent, before)
+    wait_for(lambda: vigil.status("hangs")["state"] == "asleep", 30, what="the stop done")
+    took = time.monotonic() - asked
+    assert 3.9 <= took < 20, f"the stop ended {took:.1f}s after it was asked (drain 4 s)"
+    said = events(vigil, "stop_command", "hangs")
+    assert [e["outcome"] for e in said] == ["still running"], said
+    stopped(vigil, "hangs", pid)
+    vigil.stop_agent(agent)
