@@ -19,7 +19,7 @@ SETTLED = ("done", "failed", "cancelled")
 # (runners/cli/hostedit.py) and the hosts file's keys `reload_signal` and `on_reload_fail`.
 reload_options = [
     click.option("--reload-signal", default="HUP", show_default=True, metavar="SIG",
-                 help="The signal `vigil reload` sends to each current process."),
+                 help="The signal `vigil reload` sends to each current generation's leader."),
     click.option("--on-reload-fail", type=click.Choice(["restart", "keep"]), default="restart",
                  show_default=True,
                  help="A reload not back ready within the health timeout: an overlap restart "
@@ -42,8 +42,8 @@ def checked_reload(given: dict[str, Any]) -> dict[str, str]:
 @click.option("--timeout", type=SECONDS, default=300.0, show_default=True)
 @click.pass_obj
 def reload(env: Env, name: str, wait: bool, timeout: float) -> None:
-    """Reload a host in place: its reload signal (HUP unless --reload-signal) to every
-    current process, then each back ready (RELOADING=1 then READY=1 with --ready notify,
+    """Reload a host in place: its reload signal (HUP unless --reload-signal) to the
+    leader of every current generation (each instance), then each back ready (RELOADING=1 then READY=1 with --ready notify,
     else its readiness probe); one not back ready within the health timeout is answered by
     an overlap restart of the same build (--on-reload-fail restart) or kept."""
     from workflows.deploys.reload import request_reload
@@ -94,8 +94,9 @@ def _outcome(env: Env, name: str, row: dict[str, Any], timeout: float) -> None:
 @click.argument("sig", metavar="SIG")
 @click.pass_obj
 def signal_cmd(env: Env, name: str, sig: str) -> None:
-    """Send SIG (a name such as HUP, USR1 or SIGUSR2, or its number) to every current
-    process of a host, instances included; an event (signal_sent) each."""
+    """Send SIG (a name such as HUP, USR1 or SIGUSR2, or its number) to the leader of every
+    current generation of a host (each instance: what vigil exec'd, which passes it on as
+    the app does); an event (signal_sent) each."""
     from runners.backend.process import ProcessBackend
     from workflows.base.paths import AGENT_ID
     from workflows.deploys.reload import check_signal, signal_host
