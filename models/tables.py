@@ -139,10 +139,12 @@ class Host(Base):
     socket_group: Mapped[str | None] = mapped_column(String(32))
     socket_mode: Mapped[int | None] = mapped_column(Integer)
     # How a generation says it is ready (workflows/generations/readiness.py): NULL or "http" (GET / on
-    # its own socket), "notify" (READY=1 on its own NOTIFY_SOCKET), "exec:CMD".
+    # its own socket), "http:PATH", "tcp", "notify" (READY=1 on its own NOTIFY_SOCKET), "exec:CMD".
     ready: Mapped[str | None] = mapped_column(Text)
     # The ongoing health probe of an instance (workflows/lifecycle/probe.py): NULL interval, none.
     health_interval: Mapped[float | None] = mapped_column(Float)
+    # What that probe asks (migration 0036): NULL GET / below 500, "http:PATH", "tcp", "exec:CMD".
+    health: Mapped[str | None] = mapped_column(Text)
     unhealthy_after: Mapped[int] = mapped_column(Integer, default=3, server_default="3")
     unhealthy_restart: Mapped[bool] = mapped_column(Boolean, default=False,
                                                     server_default=text("false"))

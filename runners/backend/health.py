@@ -1,4 +1,5 @@
-"""Health check: `GET /` over the instance's unix socket until it answers below 500."""
+"""Health check: `GET /` over the instance's unix socket until it answers below 500;
+`GET PATH` until 2xx/3xx (http:PATH); a connect accepted (tcp)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,16 @@ TRY_TIMEOUT = 1.0  # one slow answer must not eat the whole budget
 MAX_REPLY = 1 << 20  # bytes of a reply read at most; what is beyond is not waited for
 
 
-def get_status(socket_path: str, timeout: float) -> int:
-    """One HTTP/1.0 `GET /`: its status code (OSError / ValueError). The whole reply is read
+def get_status(socket_path: str, timeout: float, path: str = "/") -> int:
+    """One HTTP/1.0 `GET path`: its status code (OSError / ValueError). The whole reply is read
     before closing: closing after the status line left a BrokenPipeError traceback in the
     logs of apps on Python's http.server at every check."""
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(socket_path)
-        s.sendall(b"GET / HTTP/1.0\r\nHost: vigil\r\nConnection: close\r\n\r\n")
+        s.sendall(b"GET " + path.encode("ascii") + b" HTTP/1.0\r\nHost: vigil\r\n"
+                  b"Connection: close\r\n\r\n")
         buf = b""
         while len(buf) < MAX_REPLY and not _complete(buf):
             s.settimeout(max(0.001, deadline - time.monotonic()))
@@ -64,7 +66,8 @@ def silent(socket_path: str, timeout: float, reached: bool) -> str:
 class HttpHealth:
     """HealthPort: poll every ~5 ms until status < 500, a timeout, or the process exits."""
 
-    def check(self, socket_path: str, timeout: float, alive: Callable[[], bool]) -> str | None:
+    def check(self, socket_path: str, timeout: float, alive: Callable[[], bool],
+              path: str | None = None) -> str | None:
         deadline = Deadline(timeout, TRY_TIMEOUT + POLL_INTERVAL, f"health {socket_path}")
         last: str | None = None  # most telling failure so far
         reached = False  # a connection was ever accepted: the app serves the socket
@@ -73,10 +76,10 @@ class HttpHealth:
             if left <= 0:
                 return last or silent(socket_path, float(timeout), reached)
             try:
-                code = get_status(socket_path, min(TRY_TIMEOUT, left))
-                if code < 500:
+                code = get_status(socket_path, min(TRY_TIMEOUT, left), path or "/")
+                if passes(code, path):
                     return None
-                last = f"health: status {code}"
+                last = f"health: {said(code, path)}"
             except (FileNotFoundError, ConnectionRefusedError):
                 pass  # not listening yet: keep polling
             except (OSError, ValueError):
@@ -85,9 +88,52 @@ class HttpHealth:
                 return "health: process exited before it answered" + (f" ({last})" if last else "")
             time.sleep(min(POLL_INTERVAL, max(0.0, deadline.left())))
 
-    def probe(self, socket_path: str, timeout: float) -> str | None:
+    def probe(self, socket_path: str, timeout: float, path: str | None = None) -> str | None:
         try:
-            code = get_status(socket_path, timeout)
+            code = get_status(socket_path, timeout, path or "/")
         except (OSError, ValueError) as exc:
-            return f"probe: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}"
-        return None if code < 500 else f"probe: status {code}"
+            return f"probe: {_why(exc)}"
+        return None if passes(code, path) else f"probe: {said(code, path)}"
+
+    def reach(self, socket_path: str, timeout: float, alive: Callable[[], bool]) -> str | None:
+        deadline = Deadline(timeout, TRY_TIMEOUT + POLL_INTERVAL, f"connect {socket_path}")
+        last = ""
+        while True:
+            left = deadline.left()
+            if left <= 0:
+                return f"ready: no connect accepted on {socket_path} within {float(timeout)}s{last}"
+            try:
+                connect(socket_path, min(TRY_TIMEOUT, left))
+                return None
+            except OSError as exc:
+                last = f" (last: {_why(exc)})"
+            if not alive():
+                return "ready: process exited before it accepted a connect" + last
+            time.sleep(min(POLL_INTERVAL, max(0.0, deadline.left())))
+
+    def knock(self, socket_path: str, timeout: float) -> str | None:
+        try:
+            connect(socket_path, timeout)
+        except OSError as exc:
+            return f"probe: connect: {_why(exc)}"
+        return None
+
+
+def connect(socket_path: str, timeout: float) -> None:
+    """One connect to the unix socket, closed at once (OSError when refused or too slow)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(socket_path)
+
+
+def passes(code: int, path: str | None) -> bool:
+    """Plain http (no path) asks below 500, as ever; a path of the app's own asks 2xx/3xx."""
+    return code < 500 if path is None else 200 <= code < 400
+
+
+def said(code: int, path: str | None) -> str:
+    return f"status {code}" if path is None else f"GET {path} answered {code}"
+
+
+def _why(exc: Exception) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__

@@ -8,8 +8,10 @@
   socket (select), so an idle generation costs nothing. The socket is closed when the
   generation is proven gone, and bound again when a restarted agent adopts it.
 - exec:CMD: `/bin/sh -c CMD` in the host's working dir with the generation's environment,
-  tried again every POLL seconds until it exits 0, each try bounded by what is left of
-  the health timeout (then its process group is killed).
+  as the app's user (`host add --user/--group`; Popen's own switch: a probe is rare, so
+  its fork costs nothing that matters), tried again every POLL seconds until it exits 0,
+  each try bounded by what is left of the health timeout (then its process group is
+  killed). The ongoing health probe's exec:CMD is one such try (`run_once`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from models.store import Store, emit
+from runners.backend.users import resolve
 from runners.base import sd_notify
 from runners.base.deadline import Deadline
 
@@ -215,15 +218,17 @@ class Readiness:
 
     # -- exec --------------------------------------------------------------------------------
     def run_probe(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
-                  alive: Callable[[], bool]) -> str | None:
+                  alive: Callable[[], bool], user: str | None = None,
+                  group: str | None = None) -> str | None:
         deadline = Deadline(timeout, PROBE_STEP, f"probe {command!r}")
         last = ""
         while True:
             if deadline.left() <= 0:
                 return f"ready: `{command}` did not exit 0 within {float(timeout)}s{last}"
-            p = subprocess.Popen(["/bin/sh", "-c", command], env=env, cwd=cwd,
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                p = _start(command, env, cwd, user, group)
+            except (OSError, ValueError) as exc:
+                return f"ready: `{command}` could not start: {exc}"
             out = _finish(p, deadline)
             if p.returncode == 0:
                 return None
@@ -231,11 +236,47 @@ class Readiness:
                 # Ours, at the deadline: the try before says more about why it never passed.
                 last = last or " (last: still running at the deadline, killed)"
                 continue
-            tail = out.decode(errors="replace").strip().splitlines()[-1:] if out else []
-            last = f" (last: exit {p.returncode}{': ' + tail[0][:200] if tail else ''})"
+            last = f" (last: {_ended(p.returncode, out)})"
             if not alive():
                 return f"ready: process exited before `{command}` passed{last}"
             time.sleep(min(POLL, max(0.0, deadline.left())))
+
+    def run_once(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
+                 user: str | None = None, group: str | None = None) -> str | None:
+        deadline = Deadline(timeout, PROBE_STEP, f"probe {command!r}")
+        try:
+            p = _start(command, env, cwd, user, group)
+        except (OSError, ValueError) as exc:
+            return f"probe: `{command}` could not start: {exc}"
+        out = _finish(p, deadline)
+        if p.returncode == 0:
+            return None
+        if p.returncode == -signal.SIGKILL and deadline.left() <= 0:
+            return f"probe: `{command}` still ran after {float(timeout)}s (killed)"
+        return f"probe: `{command}` {_ended(p.returncode, out)}"
+
+
+def _start(command: str, env: dict[str, str], cwd: str | None, user: str | None,
+           group: str | None) -> subprocess.Popen[bytes]:
+    """`/bin/sh -c command` in a session of its own (its group is what a deadline kills),
+    as `user` when given. Raises OSError, or ValueError for a user the box lacks."""
+    who = resolve(user, group)
+    if who is None:
+        return subprocess.Popen(["/bin/sh", "-c", command], env=env, cwd=cwd,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(["/bin/sh", "-c", command], env={**env, **who.env()},
+                            cwd=cwd or "/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            user=who.uid, group=who.gid, extra_groups=list(who.groups))
+
+
+def _ended(returncode: int, out: bytes) -> str:
+    """`exit N: last line of its output` (or `killed by SIGNAME`)."""
+    tail = out.decode(errors="replace").strip().splitlines()[-1:] if out else []
+    how = (f"killed by {signal.Signals(-returncode).name}" if returncode < 0
+           else f"exit {returncode}")
+    return how + (f": {tail[0][:200]}" if tail else "")
 
 
 def _finish(p: subprocess.Popen[bytes], deadline: Deadline) -> bytes:

@@ -23,6 +23,10 @@ health_options = options(
                  help="Failed probes in a row that make it unhealthy (3)."),
     click.option("--unhealthy-restart", is_flag=True,
                  help="Restart an unhealthy generation (stop, drain, proof, wake)."),
+    click.option("--health", default=None, metavar="http:PATH|tcp|exec:CMD",
+                 help="What the probe asks: GET PATH answers 2xx/3xx, a connect to its socket "
+                      "is accepted, or CMD exits 0 as its user within the health timeout "
+                      "(default: GET / below 500)."),
 )
 policy_options = options(
     click.option("--one-shot", is_flag=True, help="Worker: run once; exit 0 is success, no respawn."),
@@ -62,7 +66,7 @@ def host() -> None:
 @click.option("--listen", "listens", multiple=True, metavar="[NAME=]tcp:HOST:PORT|unix:/PATH",
               help="A listening socket vigil holds; every generation inherits it as fd 3, 4, "
                    "... (LISTEN_FDS; repeatable).")
-@click.option("--ready", default=None, metavar="notify|http|exec:CMD",
+@click.option("--ready", default=None, metavar="http[:PATH]|tcp|exec:CMD|notify",
               help="How a generation says it is ready (default: http; notify with --listen).")
 @click.option("--after", "after", multiple=True, metavar="HOST",
               help="A host its wake waits for, awake and ready; stopping HOST waits for "
@@ -83,15 +87,15 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
     from runners.backend.files import forget_host_files, stage_build
     from runners.cli.listenopts import checked_listeners
     from workflows.config.hosts import add_host
-    from workflows.lifecycle.probe import check_probe
 
     placed = _checked_name(env, name, boxes)
     listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready, placed,
                                          instances)
     group, mode = socket_options(socket_group, socket_mode)
     run = {**checked_run(policy), **checked_reload(policy)}  # --user, --group, --env-file, --reload-*: out of policy first
+    probe = _checked_probe(HostKind(kind), health_interval, unhealthy_after, unhealthy_restart,
+                           policy)  # likewise
     pairs = _checked_run(env, name, HostKind(kind), args, envs, cwd, policy)
-    probe = check_probe(HostKind(kind), health_interval, unhealthy_after, unhealthy_restart)
     path, digest = stage_build(build_path, env.state_dir)
     env.store().write(lambda s: add_host(
         s, name, kind=HostKind(kind), build_path=path, digest=digest,
@@ -102,6 +106,14 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         after=list(after), on_store_loss=on_store_loss, instances=instances))
     forget_host_files(env.state_dir, name)  # a removed namesake's, if its rm was cut short
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
+
+
+def _checked_probe(kind: HostKind, interval: float | None, after: int | None, restart: bool,
+                   opts: dict[str, Any]) -> dict[str, Any]:
+    """The probe's columns, checked; takes --health out of `opts` (not the restart policy)."""
+    from workflows.lifecycle.probe import check_probe
+
+    return check_probe(kind, interval, after, restart, opts.pop("health", None))
 
 
 def _checked_name(env: Env, name: str, boxes: tuple[str, ...]) -> str | None:

@@ -22,7 +22,7 @@ from models.states import HostKind
 from runners.cli.common import SECONDS, Env, echo_json, options
 
 UNSETTABLE = ("reload-signal", "on-reload-fail", "args", "env", "cwd", "socket-group", "socket-mode", "listen", "ready",
-              "health-interval", "unhealthy-after", "unhealthy-restart", "max-run",
+              "health-interval", "unhealthy-after", "unhealthy-restart", "health", "max-run",
               "restart-floor", "restart-cap", "restart-reset", "converge-grace", "one-shot",
               "drain-timeout", "health-timeout", "after", "on-store-loss", "env-file",
               "credential", "stop-signal", "stop-command")
@@ -163,12 +163,13 @@ SET_OPTIONS = [
     click.option("--listen", "listens", multiple=True, metavar="[NAME=]tcp:HOST:PORT|unix:/PATH",
                   help="Listening sockets (repeatable; replaces them all; only while it does "
                        "not run)."),
-    click.option("--ready", default=None, metavar="notify|http|exec:CMD"),
+    click.option("--ready", default=None, metavar="http[:PATH]|tcp|exec:CMD|notify"),
     click.option("--instances", type=int, default=None, metavar="N",
                   help="Processes sharing its --listen sockets (a running host: `vigil scale`)."),
     click.option("--health-interval", type=SECONDS, default=None),
     click.option("--unhealthy-after", type=int, default=None),
     click.option("--unhealthy-restart/--no-unhealthy-restart", default=None),
+    click.option("--health", default=None, metavar="http:PATH|tcp|exec:CMD"),
     click.option("--one-shot/--no-one-shot", default=None),
     click.option("--max-run", type=SECONDS, default=None),
     click.option("--restart-floor", type=SECONDS, default=None),

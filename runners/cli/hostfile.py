@@ -30,6 +30,7 @@ from runners.cli.hostvalues import (
     _directory,
     _flag,
     _group,
+    _health,
     _kind,
     _megabytes,
     _mode,
@@ -99,6 +100,7 @@ KEYS: dict[str, Key] = {
     "health_interval": Key("health_interval", _seconds, None),
     "unhealthy_after": Key("unhealthy_after", _count, 3),
     "unhealthy_restart": Key("unhealthy_restart", _flag, False),
+    "health": Key("health", _health, None),  # what it asks (workflows/generations/probes.py)
     # Who it runs as and what it reads at each start (runners/backend/users.py, envfiles.py).
     "user": Key("run_user", file_who, None),
     "group": Key("run_group", file_who, None),
@@ -124,7 +126,7 @@ KEYS: dict[str, Key] = {
     "instances": Key("instances", _whole, 1),
 }
 WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
-PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")
+PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart", "health")
 BUILD = "build"  # required: the executable, staged like `vigil deploy` does
 LISTEN = "listen"  # ["http=tcp:127.0.0.1:8080", ...]: the host's listeners (not a column)
 RUNNING = "running"  # true|false: apply wakes or stops the host to it (workflows/config/running.py)
@@ -313,7 +315,7 @@ def _fields(f: _File, name: str, table: dict[str, Any]) -> dict[str, Any]:
                             'add kind = "worker", or drop the key')
     try:
         check_probe(fields["kind"], fields["health_interval"],
-                    table.get("unhealthy_after"), fields["unhealthy_restart"])
+                    table.get("unhealthy_after"), fields["unhealthy_restart"], fields["health"])
     except BadInput as exc:
         raise f.bad(name, next(k for k in PROBE if k in table), exc.cause,
                     exc.fix or "") from None

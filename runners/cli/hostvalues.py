@@ -111,6 +111,16 @@ def _reload_fail(v: Any, _: Path) -> str:
     return str(v)
 
 
+def _health(v: Any, _: Path) -> str | None:
+    """The health probe's kind; plain "http" (GET / below 500) is stored as NULL."""
+    from workflows.generations.probes import HEALTH_KINDS, parse_probe
+
+    if not isinstance(v, str):
+        raise Invalid(f"must be a string, not {json.dumps(v)}", 'write health = "http:/healthz"')
+    text = parse_probe(v, "", HEALTH_KINDS)
+    return None if text == "http" else text
+
+
 def _flag(v: Any, _: Path) -> bool:
     if not isinstance(v, bool):
         raise Invalid(f"must be true or false, not {json.dumps(v)}", "write true or false")

@@ -229,7 +229,7 @@ def test_bad_listen_input_is_one_line_and_writes_nothing(vigil: Vigil, short_tmp
                             "--listen is for instances"),
                            (["--ready", "notify"], "needs a shared listener"),
                            (["--ready", "bogus", "--listen", f"tcp:127.0.0.1:{free_port()}"],
-                            "not notify, http or exec:CMD")):
+                            "not http, http:PATH, tcp, exec:CMD or notify")):
             cp = vigil.run("host", "add", "second", "--build", str(HELLO), *extra, check=False)
             assert cp.returncode == 2 and why in cp.stderr, (extra, cp.stderr)
         assert [h["host"] for h in vigil.json("host", "list")] == ["first"]

@@ -479,7 +479,13 @@ def seed_0035(conn: Connection) -> None:
 
 
 def seed_0036(conn: Connection) -> None:
-    """Rows at 0036 (probes): none yet."""
+    """An instance probed by a command of its own, ready on a path (0036: hosts.health)."""
+    raw_insert(conn, "hosts", {"name": "own-probes", "kind": "instance", "build_id": 1,
+                               "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "down",
+                               "raised": False, "fence_seq": 0, "box": None, "created_at": T0,
+                               "ready": "http:/healthz", "health_interval": 2.0,
+                               "health": "exec:test -e /tmp"})
 
 
 def seed_0037(conn: Connection) -> None:

@@ -127,12 +127,20 @@ class ProcessPort(Protocol):
 
 
 class HealthPort(Protocol):
-    def check(self, socket_path: str, timeout: float, alive: Callable[[], bool]) -> str | None:
+    def check(self, socket_path: str, timeout: float, alive: Callable[[], bool],
+              path: str | None = None) -> str | None:
         """Poll `GET /` on the unix socket until a status < 500 (returns None) or the
         timeout passes or `alive()` turns False (returns the reason as a string)."""
 
-    def probe(self, socket_path: str, timeout: float) -> str | None:
-        """One `GET /` (the ongoing probe): None when it answers below 500, else why not."""
+    def probe(self, socket_path: str, timeout: float, path: str | None = None) -> str | None:
+        """One `GET /` (the ongoing probe): None when it answers below 500, else why not.
+        With `path=PATH` (http:PATH, check too): `GET PATH` must answer 2xx or 3xx."""
+
+    def reach(self, socket_path: str, timeout: float, alive: Callable[[], bool]) -> str | None:
+        """Poll connects to the unix socket until one is accepted (None), or why not."""
+
+    def knock(self, socket_path: str, timeout: float) -> str | None:
+        """One connect (the ongoing tcp probe): None when accepted, else why not."""
 
 
 class Files(Protocol):
@@ -224,8 +232,15 @@ class ReadinessPort(Protocol):
         (systemd's Type=notify-reload protocol)."""
 
     def run_probe(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
-                  alive: Callable[[], bool]) -> str | None:
-        """Run `command` until it exits 0 (None), or why it did not within `timeout`."""
+                  alive: Callable[[], bool], user: str | None = None,
+                  group: str | None = None) -> str | None:
+        """Run `command` (as `user`/`group` when given) until it exits 0 (None), or why it
+        did not within `timeout`."""
+
+    def run_once(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
+                 user: str | None = None, group: str | None = None) -> str | None:
+        """Run `command` once: None when it exits 0 within `timeout`, else why not (over
+        time, its process group is killed)."""
 
 
 @dataclass(frozen=True)

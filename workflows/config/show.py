@@ -21,7 +21,7 @@ from workflows.generations.listeners import note, stored
 SETTINGS = ("drain_timeout", "health_timeout", "memory_tier_mb", "socket_group",
             "restart_floor", "restart_cap", "restart_reset", "on_store_loss", "stop_signal",
             "stop_command")
-PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart")
+PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart", "health")
 WORKER = ("one_shot", "max_run", "converge_grace")
 LIMITS = ("memory_max", "cpu_quota", "pids_max", "limit_nofile", "limit_core")
 
@@ -59,6 +59,8 @@ def describe(s: Session, name: str) -> dict[str, Any]:
                 "env_file": json.loads(h.env_files), "credentials": json.loads(h.credentials)})
     out.update({c: getattr(h, c)
                 for c in LIMITS + (PROBE if h.kind is HostKind.instance else WORKER)})
+    if h.kind is HostKind.instance:
+        out["health"] = h.health or "http"  # NULL: GET / below 500, as `ready`'s
     out["listeners"] = [{"name": r.name, "address": r.address, "fd": 3 + r.position,
                          "state": r.state.value, "note": note(r)} for r in stored(s, name)]
     a = s.execute(select(Attempt).where(Attempt.host == name).order_by(Attempt.id.desc())

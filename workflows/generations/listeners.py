@@ -36,6 +36,7 @@ from workflows.base.lookups import get_host
 from workflows.base.ports import SpawnError
 from workflows.base.waivers import OPERATOR
 from workflows.generations.ending import ref_of
+from workflows.generations.probes import OWN_SOCKET, READY_KINDS, parse_probe, probe_of
 from workflows.generations.shutdown import closed
 from workflows.leases import placement
 
@@ -51,8 +52,6 @@ OWN_BOX = Unfenced("this box's own sockets on start, before any lease: each row 
                    "by its state and by the box that opened it")
 
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-READY_MODES = ("http", "notify")
-EXEC = "exec:"
 FIRST_FD = 3  # SD_LISTEN_FDS_START
 
 
@@ -97,13 +96,7 @@ def parse_listen(text: str, default_name: str, label: str = "--listen ") -> List
 
 
 def parse_ready(text: str, label: str = "--ready ") -> str:
-    if text in READY_MODES:
-        return text
-    if text.startswith(EXEC) and text[len(EXEC):].strip() and "\0" not in text:
-        return text
-    raise BadInput(f"{label}{text!r}: not notify, http or exec:CMD",
-                   "write --ready notify (READY=1 on $NOTIFY_SOCKET), --ready http (GET / on "
-                   "$VIGIL_SOCKET) or --ready 'exec:curl -fs http://127.0.0.1:8080/'")
+    return parse_probe(text, label, READY_KINDS)
 
 
 def default_ready(listens: list[Listen]) -> str | None:
@@ -124,10 +117,14 @@ def check_set(listens: list[Listen], kind: HostKind, ready: str | None, label: s
                 raise BadInput(f"{label}: {a.address} and {b.address} are the same address",
                                "give each listener its own address")
         seen.add(a.address)
-    if ready not in (None, "http") and not listens:
+    how = probe_of(ready).kind
+    if how in OWN_SOCKET and ready not in (None, "http") and kind is not HostKind.instance:
+        raise BadInput(f"--ready {ready} probes the app's own socket; a worker serves none",
+                       "drop --ready, or add the host with --kind instance")
+    if how not in OWN_SOCKET and not listens:
         raise BadInput(f"--ready {ready} needs a shared listener (--listen): without one the "
-                       "app serves on its own $VIGIL_SOCKET, probed with GET /",
-                       "add --listen, or drop --ready")
+                       "app serves on its own $VIGIL_SOCKET, probed with GET / (or "
+                       "http:PATH, tcp)", "add --listen, or drop --ready")
 
 
 def overlaps(a: str, b: str) -> bool:

@@ -1,10 +1,12 @@
-"""How a generation says it is ready, by the host's `ready` setting:
+"""How a generation says it is ready, by the host's `ready` setting (the grammar:
+workflows/generations/probes.py):
 
 - http (the default without a shared listener): `GET /` on the generation's own
-  `$VIGIL_SOCKET` answers below 500;
+  `$VIGIL_SOCKET` answers below 500; http:PATH: `GET PATH` there answers 2xx/3xx;
+- tcp: a connect to its own `$VIGIL_SOCKET` is accepted;
 - notify (the default with one): `READY=1` arrives on the generation's own `$NOTIFY_SOCKET`
   from one of its processes (`STOPPING=1` and `STATUS=` lines become events);
-- exec:CMD: CMD, run with the generation's environment, exits 0.
+- exec:CMD: CMD, run with the generation's environment as the app's user, exits 0.
 
 Never a request through a shared listener: the old generation may be the one answering.
 Each is bounded by the host's health timeout and ends early when the leader exits."""
@@ -19,27 +21,33 @@ from models.tables import Generation, Host
 from workflows.base.context import Context
 from workflows.generations.ending import ref_of
 from workflows.generations.known import note
-from workflows.generations.listeners import EXEC
+from workflows.generations.probes import NOTIFY, OWN_SOCKET, TCP, probe_of
 
 ADOPT_BOUND = 5.0  # seconds each adoption on start may take to answer
 
 
 def mode(host: Host) -> str:
-    return "exec" if (host.ready or "").startswith(EXEC) else (host.ready or "http")
+    """http, tcp, notify or exec."""
+    return probe_of(host.ready).kind
 
 
 def own_socket(host: Host) -> bool:
     """An instance gets its own $VIGIL_SOCKET (and canonical link) unless it is on a
     shared listener and signals readiness some other way."""
-    return host.kind is HostKind.instance and mode(host) == "http"
+    return host.kind is HostKind.instance and mode(host) in OWN_SOCKET
 
 
 def probe_env(ctx: Context, host: Host, gen: Generation) -> dict[str, str]:
+    return command_env(host.name, host.env, gen.pid, gen.socket)
+
+
+def command_env(host: str, env_json: str, pid: int | None, socket: str | None) -> dict[str, str]:
+    """A probe command's environment: the host's env, its name, its leader and socket."""
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
-    env.update(json.loads(host.env))
-    env.update(VIGIL_HOST=host.name, VIGIL_PID=str(gen.pid or ""))
-    if gen.socket:
-        env["VIGIL_SOCKET"] = gen.socket
+    env.update(json.loads(env_json))
+    env.update(VIGIL_HOST=host, VIGIL_PID=str(pid or ""))
+    if socket:
+        env["VIGIL_SOCKET"] = socket
     return env
 
 
@@ -62,17 +70,21 @@ def _ready_problem(ctx: Context, host: Host, gen: Generation, timeout: float | N
     def alive() -> bool:
         return ctx.proc.leader_alive(ref)
 
-    how = mode(host)
-    if how == "http":
+    how = probe_of(host.ready)
+    if how.kind in OWN_SOCKET:
         if not gen.socket:
             return f"generation g{gen.id} has no socket to probe"
+        if how.kind == TCP:
+            return ctx.health.reach(gen.socket, bound, alive=alive)
+        if how.path is not None:
+            return ctx.health.check(gen.socket, bound, alive=alive, path=how.path)
         return ctx.health.check(gen.socket, bound, alive=alive)
     if ctx.ready is None:
-        return f"this process cannot check readiness by {how}"
-    if how == "notify":
+        return f"this process cannot check readiness by {how.kind}"
+    if how.kind == NOTIFY:
         return ctx.ready.wait_notify(gen.uuid, bound, alive)
-    command = (host.ready or "")[len(EXEC):]
-    return ctx.ready.run_probe(command, probe_env(ctx, host, gen), host.cwd, bound, alive)
+    return ctx.ready.run_probe(how.command, probe_env(ctx, host, gen), host.cwd, bound, alive,
+                               user=host.run_user, group=host.run_group)
 
 
 def adopt_problem(ctx: Context, host: Host, gen: Generation) -> str | None:
@@ -81,7 +93,7 @@ def adopt_problem(ctx: Context, host: Host, gen: Generation) -> str | None:
     what it says next."""
     if host.kind is not HostKind.instance:
         return None
-    if mode(host) == "notify":
+    if mode(host) == NOTIFY:
         if ctx.ready is not None:
             try:
                 ctx.ready.open_notify(gen.uuid, ctx.notify_for(host.name, gen.id), host.name, gen.id)

@@ -1,5 +1,7 @@
 """The ongoing health probe of an instance (`vigil host add --health-interval S`): once a
-generation is current, `GET /` on its socket every S seconds. `--unhealthy-after N` failures
+generation is current, `GET /` on its socket every S seconds, or what `--health` asks
+(http:PATH, tcp, exec:CMD: workflows/generations/probes.py; a command is bounded by the
+health timeout, at most the interval, and runs as the app's user). `--unhealthy-after N` failures
 in a row make it unhealthy: an `unhealthy` event, `vigil status` says so, `vigil check`
 fails and the metrics count it; one answer below 500 makes it healthy again (an event too).
 With `--unhealthy-restart` an unhealthy generation is retired through the ordinary member
@@ -19,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from models.durations import check_seconds
@@ -31,6 +33,8 @@ from models.transition import Unfenced, move
 from workflows.base.context import Context
 from workflows.base.ports import ProcRef
 from workflows.generations.known import note
+from workflows.generations.probes import EXEC, HEALTH_KINDS, TCP, Probe, parse_probe, probe_of
+from workflows.generations.readiness import command_env
 from workflows.lifecycle.members import retire
 
 REREAD = 5.0  # seconds between reads of what is probed
@@ -43,12 +47,17 @@ PARALLEL = 8  # probes at once (a hung app costs its own timeout, not the others
 
 
 def check_probe(kind: HostKind, interval: float | None, after: int | None,
-                restart: bool) -> dict[str, Any]:
+                restart: bool, health: str | None = None) -> dict[str, Any]:
     """Validate `vigil host add`'s probe options; returns the columns to write."""
-    given = interval is not None or after is not None or restart
+    given = interval is not None or after is not None or restart or health is not None
     if given and kind is not HostKind.instance:
-        raise BadInput("--health-interval, --unhealthy-after and --unhealthy-restart probe an "
-                       "instance's socket; a worker serves none", "drop them, or use --kind instance")
+        raise BadInput("--health-interval, --unhealthy-after, --unhealthy-restart and --health "
+                       "probe an instance; a worker serves none", "drop them, or use --kind instance")
+    if health is not None:
+        health = parse_probe(health, "--health ", HEALTH_KINDS)
+        if interval is None:
+            raise BadInput(f"--health {health} needs a probe interval",
+                           "add --health-interval SECONDS")
     if interval is not None:
         check_seconds(interval, "--health-interval", "5")
     if after is not None and not (isinstance(after, int) and 1 <= after <= MAX_AFTER):
@@ -58,14 +67,27 @@ def check_probe(kind: HostKind, interval: float | None, after: int | None,
         raise BadInput("--unhealthy-after and --unhealthy-restart need a probe",
                        "add --health-interval SECONDS")
     return {"health_interval": interval, "unhealthy_after": after or 3,
-            "unhealthy_restart": bool(restart)}
+            "unhealthy_restart": bool(restart), "health": None if health == "http" else health}
+
+
+@dataclass(frozen=True)
+class Command:
+    """What an exec:CMD probe runs, and as whom."""
+
+    env: dict[str, str]
+    cwd: str | None
+    user: str | None
+    group: str | None
+    bound: float  # the health timeout, at most the interval
 
 
 @dataclass
 class Probed:
     gen_id: int
     host: str
-    socket: str
+    socket: str | None  # None: a command probe of a generation without its own socket
+    how: Probe
+    command: Command | None
     interval: float
     after: int
     restart: bool
@@ -112,17 +134,24 @@ class Prober:
         rows = self.ctx.store.read(lambda s: s.execute(
             select(Generation.id, Generation.host, Generation.socket, Generation.health_failures,
                    Generation.uuid, Generation.pid, Generation.create_time, Generation.cgroup,
-                   Host.health_interval, Host.unhealthy_after, Host.unhealthy_restart)
+                   Host.health_interval, Host.unhealthy_after, Host.unhealthy_restart,
+                   Host.health, Host.health_timeout, Host.env, Host.cwd, Host.run_user,
+                   Host.run_group)
             .join(Host, Host.name == Generation.host).join(Lease, Lease.host == Generation.host)
             .where(Generation.state == GenState.current, Host.health_interval.is_not(None),
-                   Host.kind == HostKind.instance, Generation.socket.is_not(None),
+                   Host.kind == HostKind.instance,
+                   or_(Generation.socket.is_not(None), Host.health.like(EXEC + ":%")),
                    Lease.holder == self.ctx.agent_id)).all())
         now = time.monotonic()
         old, self.targets = self.targets, {}
         for r in rows:
             t = old.get(r.id)
+            how = probe_of(r.health)
+            command = None if how.kind != EXEC else Command(
+                command_env(r.host, r.env, r.pid, r.socket), r.cwd, r.run_user, r.run_group,
+                min(float(r.health_timeout), float(r.health_interval)))
             self.targets[r.id] = Probed(
-                r.id, r.host, r.socket, float(r.health_interval), int(r.unhealthy_after),
+                r.id, r.host, r.socket, how, command, float(r.health_interval), int(r.unhealthy_after),
                 bool(r.unhealthy_restart), int(r.health_failures),
                 t.next_at if t is not None else now + float(r.health_interval),
                 ProcRef(r.uuid, r.pid, r.create_time, r.cgroup))
@@ -139,8 +168,7 @@ class Prober:
             return 0
         if self.pool is None:
             self.pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="probe")
-        problems = list(self.pool.map(
-            lambda t: self.ctx.health.probe(t.socket, min(PROBE_TIMEOUT, t.interval)), due))
+        problems = list(self.pool.map(self._probe, due))
         note(self.ctx, {t.gen_id: t.ref for t in due if t.ref is not None})
         for t, problem in zip(due, problems, strict=True):
             t.next_at = time.monotonic() + t.interval
@@ -148,6 +176,22 @@ class Prober:
                 continue  # healthy, as it was: nothing written
             self._record(t, problem)
         return len(due)
+
+    def _probe(self, t: Probed) -> str | None:
+        """One probe of what the host's `health` asks: None when it passes, else why not."""
+        bound = min(PROBE_TIMEOUT, t.interval)
+        if t.command is not None:
+            if self.ctx.ready is None:
+                return "probe: this process cannot run probe commands"
+            c = t.command
+            return self.ctx.ready.run_once(t.how.command, c.env, c.cwd, c.bound, c.user, c.group)
+        if t.socket is None:
+            return f"probe: generation g{t.gen_id} has no socket to probe"
+        if t.how.kind == TCP:
+            return self.ctx.health.knock(t.socket, bound)
+        if t.how.path is not None:
+            return self.ctx.health.probe(t.socket, bound, path=t.how.path)
+        return self.ctx.health.probe(t.socket, bound)
 
     def _record(self, t: Probed, problem: str | None) -> None:
         failures = 0 if problem is None else t.failures + 1
