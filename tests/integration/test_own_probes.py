@@ -137,6 +137,27 @@ def test_exec_probe_over_its_bound_is_killed_and_fails(vigil: Vigil, short_tmp: 
     vigil.check()
 
 
+def test_exec_health_of_an_app_without_a_socket_of_its_own(vigil: Vigil, short_tmp: Path) -> None:
+    """On a shared listener with notify readiness the generation has no $VIGIL_SOCKET: a
+    command still probes it, unhealthy while the command fails, healthy again after."""
+    sick = short_tmp / "sick"
+    vigil.run("host", "add", "app", "--build", str(HELLO), "--listen",
+              f"tcp:127.0.0.1:{free_port()}", "--health", f"exec:test ! -e {sick}",
+              "--health-interval", "0.3", "--unhealthy-after", "1")
+    started(vigil)
+    vigil.run("wake", "app", "--wait")
+    pid = vigil.status("app")["pid"]
+    sick.touch()
+    wait_for(lambda: vigil.status("app")["state"] == "unhealthy", 20, what="app unhealthy")
+    sick.unlink()
+    wait_for(lambda: vigil.status("app")["state"] == "awake", 20, what="app healthy again")
+    kinds = [e["kind"] for e in vigil.json("events", "app")]
+    assert "unhealthy" in kinds and "healthy" in kinds, kinds
+    assert vigil.status("app")["pid"] == pid  # no restart without --unhealthy-restart
+    vigil.run("stop", "app", "--wait")
+    vigil.check()
+
+
 @pytest.fixture
 def app_user() -> pwd.struct_passwd:
     if os.geteuid() != 0:
