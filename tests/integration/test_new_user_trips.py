@@ -6,6 +6,7 @@ a host that wrote nothing says so."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -179,3 +180,21 @@ def test_status_at_80_columns_cuts_no_state_word_nor_an_agent_phrase(vigil: Vigi
     assert head[-1].endswith(("obligation", "obligations")), text
     assert re.search(r"last round \S+ ago,", " ".join(head)), text
     vigil.run("stop", web, "flaky-batch-worker", "--wait", timeout=180)
+
+
+@pytest.mark.parametrize("change", [("--ready", "tcp"), ("--stop-signal", "QUIT"),
+                                    ("--restart-cap", "10"), ("--socket-group", "root"),
+                                    ("--drain-timeout", "5"), ("--on-store-loss", "keep")])
+def test_host_show_and_set_dry_run_agree_on_defaults(vigil: Vigil, change: tuple[str, str]) -> None:
+    """Before: `host show` said `ready: http` and `host set --ready tcp --dry-run` said
+    `ready unset -> "tcp"` of the same host."""
+    vigil.add_host("web")  # ready and health NULL: `host show` says what they stand for
+    shown = vigil.json("host", "show", "web")
+    line = vigil.run("host", "set", "web", *change, "--dry-run").stdout.strip()
+    m = re.fullmatch(r"~ update web: (\w+) (.+) -> (.+) \(dry run: nothing changed\)", line)
+    assert m, line
+    column, was = m[1], m[2]
+    assert column in shown, (column, shown)
+    expected = "unset" if shown[column] is None else json.dumps(shown[column])
+    assert was in (expected, f"{expected} (default)"), (line, shown[column])
+    assert vigil.json("host", "show", "web") == shown  # nothing written

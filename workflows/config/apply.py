@@ -69,9 +69,13 @@ class Change:
         return text + (f" ({self.note})" if self.note else "")
 
 
+# A NULL that `host show` shows as the default it stands for: a dry run says the same.
+NULL_SHOWN = {"ready": "http", "health": "http"}
+
+
 def _show(column: str, value: Any) -> str:
     if value is None:
-        return "unset"
+        return f"{json.dumps(NULL_SHOWN[column])} (default)" if column in NULL_SHOWN else "unset"
     if column == "env":
         return "{" + ", ".join(sorted(value)) + "}"  # names only: values may be secrets
     if column == "socket_mode":
