@@ -146,6 +146,9 @@ class Host(Base):
     # What that probe asks (migration 0036): NULL GET / below 500, "http:PATH", "tcp", "exec:CMD".
     health: Mapped[str | None] = mapped_column(Text)
     unhealthy_after: Mapped[int] = mapped_column(Integer, default=3, server_default="3")
+    # The watchdog (workflows/lifecycle/watchdog.py; migration 0038): WATCHDOG=1 at least
+    # this often on its NOTIFY_SOCKET, or SIGABRT and a restart. NULL: none.
+    watchdog: Mapped[float | None] = mapped_column(Float)
     unhealthy_restart: Mapped[bool] = mapped_column(Boolean, default=False,
                                                     server_default=text("false"))
     # Who its generations run as (NULL: the agent's user) and what they read at each start
@@ -188,6 +191,7 @@ class Host(Base):
     __table_args__ = (CheckConstraint(" AND ".join(
         sql_check(c, nullable=c == "max_run") for c in DURATIONS), name="durations"),
         CheckConstraint(sql_check("health_interval", nullable=True), name="health_interval"),
+        CheckConstraint(sql_check("watchdog", nullable=True), name="watchdog"),
         CheckConstraint("on_store_loss IN ('fence', 'keep')", name="on_store_loss"),
         CheckConstraint("on_reload_fail IN ('restart', 'keep')", name="on_reload_fail"),
         # The hosts that have a start order, which are few: who names a host reads these
@@ -363,6 +367,23 @@ class Wake(RetryColumns, Base):
     waiting_on: Mapped[str | None] = mapped_column(Text)
     # The instance it starts (0 for a host of one instance; migration 0024).
     slot: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+class Watchdog(Base):
+    """A generation spawned with a watchdog (workflows/lifecycle/watchdog.py; migration
+    0038): the period its WATCHDOG_USEC said, the deadline by which WATCHDOG=1 must come
+    (NULL until it runs; re-armed a full period after an agent's start), and when and why
+    it fired (written before its SIGABRT)."""
+
+    __tablename__ = "watchdogs"
+    generation_id: Mapped[int] = mapped_column(ForeignKey("generations.id", ondelete="CASCADE"),
+                                               primary_key=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"), index=True)
+    period: Mapped[float] = mapped_column(Float)
+    deadline: Mapped[datetime | None] = mapped_column(DateTime)
+    fired_at: Mapped[datetime | None] = mapped_column(DateTime)
+    reason: Mapped[str | None] = mapped_column(Text)
+    __table_args__ = (CheckConstraint("period > 0 AND period <= 86400", name="period"),)
 
 
 class Stop(RetryColumns, Base):

@@ -26,6 +26,7 @@ from models.schema import require_head
 from models.store import Store, utcnow
 from models.tables import Agent as AgentRow
 from runners.agent import jobstore
+from runners.agent import watchdogs as watchdog_loop
 from runners.agent.chore_holder import Chores
 from runners.agent.exit_watch import ExitWatcher, PipeBell, pidfds_supported
 from runners.agent.fencing import FencedProcess, FenceGuard, Timing
@@ -47,6 +48,7 @@ from workflows.engine.history import Keep
 from workflows.engine.recovery import recover
 from workflows.lifecycle.members import current_leaders
 from workflows.lifecycle.probe import Prober
+from workflows.lifecycle.watchdog import Watchdogs
 
 log = logging.getLogger("vigil.agent")
 Observer = Callable[[float], None]
@@ -215,10 +217,12 @@ class AgentDaemon:
             if watcher is not None:
                 watcher.refresh()
             prober.refresh()
+            watchdogs.refresh()
 
         reconciler = Reconciler(ctx, scheduler, self.max_hosts, bell=bell, trust=trust,
                                 on_progress=progressed,
                                 on_round=parts.observe_round or (lambda _seconds: None))
+        watchdogs = Watchdogs(ctx, reconciler.kick)  # refreshed by progressed() from here on
         if watcher is not None:
             watcher.start()
         keepers.start()  # each checked, restored and watched before the first round
@@ -232,6 +236,7 @@ class AgentDaemon:
                           self.converge_budget)
         threading.Thread(target=sweeper.probe_loop, args=[prober], name="probe",
                          daemon=True).start()
+        watchdog_loop.start(ctx, watchdogs, self.stop, trust)
         self._add_jobs(scheduler, reconciler, sweeper)
         chores.tick()  # the holder attaches the job store before its scheduler starts
         doorbell(ctx, self.stop, reconciler.kick)

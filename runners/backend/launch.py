@@ -18,6 +18,8 @@ SHIM = 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
 # (sd_listen_fds ignores the fds unless LISTEN_PID is its pid; only the shim knows it).
 LISTEN_SHIM = ('{ [ -z "$1" ] || echo $$ > "$1/cgroup.procs"; } && { [ -z "$2" ] || cd "$2"; } '
                '&& shift 2 && LISTEN_PID=$$ && export LISTEN_PID && exec "$@"')
+# A host with a watchdog: WATCHDOG_PID is the leader's pid, which every shim's exec keeps.
+WATCHDOG_SHIM = 'WATCHDOG_PID=$$ && export WATCHDOG_PID && exec "$@"'
 BASE_ENV = ("PATH", "HOME", "LANG")
 
 
@@ -37,6 +39,8 @@ def environment(spec: SpawnSpec, env: dict[str, str]) -> dict[str, str]:
         env["VIGIL_SOCKET"] = spec.socket_path
     if spec.notify_socket:
         env["NOTIFY_SOCKET"] = spec.notify_socket
+    if spec.watchdog_usec:
+        env["WATCHDOG_USEC"] = str(spec.watchdog_usec)
     if spec.listen_fds:
         env["LISTEN_FDS"] = str(len(spec.listen_fds))
         env["LISTEN_FDNAMES"] = ":".join(spec.listen_names)
@@ -52,6 +56,8 @@ def command(spec: SpawnSpec, cg: str | None, target: list[str]) -> list[str]:
     if spec.listen_fds:
         argv = ["/bin/sh", "-c", LISTEN_SHIM, "vigil-shim", cg or "", spec.cwd or "",
                 *target]
+    if spec.watchdog_usec:
+        argv = ["/bin/sh", "-c", WATCHDOG_SHIM, "vigil-shim", *argv]
     return argv
 
 

@@ -7,6 +7,9 @@
   `app_status`, a changed status at most once a second). One thread reads every such
   socket (select), so an idle generation costs nothing. The socket is closed when the
   generation is proven gone, and bound again when a restarted agent adopts it.
+- watchdog: a host with `--watchdog` gets such a socket whatever its readiness; the time of
+  each `WATCHDOG=1` is kept here, in memory (the agent's watchdog loop reads it:
+  workflows/lifecycle/watchdog.py), and `WATCHDOG=trigger` rings `watchdog_bell`.
 - exec:CMD: `/bin/sh -c CMD` in the host's working dir with the generation's environment,
   as the app's user (`host add --user/--group`; Popen's own switch: a probe is rare, so
   its fork costs nothing that matters), tried again every POLL seconds until it exits 0,
@@ -91,6 +94,9 @@ class Readiness:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._thread: threading.Thread | None = None
+        self._pings: dict[str, float] = {}  # generation uuid -> its last WATCHDOG=1 (epoch)
+        self._triggered: set[str] = set()  # generations that sent WATCHDOG=trigger
+        self.watchdog_bell = threading.Event()  # rung by WATCHDOG=trigger
 
     # -- notify ------------------------------------------------------------------------------
     def open_notify(self, generation_uuid: str, path: str, host: str, generation_id: int) -> None:
@@ -146,6 +152,8 @@ class Readiness:
     def forget(self, generation_uuid: str) -> None:
         with self._lock:
             w = self._watched.pop(generation_uuid, None)
+            self._pings.pop(generation_uuid, None)
+            self._triggered.discard(generation_uuid)
             if w is None:
                 return
             try:
@@ -173,6 +181,16 @@ class Readiness:
                 if w is not None:
                     self._read(key.data, w)
 
+    def watchdog_seen(self, generation_uuid: str) -> tuple[float | None, bool]:
+        return self._pings.get(generation_uuid), generation_uuid in self._triggered
+
+    def _watchdog(self, generation_uuid: str, lines: list[str]) -> None:
+        if "WATCHDOG=1" in lines:
+            self._pings[generation_uuid] = time.time()
+        if "WATCHDOG=trigger" in lines:
+            self._triggered.add(generation_uuid)
+            self.watchdog_bell.set()
+
     def _read(self, generation_uuid: str, w: _Watched) -> None:
         while True:
             try:
@@ -184,6 +202,7 @@ class Readiness:
                 log.warning("notify ignored host=%s generation=%d pid=%d (not a process of it)",
                             w.host, w.generation_id, pid)
                 continue
+            self._watchdog(generation_uuid, lines)
             try:
                 self._record(w, lines, pid)
             except Exception:  # an event row is advisory; readiness must not wait on it

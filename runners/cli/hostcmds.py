@@ -37,8 +37,18 @@ policy_options = options(
                  help="Up this long, the backoff starts again (60)."),
     click.option("--converge-grace", type=SECONDS, default=None,
                  help="Worker: how long its live build may differ before it converges (60)."),
+    click.option("--watchdog", type=SECONDS, default=None, metavar="SECONDS",
+                 callback=lambda _c, _p, v: _watchdog(v),
+                 help="WATCHDOG=1 on $NOTIFY_SOCKET at least this often (WATCHDOG_USEC, "
+                      "WATCHDOG_PID), or SIGABRT, a stop and a restart (none)."),
     *reload_options,  # how a reload is sent and answered (runners/cli/reloadcmds.py)
 )
+
+
+def _watchdog(seconds: float | None) -> float | None:
+    from workflows.lifecycle.watchdog import check_watchdog
+
+    return check_watchdog(seconds)
 
 
 @click.group()

@@ -43,6 +43,7 @@ from runners.cli.hostvalues import (
     _store_loss,
     _str_list,
     _str_table,
+    _watchdog,
     _whole,
 )
 from runners.cli.runopts import (
@@ -98,6 +99,8 @@ KEYS: dict[str, Key] = {
     "converge_grace": Key("converge_grace", _seconds, 60.0),
     # The ongoing health probe of an instance (workflows/lifecycle/probe.py).
     "health_interval": Key("health_interval", _seconds, None),
+    # WATCHDOG=1 at least this often, or SIGABRT and a restart (workflows/lifecycle/watchdog.py).
+    "watchdog": Key("watchdog", _watchdog, None),
     "unhealthy_after": Key("unhealthy_after", _count, 3),
     "unhealthy_restart": Key("unhealthy_restart", _flag, False),
     "health": Key("health", _health, None),  # what it asks (workflows/generations/probes.py)

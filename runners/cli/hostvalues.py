@@ -50,6 +50,15 @@ def _directory(v: Any, base: Path) -> str:
     return str((base / v).resolve())
 
 
+def _watchdog(v: Any, _: Path) -> float | None:
+    from workflows.lifecycle.watchdog import check_watchdog
+
+    try:
+        return check_watchdog(v, "")
+    except BadInput as exc:
+        raise Invalid(exc.cause, "write e.g. 10") from None
+
+
 def _seconds(v: Any, _: Path) -> float:
     try:
         return check_seconds(v, "")

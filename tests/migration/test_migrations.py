@@ -493,7 +493,11 @@ def seed_0037(conn: Connection) -> None:
 
 
 def seed_0038(conn: Connection) -> None:
-    """Rows at 0038 (watchdog): none yet."""
+    """A host's watchdog and an armed one of its generation (0038: hosts.watchdog, the
+    watchdogs table)."""
+    conn.execute(text("UPDATE hosts SET watchdog = 3.5 WHERE name = 'web'"))
+    raw_insert(conn, "watchdogs", {"generation_id": 1, "host": "web", "period": 3.5,
+                                   "deadline": T0, "fired_at": None, "reason": None})
 
 
 def seed_0039(conn: Connection) -> None:
@@ -546,7 +550,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
-LATER_TABLES = {"box_leases", "chores", "slot_streaks", "apscheduler_jobs", "listeners", "known_processes", "rollouts", "rollout_targets",
+LATER_TABLES = {"watchdogs", "box_leases", "chores", "slot_streaks", "apscheduler_jobs", "listeners", "known_processes", "rollouts", "rollout_targets",
                 "held_builds", "notifiers", "notify_on", "deliveries", "delivery_tries", "reloads"}
 SEEDED_KINDS_0001 = {("wake", "web", 1), ("stop", "web", 1), ("release", "web", None),
                      ("restore", "web", None), ("attempt", "web", 1), ("member", "web", 2)}

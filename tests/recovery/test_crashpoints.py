@@ -68,6 +68,7 @@ from models.tables import (
     Reload,
     Rollout,
     Wake,
+    Watchdog,
 )
 from runners.backend.cglimits import MB, parent_dir, v1_mounts
 from runners.backend.files import stage_build
@@ -235,6 +236,7 @@ def add_host(v: Vigil, name: str, build: Path, kind: HostKind = HostKind.instanc
         args=list(args), env={}, cwd=None, drain_timeout=opts.get("drain_timeout", 10.0),
         health_timeout=opts.get("health_timeout", 10.0), policy=policy, listeners=listens,
         ready="http" if listen else None, after=list(after),
+        probe={"watchdog": opts["watchdog"]} if "watchdog" in opts else None,
         memory_tier_mb=int(opts["memory_tier_mb"]) if "memory_tier_mb" in opts else None))
 
 
@@ -425,6 +427,26 @@ CONVERGE = Flow("converge", cli_converge, end="awake", pre_awake=True, target_fa
                 policy={"converge_grace": 1.0}, on_build="live", until=converged, **_WORKER)
 RECYCLE = Flow("recycle", set_max_run(0.5), end="awake", pre_awake=True, target_fate="ended",
                between=set_max_run(None), on_build="first", **_WORKER)
+# The watchdog (workflows/lifecycle/watchdog.py): the pinger sends WATCHDOG=trigger (on
+# SIGUSR1); fired, it is SIGABRTed, retired and restarted; its successor pings on.
+PINGER = FIXTURES / "pinger.py"
+
+
+def trigger_watchdog(v: Vigil) -> None:
+    pid = v.status(TARGET)["pid"]
+    assert pid, "target is not awake"
+    os.kill(pid, signal.SIGUSR1)
+
+
+def watchdog_fired(v: Vigil) -> None:
+    (fired,) = rows(v, Event, Event.host == TARGET, Event.kind == "watchdog")
+    assert fired.generation_id == generations(v, TARGET)[0].id
+    assert not rows(v, Watchdog, Watchdog.fired_at.is_not(None)), "a fire left unfinished"
+
+
+WATCHDOG = Flow("watchdog", trigger_watchdog, end="awake", pre_awake=True, target_fate="ended",
+                kind=HostKind.worker, build=PINGER, policy={"restart_floor": 0.1},
+                host={"drain_timeout": 1.0, "watchdog": 2.0}, verify=watchdog_fired)
 COALESCE = Flow("coalesce", crash_then_release, end="awake", kind=HostKind.worker, build=JOB,
                 args=("0.3", "1"), policy={"restart_floor": 30.0}, on_build="live",
                 attempt=("done", False))
@@ -685,6 +707,9 @@ SCENARIOS: dict[str, Scenario] = {
     "worker.recycling": Scenario(RECYCLE),
     "worker.coalesced": Scenario(COALESCE),
     "oneshot.clean_exit": Scenario(ONE_SHOT_WAKE),
+    # a watchdog fired (WATCHDOG=trigger): its intent, then SIGABRT and the restart
+    "watchdog.firing": Scenario(WATCHDOG),
+    "watchdog.retired": Scenario(WATCHDOG),
     "oneshot.done": Scenario(ONE_SHOT_DEPLOY),
     # the first wake of a host on a listener: the socket is opened and handed to the holder
     "listen.opening": Scenario(LISTEN_WAKE),

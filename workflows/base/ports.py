@@ -31,6 +31,7 @@ class SpawnSpec:
     listen_fds: tuple[int, ...] = ()
     listen_names: tuple[str, ...] = ()
     notify_socket: str | None = None  # its own NOTIFY_SOCKET (readiness by sd_notify)
+    watchdog_usec: int | None = None  # WATCHDOG_USEC (and WATCHDOG_PID): its watchdog's period
     # Who it runs as (None: the agent's user), and the env files read at this start.
     user: str | None = None
     group: str | None = None
@@ -115,6 +116,9 @@ class ProcessPort(Protocol):
 
     def release(self, ref: ProcRef) -> None:
         """Drop the containment's leftovers (an empty cgroup dir) after a proof."""
+
+    def abort(self, ref: ProcRef) -> None:
+        """SIGABRT the leader if its identity still matches (a watchdog that fired)."""
 
     def descendants(self, refs: list[ProcRef]) -> dict[str, list[tuple[int, float]]]:
         """For each live leader: its live descendants now (pid, start time), by generation
@@ -213,6 +217,10 @@ class ListenerPort(Protocol):
 
 class ReadinessPort(Protocol):
     """A generation's own readiness signal on a shared listener (runners/backend/readysignal.py)."""
+
+    def watchdog_seen(self, generation_uuid: str) -> tuple[float | None, bool]:
+        """The generation's last WATCHDOG=1 (epoch seconds; None: none heard since its
+        socket was bound) and whether it sent WATCHDOG=trigger."""
 
     def open_notify(self, generation_uuid: str, path: str, host: str, generation_id: int) -> None:
         """Bind the generation's NOTIFY_SOCKET at `path` (before its spawn, or again when it

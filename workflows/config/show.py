@@ -52,6 +52,7 @@ def describe(s: Session, name: str) -> dict[str, Any]:
         "instances": h.instances,
     }
     out.update({c: getattr(h, c) for c in SETTINGS})
+    out["watchdog"] = h.watchdog  # seconds between WATCHDOG=1 at most (None: no watchdog)
     out.update(reload_signal=h.reload_signal, on_reload_fail=h.on_reload_fail)  # vigil reload
     # How it runs, under the hosts file's keys: paths and names only, never an env file's
     # values or a credential's contents (read at each start, never stored).

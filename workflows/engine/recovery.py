@@ -24,6 +24,7 @@ from workflows.generations.readiness import adopt_problem
 from workflows.leases.lease import renew
 from workflows.lifecycle.members import retire
 from workflows.lifecycle.takeover import take_over
+from workflows.lifecycle.watchdog import rearm
 
 ADOPTED = define("recover.adopted", "the current generations were adopted or retired on start")
 
@@ -82,6 +83,7 @@ def recover(ctx: Context) -> dict[str, int]:
             emit(s, "adopted", g.host, g.id, pid=g.pid, **extra)
         for g, problem in drop:
             retire(s, ctx, g, f"not adopted on start: {problem}", restart=True)
+        rearm(s, [g.id for g, _ in adopt])  # no ping reached a dead agent: a full period
 
     if adopt or drop:
         ctx.store.write(step)

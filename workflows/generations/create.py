@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from models.statedir import private_dirs
 from models.states import GenState, HostKind, MemberRole
 from models.store import utcnow
-from models.tables import Build, Generation, Host, Listener, Member
+from models.tables import Build, Generation, Host, Listener, Member, Watchdog
 from models.transition import Unfenced, move
 from workflows.base.context import Context
 from workflows.base.ports import Spawned, SpawnError, SpawnSpec
@@ -25,6 +25,7 @@ from workflows.generations.readiness import mode, own_socket
 _G = Generation.__table__
 LIMITS = ("memory_max", "cpu_quota", "pids_max", "limit_nofile", "limit_core")  # host columns
 _NEW = insert(_G).returning(_G.c.id)  # built once: an ORM add cost a unit-of-work flush
+_NEW_WATCHDOG = insert(Watchdog.__table__)
 NEW_ROW = Unfenced("the row is written in this same commit: nothing else can know it yet")
 
 
@@ -43,6 +44,9 @@ def intend(s: Session, ctx: Context, host: Host, build_id: int, fence: int | Non
         socket = ctx.socket_for(host.name, gid)
         move(s, Generation, {"id": gid}, {"socket": socket}, f"generation g{gid} socket",
              fence=NEW_ROW)
+    if host.watchdog:  # armed once it runs (workflows/lifecycle/watchdog.py)
+        s.execute(_NEW_WATCHDOG, {"generation_id": gid, "host": host.name,
+                                  "period": float(host.watchdog), "deadline": None})
     return Generation(id=gid, socket=socket, **row)
 
 
@@ -60,7 +64,7 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation,
         fds, names = (fds_for(ctx, host, gen.fence, listeners) if host.kind is HostKind.instance
                       else ((), ()))
         notify = None
-        if host.kind is HostKind.instance and mode(host) == "notify":
+        if (host.kind is HostKind.instance and mode(host) == "notify") or host.watchdog:
             if ctx.ready is None:
                 raise SpawnError("this process cannot receive READY=1", build_fault=False)
             notify = ctx.notify_for(host.name, gen.id)
@@ -75,7 +79,8 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation,
                          env_files=tuple(json.loads(host.env_files or "[]")),
                          limits={k: v for k in LIMITS if (v := getattr(host, k)) is not None},
                          credentials=tuple(json.loads(host.credentials or "{}").items()),
-                         memory_tier_mb=host.memory_tier_mb)
+                         memory_tier_mb=host.memory_tier_mb,
+                         watchdog_usec=int(host.watchdog * 1e6) if host.watchdog else None)
         return ctx.proc.spawn(spec)
     except ValueError as exc:  # the host's args or env: no retry can succeed
         raise SpawnError(f"spawn {build.path}: {exc}") from exc

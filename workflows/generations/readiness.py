@@ -91,6 +91,12 @@ def adopt_problem(ctx: Context, host: Host, gen: Generation) -> str | None:
     """On start, for a current generation whose leader lives: may it be adopted? A notify
     one has said READY=1 already (it was made current on it): its socket is bound again for
     what it says next."""
+    if host.watchdog and ctx.ready is not None and (
+            host.kind is not HostKind.instance or mode(host) != "notify"):
+        try:  # its watchdog's pings (a notify instance's socket is bound below)
+            ctx.ready.open_notify(gen.uuid, ctx.notify_for(host.name, gen.id), host.name, gen.id)
+        except OSError:
+            pass  # no ping is heard: its watchdog fires a period on, and restarts it
     if host.kind is not HostKind.instance:
         return None
     if mode(host) == NOTIFY:

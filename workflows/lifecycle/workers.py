@@ -71,7 +71,8 @@ def check_policy(kind: HostKind, policy: dict[str, object]) -> dict[str, object]
     """Validate `vigil host add`'s worker options (the restart policy is every host's);
     returns the columns to write."""
     given = {k: v for k, v in policy.items() if v is not None and v is not False}
-    only_workers = {k: v for k, v in given.items() if k not in RESTART_POLICY}
+    # --watchdog is every host's too (checked by its option: workflows/lifecycle/watchdog.py)
+    only_workers = {k: v for k, v in given.items() if k not in (*RESTART_POLICY, "watchdog")}
     if only_workers and kind is not HostKind.worker:
         flags = ", ".join("--" + k.replace("_", "-") for k in sorted(only_workers))
         raise BadInput(f"{flags} only apply to workers", "add --kind worker, or drop them")
