@@ -224,3 +224,23 @@ def test_signal_refused_for_a_host_another_box_holds(vigil: Vigil) -> None:
     assert psutil.pid_exists(pid) and not events(vigil, "signal_sent")
     vigil.wait_ready(vigil.start_agent())
     vigil.run("stop", "app", "--wait")
+
+
+def test_gunicorn_instances_each_reloaded(vigil: Vigil, short_tmp: Path) -> None:
+    """--instances 2: the reload signals both arbiters and waits for each one's READY=1."""
+    hooks = short_tmp / "hooks.py"
+    hooks.write_text(HOOKS)
+    gunicorn(vigil, short_tmp, "--instances", "2", "--health-timeout", "20",
+             "--env", f"GUNICORN_CMD_ARGS=--config {hooks}")
+    wait_for(lambda: len(leaders(vigil)) == 2, 60, what="two instances")
+    before = {pid: workers(pid) for pid in leaders(vigil)}
+    cp = vigil.run("reload", "web", "--wait", timeout=60)
+    assert "reloaded, back ready" in cp.stdout, cp.stdout
+    assert sorted(leaders(vigil)) == sorted(before)
+    for pid, old in before.items():
+        wait_for(lambda pid=pid, old=old: not old & workers(pid), 30,
+                 what=f"arbiter {pid}'s workers replaced")
+    (sent,) = events(vigil, "reload_signalled")
+    assert len(sent["generations"]) == 2, sent  # type: ignore[arg-type]
+    vigil.quiesce(30)
+    vigil.check()
