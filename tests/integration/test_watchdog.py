@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import select
 
 from models.tables import Event, Watchdog
-from tests.conftest import Vigil, pid_dead, wait_for
+from tests.conftest import FIXTURES, Vigil, pid_dead, wait_for
 
 WORKER = """#!{python}
 import json, os, socket, sys, time
@@ -186,3 +186,24 @@ def test_bad_watchdog_values_are_refused_with_one_line(vigil: Vigil, short_tmp: 
     hosts.write_text(f'[hosts.w]\nbuild = "{build}"\nkind = "worker"\nwatchdog = 4.5\n')
     vigil.run("apply", str(hosts))
     assert vigil.json("host", "show", "w")["watchdog"] == 4.5
+
+
+def test_an_instance_slow_to_be_ready_is_watched_once_it_serves(
+        vigil: Vigil, short_tmp: Path) -> None:
+    """Its row outlives the readiness check (the generation `running`, not yet current), and
+    it is armed once the generation serves."""
+    vigil.add_host("slow", FIXTURES / "pinger.py", "--listen", f"unix:{short_tmp / 'l.sock'}",
+                   "--ready", "exec:sleep 6", "--watchdog", "2")  # past a re-read (5 s)
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "slow", "--wait")
+    gen, pid = running(vigil, "slow")
+    assert gen is not None
+    wait_for(lambda: (row := vigil.store.read(lambda s: s.get(Watchdog, gen))) is not None
+             and row.deadline is not None, what="its watchdog armed")
+    until = time.monotonic() + 2 + 1.5
+    while time.monotonic() < until:  # it pings: never fired
+        assert running(vigil, "slow") == (gen, pid)
+        time.sleep(0.1)
+    assert not events(vigil, "watchdog", "slow")
+    vigil.stop_agent(agent)

@@ -155,8 +155,9 @@ class Watchdogs:
             .join(Generation, Generation.id == Watchdog.generation_id)
             .join(Lease, Lease.host == Watchdog.host)
             .where(Lease.holder == self.ctx.agent_id)).all())
+        # Spawning and running (a readiness check) come before current: kept for it.
         gone = [r.generation_id for r in rows
-                if r.state not in (GenState.spawning, GenState.current)]
+                if r.state in (GenState.retiring, GenState.proven)]
         unarmed = [r for r in rows if r.state is GenState.current and r.deadline is None]
         if gone or unarmed:
             self.ctx.store.write(lambda s: _tidy(s, gone, unarmed))
