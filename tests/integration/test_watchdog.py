@@ -17,11 +17,12 @@ from typing import Any
 
 from sqlalchemy import select
 
-from models.tables import Event, Watchdog
+from models.states import GenState
+from models.tables import Event, Generation, Watchdog
 from tests.conftest import FIXTURES, Vigil, pid_dead, wait_for
 
 WORKER = """#!{python}
-import json, os, socket, sys, time
+import json, os, signal, socket, sys, time
 here = {here!r}
 pid = os.getpid()
 usec = int(os.environ["WATCHDOG_USEC"])
@@ -40,6 +41,9 @@ def say(line):
 last = None
 while True:
     if os.path.exists(os.path.join(here, f"hang-{{pid}}")):
+        if os.path.exists(os.path.join(here, "stubborn")):  # deaf to SIGABRT and SIGTERM
+            signal.signal(signal.SIGABRT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         put(f"hung-{{pid}}", str(last))
         time.sleep(3600)
     if os.path.exists(os.path.join(here, f"trigger-{{pid}}")):
@@ -69,9 +73,9 @@ def running(vigil: Vigil, host: str) -> tuple[int | None, int | None]:
     return st["generation"], st["pid"]
 
 
-def start(vigil: Vigil, tmp: Path, period: str) -> tuple[Any, int, int]:
+def start(vigil: Vigil, tmp: Path, period: str, *extra: str) -> tuple[Any, int, int]:
     vigil.add_host("pinger", worker(tmp), "--kind", "worker", "--watchdog", period,
-                   "--restart-floor", "0.1")
+                   "--restart-floor", "0.1", *extra)
     agent = vigil.start_agent()
     vigil.wait_ready(agent)
     vigil.run("wake", "pinger", "--wait")
@@ -106,6 +110,23 @@ def test_a_worker_that_stops_pinging_is_restarted_within_its_period(
     exited = [e for e in events(vigil, "exited", "pinger") if e.generation_id == gen]
     assert exited and json.loads(exited[0].detail)["reason"].startswith("watchdog: "), exited
     wait_for(lambda: pid_dead(pid), 10, what="the hung worker gone")
+    vigil.quiesce(30)
+    vigil.check()
+    vigil.stop_agent(agent)
+
+
+def test_an_app_deaf_to_sigabrt_is_ended_by_the_stop_path(vigil: Vigil, short_tmp: Path) -> None:
+    """SIGABRT first; an app that ignores it (and SIGTERM) is drained, SIGKILLed and proven
+    gone like any stopped generation, then restarted."""
+    (short_tmp / "stubborn").touch()
+    agent, gen, pid = start(vigil, short_tmp, "1", "--drain-timeout", "1")
+    wait_for(lambda: (short_tmp / f"env-{pid}").exists(), what="the worker up")
+    (short_tmp / f"hang-{pid}").touch()
+    wait_for(lambda: restarted(vigil, gen), 15, interval=0.05, what="the restart")
+    assert pid_dead(pid), "the new generation runs while the old one lives"
+    (fired,) = events(vigil, "watchdog", "pinger")
+    assert json.loads(fired.detail)["reason"] == "no WATCHDOG=1 within 1s"
+    assert vigil.store.read(lambda s: s.get(Generation, gen).state) is GenState.proven
     vigil.quiesce(30)
     vigil.check()
     vigil.stop_agent(agent)
