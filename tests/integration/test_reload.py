@@ -147,8 +147,10 @@ def test_signal_reaches_every_instance(vigil: Vigil, short_tmp: Path) -> None:
     """TTIN makes a gunicorn arbiter start one more worker: each instance's arbiter got it."""
     gunicorn(vigil, short_tmp, "--instances", "2")
     wait_for(lambda: len(leaders(vigil)) == 2, 60, what="two instances")
+    # READY=1 comes once an arbiter has booted, its workers a moment later.
+    wait_for(lambda: all(len(workers(pid)) == 2 for pid in leaders(vigil)), 30,
+             what="two workers in each instance")
     before = {pid: workers(pid) for pid in leaders(vigil)}
-    assert all(len(w) == 2 for w in before.values()), before
     cp = vigil.run("signal", "web", "ttin")
     assert cp.stdout.count("sent SIGTTIN") == 2, cp.stdout
     wait_for(lambda: all(len(workers(pid)) == 3 for pid in before), 30,
