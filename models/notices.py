@@ -15,13 +15,16 @@ from models.tables import Delivery, NotifyOn
 
 # --on word -> the event kinds it stands for (crashloop: see word_of).
 WORDS: dict[str, tuple[str, ...]] = {
-    "failed": ("deploy_failed", "wake_failed"),  # a build failed to start or to deploy
+    # a build failed to start or to deploy, or a host gave up at its start limit
+    "failed": ("deploy_failed", "wake_failed", "failed"),
     "down": ("down",),  # a hold deploy whose new build failed: the host serves nothing
     "oom": ("oom_killed",),
     "crashloop": ("restart_scheduled",),  # only the restart that makes it a crashloop
     "unhealthy": ("unhealthy",),
     "listener_lost": ("listener_lost",),
     "rollout_halted": ("rollout_halted",),
+    "exited": ("exited",),  # a current generation's leader ended by itself (not stopped)
+    "restarted": ("restarted",),  # a restart after an exit is current again
 }
 _BY_KIND = {kind: word for word, kinds in WORDS.items() for kind in kinds}
 
@@ -31,6 +34,8 @@ def word_of(kind: str, detail: dict[str, Any]) -> str | None:
     word = _BY_KIND.get(kind)
     if word == "crashloop" and detail.get("streak") != CRASHLOOP_STREAK:
         return None  # once per crashloop, as it begins (`vigil status` says crashloop from here)
+    if word == "exited" and ("status" not in detail or detail.get("one_shot")):
+        return None  # retired by vigil (unhealthy, not adopted), or a one-shot run's end
     return word
 
 

@@ -174,6 +174,9 @@ class Host(Base):
     # migration 0023): "fence" stops it before another box may take it over, "keep" leaves
     # it running. Only a host placed on several boxes is ever fenced.
     on_store_loss: Mapped[str] = mapped_column(String(8), default="fence", server_default="fence")
+    # The start limit, "N/SECONDS" (workflows/lifecycle/restarts.py; migration 0037): N quick
+    # exits of a slot within SECONDS make it `failed` (no more restarts). NULL: no limit.
+    start_limit: Mapped[str | None] = mapped_column(String(24))
     # `vigil reload` (workflows/deploys/reload.py; migration 0039): the signal sent to each
     # current leader, and the answer to a reload not back ready ("restart": an overlap
     # restart of the same build; "keep": left as it is, with an event).
@@ -193,6 +196,7 @@ class Host(Base):
         CheckConstraint(sql_check("health_interval", nullable=True), name="health_interval"),
         CheckConstraint(sql_check("watchdog", nullable=True), name="watchdog"),
         CheckConstraint("on_store_loss IN ('fence', 'keep')", name="on_store_loss"),
+        CheckConstraint("start_limit IS NULL OR start_limit LIKE '_%/_%'", name="start_limit"),
         CheckConstraint("on_reload_fail IN ('restart', 'keep')", name="on_reload_fail"),
         # The hosts that have a start order, which are few: who names a host reads these
         # (workflows/lifecycle/order.py dependents; migration 0030).
@@ -297,6 +301,10 @@ class SlotStreak(Base):
                                       primary_key=True)
     slot: Mapped[int] = mapped_column(Integer, primary_key=True)
     streak: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The start limit's window (migration 0037): the epoch seconds of its recent quick exits
+    # (JSON), and when the limit made the slot give up (NULL: it restarts).
+    quick_exits: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
+    failed_at: Mapped[datetime | None] = mapped_column(DateTime)
 
 
 class Lease(Base):

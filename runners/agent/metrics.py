@@ -43,7 +43,7 @@ PROOFS_FAILED = Counter("vigil_proofs_failed",
 OBLIGATION_KINDS = ("wake", "unproven_wake", "stop", "release", "restore", "attempt", "member",
                     "unproven_member", "rollout", "notification", "reload")
 HOST_STATES = ("awake", "unhealthy", "asleep", "waking", "waiting", "crashloop", "deploying",
-               "stopping", "retiring", "unproven", "down")
+               "stopping", "retiring", "unproven", "down", "failed")
 DEPLOY_BUCKETS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 DRAIN_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 

@@ -35,6 +35,9 @@ policy_options = options(
     click.option("--restart-cap", type=SECONDS, default=None, help="Longest restart delay (30)."),
     click.option("--restart-reset", type=SECONDS, default=None,
                  help="Up this long, the backoff starts again (60)."),
+    click.option("--start-limit", default=None, metavar="N/SECONDS",
+                 help="N quick exits within SECONDS make it failed: no more restarts until "
+                      "`vigil retry` (none)."),
     click.option("--converge-grace", type=SECONDS, default=None,
                  help="Worker: how long its live build may differ before it converges (60)."),
     click.option("--watchdog", type=SECONDS, default=None, metavar="SECONDS",

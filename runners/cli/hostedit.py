@@ -23,7 +23,7 @@ from runners.cli.common import SECONDS, Env, echo_json, options
 
 UNSETTABLE = ("reload-signal", "on-reload-fail", "args", "env", "cwd", "socket-group", "socket-mode", "listen", "ready",
               "health-interval", "unhealthy-after", "unhealthy-restart", "health", "max-run",
-              "restart-floor", "restart-cap", "restart-reset", "converge-grace", "one-shot",
+              "restart-floor", "restart-cap", "restart-reset", "start-limit", "converge-grace", "one-shot",
               "drain-timeout", "health-timeout", "after", "on-store-loss", "env-file", "watchdog",
               "credential", "stop-signal", "stop-command")
 KEY_OF = {"credential": "credentials"}  # an option whose hosts-file key is named otherwise
@@ -175,6 +175,7 @@ SET_OPTIONS = [
     click.option("--restart-floor", type=SECONDS, default=None),
     click.option("--restart-cap", type=SECONDS, default=None),
     click.option("--restart-reset", type=SECONDS, default=None),
+    click.option("--start-limit", default=None, metavar="N/SECONDS"),
     click.option("--converge-grace", type=SECONDS, default=None),
     click.option("--watchdog", type=SECONDS, default=None, metavar="SECONDS",
                  help="WATCHDOG=1 on $NOTIFY_SOCKET at least this often, or SIGABRT and a "

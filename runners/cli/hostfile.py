@@ -38,6 +38,7 @@ from runners.cli.hostvalues import (
     _reload_fail,
     _reload_signal,
     _seconds,
+    _start_limit,
     _stop_command,
     _stop_signal,
     _store_loss,
@@ -96,6 +97,7 @@ KEYS: dict[str, Key] = {
     "restart_floor": Key("restart_floor", _seconds, 1.0),
     "restart_cap": Key("restart_cap", _seconds, 30.0),
     "restart_reset": Key("restart_reset", _seconds, 60.0),
+    "start_limit": Key("start_limit", _start_limit, None),  # "N/SECONDS": then failed
     "converge_grace": Key("converge_grace", _seconds, 60.0),
     # The ongoing health probe of an instance (workflows/lifecycle/probe.py).
     "health_interval": Key("health_interval", _seconds, None),

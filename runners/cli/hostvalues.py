@@ -143,6 +143,16 @@ def _count(v: Any, _: Path) -> int:
     return v
 
 
+def _start_limit(v: Any, _: Path) -> str:
+    from workflows.lifecycle.restarts import parse_start_limit
+
+    try:
+        return parse_start_limit(v, label="")
+    except BadInput as exc:
+        raise Invalid(exc.cause, 'write e.g. start_limit = "5/60" (5 quick exits in 60 s '
+                      'make it failed)') from None
+
+
 def _store_loss(v: Any, _: Path) -> str:
     if v not in ("fence", "keep"):
         raise Invalid(f"must be \"fence\" or \"keep\", not {json.dumps(v)}",

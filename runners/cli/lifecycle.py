@@ -167,8 +167,15 @@ def deploy(env: Env, name: str, build_path: str, mode: str, canary: bool, cause:
 @click.option("--timeout", type=SECONDS, default=600.0, show_default=True)
 @click.pass_obj
 def retry(env: Env, name: str, wait: bool, timeout: float) -> None:
-    """Re-arm the host's last failed build: a new attempt with cause `retry`."""
-    _attempt(env, name, env.quick().call("retry", name=name)["attempt"], wait, timeout)
+    """Re-arm the host's last failed build: a new attempt with cause `retry`; a host failed
+    at its start limit is woken again instead."""
+    out = env.quick().call("retry", name=name)
+    if "wake" in out:
+        click.echo(f"host {name}: failed cleared, wake #{out['wake']} queued")
+        if wait:
+            woken(env, name, out["wake"], timeout)
+        return
+    _attempt(env, name, out["attempt"], wait, timeout)
 
 
 def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float,
@@ -235,12 +242,14 @@ def _attempt(env: Env, name: str, attempt_id: int, wait: bool, timeout: float,
 @click.option("--mode", type=click.Choice([m.value for m in Mode]), default="overlap",
               show_default=True, help="overlap: the successor starts beside the old one "
                                       "(instances); hold: stop, then start.")
-@click.option("--wait", is_flag=True, help="Block until each has restarted or failed; one "
-                                           "host: show the steps as they happen.")
+@click.option("--wait", is_flag=True, help="Block until each has restarted and settled, or "
+                                           "failed; one host: show the steps as they happen.")
+@click.option("--settle", type=SECONDS, default=1.0, show_default=True,
+              help="With --wait: the new generation must stay current this long.")
 @click.option("--timeout", type=SECONDS, default=600.0, show_default=True)
 @click.pass_obj
 def restart(env: Env, names: tuple[str, ...], every: bool, mode: str, wait: bool,
-            timeout: float) -> None:
+            settle: float, timeout: float) -> None:
     """Restart hosts on the build they run (HOST..., a glob such as 'web*', or --all)."""
     hosts = resolve(env, names, every)
     each = Each(hosts)
@@ -261,11 +270,47 @@ def restart(env: Env, names: tuple[str, ...], every: bool, mode: str, wait: bool
     deadline = time.monotonic() + timeout
     for name, req in queued:
         left = max(0.0, deadline - time.monotonic())
-        if "wake" in req:
-            each.run(name, woken, env, name, req["wake"], left)
-        else:
-            each.run(name, _attempt, env, name, req["attempt"], True, left, len(hosts) == 1)
+        if each.run(name, _restarted, env, name, req, left, len(hosts) == 1) is not None:
+            left = max(0.0, deadline - time.monotonic())
+            each.run(name, settled_generation, env, name, settle, left)
     each.end("restart")
+
+
+def _restarted(env: Env, name: str, req: dict[str, Any], timeout: float, steps: bool) -> bool:
+    """Follow the restart's wake or attempt to its end (raises when it failed)."""
+    if "wake" in req:
+        woken(env, name, req["wake"], timeout)
+    else:
+        _attempt(env, name, req["attempt"], True, timeout, steps)
+    return True
+
+
+def settled_generation(env: Env, name: str, settle: float, timeout: float) -> bool:
+    """After a restart is done: its new generation stays current `settle` seconds (say so),
+    or it ended first (fail, saying how: `oom`, `exited 3`, failed at its start limit)."""
+    seen: dict[str, Any] = {}
+
+    def read() -> dict[str, Any]:
+        rows = env.quick().call("status", name=name)
+        return rows[0] if rows else {"state": "removed", "generation": None}
+
+    def over(row: dict[str, Any], elapsed: float) -> bool:
+        g, ended = row["generation"], row.get("last_exit") or {}
+        if g is not None and "g" not in seen:
+            seen.update(g=g, at=elapsed)
+        gone = "g" in seen and (ended.get("generation") == seen["g"] or g != seen["g"])
+        if gone or row["state"] in ("failed", "down", "asleep", "removed"):
+            seen["ended"] = ended.get("status") or row["state"]
+            return True
+        return "g" in seen and elapsed - seen["at"] >= settle
+
+    poll(read, over, timeout=timeout, late=lambda r: f"host {name} is {r['state']}")
+    if "ended" in seen:
+        which = f"generation g{seen['g']}" if "g" in seen else "its new generation"
+        raise VigilError(f"host {name}: {which} did not settle: {seen['ended']}",
+                         f"see `vigil events {name}` and the app's output: `vigil logs {name}`")
+    click.echo(f"host {name}: generation g{seen['g']} settled (current {settle:g}s)")
+    return True
 
 
 def _settled(env: Env, name: str, n: int) -> dict[str, Any]:

@@ -169,13 +169,16 @@ def owed(r: dict[str, Any], short: bool) -> str:
 
 def in_flight(r: dict[str, Any]) -> str:
     """The rollout the host is in, else its deploy in flight with its step, else why it is
-    down (a failed start)."""
+    down (a failed start), else how its last leader ended while nothing runs (`oom`)."""
     ro = r.get("rollout")
     if ro is not None:
         return f"rollout #{ro['id']} w{ro['wave']}/{ro['wave_count']} {ro['target']}"
     a = r.get("last_attempt")
     if a is not None and a["outcome"] is None:
         return f"deploy #{a['id']} {a['step']}"
+    ended = r.get("last_exit")
+    if not r.get("problem") and ended and r.get("generation") is None:
+        return f"{ended['status']} {age(ended['at'])} ago"
     return str(r.get("problem") or "")
 
 
@@ -270,7 +273,7 @@ def screen(f: Frame, when: str) -> Any:
                  *(line(event_line(e)) for e in f.events))
 
 
-TROUBLE = ("unproven", "crashloop", "unhealthy", "down")
+TROUBLE = ("unproven", "crashloop", "unhealthy", "down", "failed")
 
 
 def plain(f: Frame) -> str:

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from models.errors import BadInput, NotFound, Refused
 from models.states import Cause, HostKind, ListenerState, Mode, Outcome
 from models.store import Store
+from models.streaks import failed_slots
 from models.tables import Attempt, Event, Generation, Host, Listener, Release, Stop, Wake
 from runners.backend.files import stage_build
 from runners.quick import client
@@ -109,6 +110,18 @@ def deploy(store: Store, state_dir: Path, name: str, build_path: str, *, cwd: st
 
 
 def retry(store: Store, name: str) -> dict[str, Any]:
+    """A host failed at its start limit is woken again (its failed slots cleared); else the
+    host's last failed build is re-armed by a new attempt."""
+    def woken(s):  # type: ignore[no-untyped-def]
+        if not failed_slots(s, [name]):
+            return None
+        w = request_wake(s, name, "retry")
+        return {"wake": w.id, "state": w.state}
+
+    again = store.write(woken)
+    if again is not None:
+        return again
+
     def intent(s):  # type: ignore[no-untyped-def]
         build, failed = last_failed(s, name)
         refuse_while_scaling(s, name, "retried")

@@ -28,7 +28,7 @@ from workflows.base.context import Context, Result
 from workflows.engine import history
 from workflows.engine.obligations import Due, due, run_one
 
-KNOWN = "failed, down, oom, crashloop, unhealthy, listener_lost, rollout_halted"
+KNOWN = "failed, down, oom, crashloop, unhealthy, listener_lost, rollout_halted, exited, restarted"
 RECEIVER = """import json, os, sys
 event = json.load(sys.stdin)
 flag = sys.argv[1] + ".fail"

@@ -34,9 +34,11 @@ def test_wake_stop_restart_take_several_hosts_globs_and_all(vigil: Vigil) -> Non
     before = {h: _current(vigil, h) for h in ("web1", "web2", "api", "job")}
     cp = vigil.run("restart", "web1", "job", "--wait")
     lines = cp.stdout.splitlines()
-    assert len(lines) == 2, cp.stdout
+    assert len(lines) == 4, cp.stdout  # each: its attempt done, then its generation settled
     assert lines[0].startswith("host web1: attempt #") and "done (mode overlap" in lines[0]
-    assert lines[1].startswith("host job: attempt #") and "done (mode hold" in lines[1]
+    assert lines[1].startswith("host web1: generation g") and "settled" in lines[1]
+    assert lines[2].startswith("host job: attempt #") and "done (mode hold" in lines[2]
+    assert lines[3].startswith("host job: generation g") and "settled" in lines[3]
     for h in ("web1", "job"):
         assert _current(vigil, h)[0] != before[h][0]
     for h in ("web2", "api"):  # not named: untouched
@@ -47,7 +49,8 @@ def test_wake_stop_restart_take_several_hosts_globs_and_all(vigil: Vigil) -> Non
 
     cp = vigil.run("restart", "web2", "--mode", "hold", "--wait")  # one host: its steps shown
     assert "stopping" in cp.stdout or "spawning" in cp.stdout, cp.stdout
-    assert "done (mode hold" in cp.stdout.splitlines()[-1]
+    assert "done (mode hold" in cp.stdout.splitlines()[-2]
+    assert "host web2: generation g" in cp.stdout.splitlines()[-1] and "settled" in cp.stdout
 
     cp = vigil.run("stop", "--all", "--wait")
     assert sorted(ln.split(" stopped")[0] for ln in cp.stdout.splitlines()) == [

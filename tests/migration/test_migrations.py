@@ -489,7 +489,16 @@ def seed_0036(conn: Connection) -> None:
 
 
 def seed_0037(conn: Connection) -> None:
-    """Rows at 0037 (start_limit): none yet."""
+    """A host with a start limit, failed at it: its slot's quick exits and when it gave up
+    (0037: hosts.start_limit, slot_streaks.quick_exits and failed_at)."""
+    raw_insert(conn, "hosts", {"name": "gives-up", "kind": "worker", "build_id": 1,
+                               "args": "[]", "env": "{}", "cwd": None, "drain_timeout": 10.0,
+                               "health_timeout": 5.0, "memory_tier_mb": None, "desired": "up",
+                               "raised": False, "fence_seq": 0, "created_at": T0,
+                               "start_limit": "3/60"})
+    raw_insert(conn, "slot_streaks", {"host": "gives-up", "slot": 0, "streak": 3,
+                                      "quick_exits": "[1767323045.1, 1767323046.2, 1767323048.3]",
+                                      "failed_at": T0})
 
 
 def seed_0038(conn: Connection) -> None:
@@ -729,7 +738,12 @@ def test_rows_seeded_at_each_revision_survive_upgrade_to_head(store: Store) -> N
         # 0033: the worker's streak of 0003 is its slot 0's row; a streak of 0 is no row.
         assert [tuple(r) for r in conn.execute(text(
             "SELECT host, slot, streak FROM slot_streaks ORDER BY host, slot"))] == [
-            ("jobs", 0, 2), ("pair", 0, 1), ("pair", 2, 3)]
+            ("gives-up", 0, 3), ("jobs", 0, 2), ("pair", 0, 1), ("pair", 2, 3)]
+        # 0037: a host's start limit, and the slot it made give up with its window.
+        assert conn.execute(text("SELECT start_limit FROM hosts WHERE name = 'gives-up'")
+                            ).scalar() == "3/60"
+        assert conn.execute(text("SELECT count(*) FROM slot_streaks WHERE failed_at IS NOT NULL "
+                                 "AND quick_exits LIKE '[1767323045.1,%'")).scalar() == 1
         # 0013 and 0034: every stored job names the function where it is now.
         assert {i: pickle.loads(b)["func"] for i, b in conn.execute(text(
             "SELECT id, job_state FROM apscheduler_jobs WHERE id <> 'restart:web'"))} == {
@@ -750,7 +764,7 @@ def test_slot_0_streaks_go_back_to_hosts_and_return(store: Store) -> None:
     schema.upgrade(engine)
     with engine.connect() as conn:
         before = snapshot(conn)
-    assert ("jobs", 0, 2) in before["slot_streaks"]
+    assert ("jobs", 0, 2) in [r[:3] for r in before["slot_streaks"]]
     schema.downgrade(engine, "0032")
     with engine.connect() as conn:
         assert dict(conn.execute(text("SELECT name, restart_streak FROM hosts")).all()) == {

@@ -30,7 +30,7 @@ from models.states import (
     WakeState,
 )
 from models.store import utcnow
-from models.streaks import streaks
+from models.streaks import failed_slots, streaks
 from models.tables import Attempt, Build, Event, Generation, Host, Lease, Listener, Stop, Wake
 from workflows.generations.listeners import note, reopened
 from workflows.generations.shutdown import closed
@@ -70,6 +70,7 @@ class Facts:
             self.listeners[r.host].append(r)
         self.exits = self._exits(s, of(Event.host))
         self.streaks = streaks(s, names)
+        self.failed = failed_slots(s, names)  # slots given up at their start limit
         ids = {g.build_id for gs in self.live.values() for g in gs} | {h.build_id for h in self.hosts}
         self.builds = {b.id: b for b in s.execute(select(Build).where(Build.id.in_(ids))).scalars()}
 
@@ -109,6 +110,8 @@ def state_of(f: Facts, h: Host) -> str:
         if any(g.unhealthy_since is not None for g in currents):
             return "unhealthy"  # it runs, but has failed its probe --unhealthy-after times
         return "awake"
+    if not wakes and any(host == name for host, _ in f.failed):
+        return "failed"  # its start limit was reached: nothing restarts it until asked
     if wakes:
         queued = [w for w in wakes if w.state is WakeState.queued]
         if any(w.waiting_on is not None for w in queued):
@@ -181,7 +184,7 @@ def instance_status(f: Facts, h: Host, currents: list[Generation]) -> dict[str, 
         streak = f.streaks.get((h.name, n), 0)
         mine = [w for w in wakes if w.slot == n]
         word = "up" if g is not None else "crashloop" if crashloop(streak, mine, f.now) \
-            else "waking" if mine else "down"
+            else "waking" if mine else "failed" if (h.name, n) in f.failed else "down"
         return {"slot": n, "state": word, "generation": g.id if g else None,
                 "pid": g.pid if g else None, "build_id": g.build_id if g else None,
                 "since": iso(g.current_at) if g else None, "restart_streak": streak}

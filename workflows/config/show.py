@@ -19,7 +19,7 @@ from workflows.config.hostrows import host_state
 from workflows.generations.listeners import note, stored
 
 SETTINGS = ("drain_timeout", "health_timeout", "memory_tier_mb", "socket_group",
-            "restart_floor", "restart_cap", "restart_reset", "on_store_loss", "stop_signal",
+            "restart_floor", "restart_cap", "restart_reset", "start_limit", "on_store_loss", "stop_signal",
             "stop_command")
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart", "health")
 WORKER = ("one_shot", "max_run", "converge_grace")

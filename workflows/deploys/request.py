@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from models.errors import BadInput, Refused, present
 from models.states import AttemptStep, Cause, HostKind, Mode, Outcome
 from models.store import emit, utcnow
+from models.streaks import clear_failed
 from models.tables import Attempt, Build
 from workflows.base.lookups import get_host, newest_revision, open_stop
 
@@ -28,6 +29,8 @@ def request_deploy(s: Session, host: str, build: Build, *, mode: Mode, canary: b
     """The CLI's intent: one attempt row (write-ahead: cause, build, digest, both modes,
     the host's next scheduler revision, canary; the attempt it writes again, if any)."""
     h = get_host(s, host)
+    if resumed_from is None and clear_failed(s, host):  # a deploy undoes the start limit
+        emit(s, "failed_cleared", host, by=f"deploy ({cause.value})")
     effective = Mode.hold if h.kind is HostKind.worker else mode
     revision = (s.execute(select(func.max(Attempt.revision)).where(Attempt.host == host))
                 .scalar() or 0) + 1

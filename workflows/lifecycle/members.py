@@ -52,17 +52,18 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
     lease = s.get(Lease, gen.host)
     join_set(s, gen.id, gen.host, MemberRole.retiring,
              lease.fence if lease is not None else gen.fence, unproven=True)
-    how = {"exit_code": code, "status": exit_line(code)} if exited else {}
-    emit(s, "exited", gen.host, gen.id, pid=gen.pid, reason=why, **how)
     host = s.get(Host, gen.host)
+    oom = oom_line(s, ctx, gen, code) if exited else None  # an OOM kill says so, everywhere
+    how = {"exit_code": code, "status": "oom" if oom else exit_line(code)} if exited else {}
+    one_shot = {"one_shot": True} if host is not None and host.one_shot else {}
+    emit(s, "exited", gen.host, gen.id, pid=gen.pid, reason=why, **how, **one_shot)
     if not restart or host is None:
         return
     if host.kind is HostKind.worker:
-        worker_exited(s, ctx, gen, host)  # backoff, onto its captured build; one-shot: none
+        worker_exited(s, gen, host, code, oom)  # backoff, onto its captured build; one-shot: none
     elif host.desired is Desired.up and gen.slot < host.instances and s.execute(select(Wake.id).where(
             Wake.host == gen.host, Wake.slot == gen.slot, Wake.state.in_(OPEN_WAKE))).first() is None:
-        schedule(s, host, uptime(gen), (oom_line(s, ctx, gen, code) if exited else None) or why,
-                 slot=gen.slot, at_once=True)  # an OOM kill says so
+        schedule(s, host, uptime(gen), oom or why, slot=gen.slot, at_once=True)
 
 
 def current_leaders(ctx: Context) -> dict[int, tuple[int, float]]:

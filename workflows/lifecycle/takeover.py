@@ -51,6 +51,7 @@ from models.tables import (
     Member,
     Release,
     Restore,
+    SlotStreak,
     Stop,
     Wake,
 )
@@ -246,7 +247,9 @@ def _wake_wanted(s: Session, hosts: list[str]) -> None:
     up = s.execute(select(_H.name).where(
         _H.name.in_(hosts), _H.desired == Desired.up,
         ~exists().where(Wake.host == _H.name, Wake.state == WakeState.queued),
-        ~exists().where(Stop.host == _H.name, Stop.state == StopState.queued))).scalars()
+        ~exists().where(Stop.host == _H.name, Stop.state == StopState.queued),
+        # failed at its start limit: it stays down until an operator asks (`vigil retry`)
+        ~exists().where(SlotStreak.host == _H.name, SlotStreak.failed_at.is_not(None)))).scalars()
     for host in sorted(up):
         wake_host(s, host, "takeover")
     s.flush()

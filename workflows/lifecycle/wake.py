@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from models.errors import BrokenInvariant, NotFound
 from models.states import LIVE_GEN, OPEN_STOP, OPEN_WAKE, Desired, GenState, HostKind, WakeState
 from models.store import emit, utcnow
+from models.streaks import clear_failed
 from models.tables import Build, Generation, Host, Lease, Stop, Wake
 from models.transition import Fence, Unfenced, move_many
 from workflows.base.context import Context, Held, Poke, Result
@@ -79,6 +80,8 @@ def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
     if h is None:
         raise NotFound(f"no host named {host!r}", "see `vigil host list`, or add it with `vigil host add`")
     refuse_if_unproven(s, host)
+    if clear_failed(s, host):  # an operator's wake (or `vigil retry`) undoes the start limit
+        emit(s, "failed_cleared", host, by=cause)
     move_many(s, Host, [Host.name == host], {"desired": Desired.up}, f"host {host} up",
               fence=OPERATOR, col="desired", frm=tuple(Desired))
     stopping = open_stop(s, host)  # then only a queued wake runs after it: one under way ends first
@@ -320,6 +323,8 @@ def serve(go: Launch, gen: Generation, *, recorded: bool = True, waiters: bool =
     def write(s: Session) -> None:
         current_in(s, gen, go.ours, recorded=recorded)
         emit(s, "woke", go.wake.host, gen.id, pid=gen.pid, build=go.start.build.digest[:12])
+        if go.wake.cause == "restart":  # back after an exit (the `restarted` notification)
+            emit(s, "restarted", go.wake.host, gen.id, pid=gen.pid, slot=gen.slot)
         if waiters:
             wake_waiters(s)
 

@@ -40,7 +40,7 @@ from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.leases.lease import owe_release, release_owed
 from workflows.lifecycle.order import wake_waiters
-from workflows.lifecycle.restarts import exit_code, exit_line, oom_line, schedule, uptime
+from workflows.lifecycle.restarts import exit_code, exit_line, parse_start_limit, schedule, uptime
 
 # Moves that carry no lease fence, each with the reason it needs none.
 ONE_SHOT = Unfenced("the attempt ending its one-shot run: its gate checked the lease")
@@ -61,10 +61,10 @@ ONESHOT_DONE = define("oneshot.done", "a one-shot attempt's run exited 0: the at
 OWN_STARTS = ("restart", "recycle", "converge")
 
 POLICY_DEFAULTS = {"one_shot": False, "max_run": None, "restart_floor": 1.0, "restart_cap": 30.0,
-                   "restart_reset": 60.0, "converge_grace": 60.0}
+                   "restart_reset": 60.0, "converge_grace": 60.0, "start_limit": None}
 
 
-RESTART_POLICY = ("restart_floor", "restart_cap", "restart_reset")  # instances' too
+RESTART_POLICY = ("restart_floor", "restart_cap", "restart_reset", "start_limit")  # instances' too
 
 
 def check_policy(kind: HostKind, policy: dict[str, object]) -> dict[str, object]:
@@ -80,6 +80,8 @@ def check_policy(kind: HostKind, policy: dict[str, object]) -> dict[str, object]
     for key in ("max_run", "restart_floor", "restart_cap", "restart_reset", "converge_grace"):
         if out[key] is not None:
             check_seconds(out[key], f"--{key.replace('_', '-')}", "5")
+    if out["start_limit"] is not None:
+        out["start_limit"] = parse_start_limit(str(out["start_limit"]))
     if float(out["restart_cap"]) < float(out["restart_floor"]):  # type: ignore[arg-type]
         raise BadInput(f"--restart-cap {out['restart_cap']} is below --restart-floor "
                        f"{out['restart_floor']}", "pass a cap at least as large as the floor")
@@ -104,11 +106,12 @@ def _busy(s: Session, host: str) -> str | None:
 # -- exits and restarts -------------------------------------------------------------------
 
 
-def worker_exited(s: Session, ctx: Context, gen: Generation, host: Host) -> None:
-    """A worker's current generation ended (in the transaction that retires it): a one-shot
-    run is over (a clean exit marks the build good); anything else restarts, with backoff."""
-    code = exit_code(ctx, gen.pid)
-    code_line = oom_line(s, ctx, gen, code) or exit_line(code)
+def worker_exited(s: Session, gen: Generation, host: Host, code: int | None,
+                  oom: str | None) -> None:
+    """A worker's current generation ended (in the transaction that retires it, which read
+    its status `code` and `oom`, the words of an OOM kill): a one-shot run is over (a clean
+    exit marks the build good); anything else restarts, with backoff."""
+    code_line = oom or exit_line(code)
     if host.one_shot:
         if code == 0:
             mark_good(s, gen.build_id)
