@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from runners.cli.topview import cells
-from tests.conftest import FIXTURES, Vigil, pid_dead, wait_for
+from tests.conftest import FIXTURES, HELLO, Vigil, pid_dead, wait_for
 from tests.integration.test_limits import needs
 from tests.integration.test_notifications import receiver
 
@@ -34,6 +34,8 @@ def received(got: Path) -> list[str]:
     return [line.split()[1] for line in got.read_text().splitlines()] if got.exists() else []
 
 
+@pytest.mark.backend("the start limit's window and failed mark are written in the exit's "
+                     "transaction, and retry's clear in the wake's")
 def test_a_start_limit_fails_the_host_notifies_and_retry_brings_it_back(
         vigil: Vigil, short_tmp: Path) -> None:
     command, got = receiver(short_tmp)
@@ -70,10 +72,12 @@ def test_a_start_limit_fails_the_host_notifies_and_retry_brings_it_back(
     vigil.stop_agent(agent)
 
 
-def test_a_single_kill_9_sends_exited_then_restarted(vigil: Vigil, short_tmp: Path) -> None:
+@pytest.mark.parametrize("kind", ["worker", "instance"])
+def test_a_single_kill_9_sends_exited_then_restarted(vigil: Vigil, short_tmp: Path,
+                                                     kind: str) -> None:
     command, got = receiver(short_tmp)
     vigil.run("notify", "add", "pager", "--on", "exited,restarted,crashloop", "--exec", command)
-    vigil.add_host("w", WORKER, "--kind", "worker")
+    vigil.add_host("w", WORKER if kind == "worker" else HELLO, "--kind", kind)
     agent = vigil.start_agent()
     vigil.wait_ready(agent)
     vigil.run("wake", "w", "--wait")
@@ -130,5 +134,52 @@ def test_restart_wait_returns_once_the_new_generation_settled(vigil: Vigil, shor
     assert "generation g" in bad.stderr and "did not settle: exited 3" in bad.stderr, bad.stderr
     assert "attempt #" in bad.stdout and " done " in bad.stdout, bad.stdout  # done, not settled
     flag.unlink()
+    vigil.run("stop", "w", "--wait")
+    vigil.stop_agent(agent)
+
+
+def test_a_start_limit_is_set_by_add_set_and_the_hosts_file_and_refused_in_one_line(
+        vigil: Vigil, short_tmp: Path) -> None:
+    from tests.integration.test_cli_bad_input import dump
+
+    vigil.add_host("w", WORKER, "--kind", "worker", "--start-limit", "5/60")
+    assert vigil.json("host", "show", "w")["start_limit"] == "5/60"
+    before = dump(vigil)
+    for args, says in ((("host", "add", "x", "--build", str(WORKER), "--start-limit", "0/60"),
+                        "--start-limit '0/60' is not N/SECONDS"),
+                       (("host", "set", "w", "--start-limit", "5"), "is not N/SECONDS")):
+        cp = vigil.run(*args, check=False)
+        assert cp.returncode == 2 and says in cp.stderr, cp.stderr
+        assert len(cp.stderr.strip().splitlines()) == 1 and "5/60" in cp.stderr, cp.stderr
+    assert dump(vigil) == before
+    vigil.run("host", "set", "w", "--start-limit", "3/30.0")
+    assert vigil.json("host", "show", "w")["start_limit"] == "3/30"
+    vigil.run("host", "set", "w", "--unset", "start-limit")
+    assert vigil.json("host", "show", "w")["start_limit"] is None
+
+    f = short_tmp / "hosts.toml"
+    f.write_text(f'[hosts.jobs]\nbuild = "{WORKER}"\nkind = "worker"\nstart_limit = "4/20"\n')
+    vigil.run("apply", str(f))
+    assert vigil.json("host", "show", "jobs")["start_limit"] == "4/20"
+    f.write_text(f'[hosts.jobs]\nbuild = "{WORKER}"\nkind = "worker"\nstart_limit = 4\n')
+    cp = vigil.run("apply", str(f), check=False)
+    assert cp.returncode == 2 and ":4: hosts.jobs.start_limit" in cp.stderr, cp.stderr
+    assert 'start_limit = "5/60"' in cp.stderr
+
+
+def test_a_deploy_or_a_wake_brings_a_failed_host_back(vigil: Vigil) -> None:
+    vigil.add_host("w", CRASH, "--kind", "worker", "--start-limit", "2/60",
+                   "--restart-floor", "0.2")
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    vigil.run("wake", "w")
+    wait_for(lambda: vigil.status("w")["state"] == "failed", 30, what="failed")
+    vigil.run("deploy", "w", str(CRASH))
+    cleared = wait_for(lambda: kinds(vigil, "w", "failed_cleared"), 10, what="cleared by the deploy")
+    assert cleared[0]["detail"]["by"] == "deploy (release)", cleared
+    wait_for(lambda: len(kinds(vigil, "w", "failed")) == 2, 30, what="failed again")
+    vigil.run("wake", "w")
+    wait_for(lambda: [e for e in kinds(vigil, "w", "failed_cleared") if e["detail"]["by"] == "wake"],
+             10, what="cleared by the wake")
     vigil.run("stop", "w", "--wait")
     vigil.stop_agent(agent)
