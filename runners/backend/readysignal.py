@@ -182,6 +182,10 @@ class Readiness:
                     self._read(key.data, w)
 
     def watchdog_seen(self, generation_uuid: str) -> tuple[float | None, bool]:
+        with self._lock:
+            w = self._watched.get(generation_uuid)
+        if w is not None:  # what is queued counts: the reader may be behind (a stalled agent)
+            self._read(generation_uuid, w)
         return self._pings.get(generation_uuid), generation_uuid in self._triggered
 
     def _watchdog(self, generation_uuid: str, lines: list[str]) -> None:

@@ -177,6 +177,21 @@ def test_a_pinging_worker_is_never_restarted_even_across_an_agent_outage(
     vigil.stop_agent(agent)
 
 
+def test_a_stalled_agent_does_not_fire_a_pinging_worker(vigil: Vigil, short_tmp: Path) -> None:
+    """The agent frozen (SIGSTOP) past the period while the worker pings on: its pings wait
+    in the socket, and count once the agent goes on, before any deadline is judged."""
+    agent, gen, pid = start(vigil, short_tmp, "2")
+    wait_for(lambda: vigil.store.read(lambda s: s.get(Watchdog, gen).deadline) is not None,
+             what="the watchdog armed")
+    agent.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(4)  # the stall itself: its length is the scenario
+    finally:
+        agent.send_signal(signal.SIGCONT)
+    steady(vigil, gen, pid, 2 + 1)
+    vigil.stop_agent(agent)
+
+
 def test_bad_watchdog_values_are_refused_with_one_line(vigil: Vigil, short_tmp: Path) -> None:
     build = worker(short_tmp)
     for value, line in (("0", "--watchdog must be a positive number of seconds"),
