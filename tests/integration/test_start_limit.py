@@ -48,8 +48,9 @@ def test_a_start_limit_fails_the_host_notifies_and_retry_brings_it_back(
     failed = wait_for(lambda: kinds(vigil, "w", "failed"), 30, what="the start limit's failed")
     assert failed[0]["detail"]["start_limit"] == "3/60" and failed[0]["detail"]["quick_exits"] == 3
     vigil.quiesce(20)
+    vigil.check()  # failed, wanted up and not running: no invariant broken, no lease kept
     st = vigil.status("w")
-    assert st["state"] == "failed" and st["generation"] is None, st
+    assert st["state"] == "failed" and st["generation"] is None and st["lease"] is None, st
     assert [o for o in vigil.obligations() if o["kind"] == "wake"] == []  # no restart queued
     # Two restarts before it gave up, each delay within ±20 % of floor * 2**n.
     delays = [e["detail"]["delay"] for e in kinds(vigil, "w", "restart_scheduled")]
