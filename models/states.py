@@ -50,6 +50,17 @@ class ReloadState(str, enum.Enum):
     cancelled = "cancelled"  # a stop, a deploy or an exit took over the generation
 
 
+class RunState(str, enum.Enum):
+    """A job's run (workflows/lifecycle/jobs.py): one row per scheduled instant."""
+
+    due = "due"  # written with its wake (the intent) before anything of it is exec'd
+    running = "running"  # its generation is current (pid recorded, or adopted after a crash)
+    done = "done"  # exited 0
+    failed = "failed"  # exited non-zero, or by a signal, or its start failed
+    skipped = "skipped"  # due while the last run still ran (overlap skip): never started
+    interrupted = "interrupted"  # the agent died before its pid was written: reaped, not run again
+
+
 class AttemptStep(str, enum.Enum):
     queued = "queued"
     admitted = "admitted"  # successor registered as a member (overlap) / mode decided
@@ -138,6 +149,15 @@ class TargetState(str, enum.Enum):
 
 
 TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
+    RunState: {
+        RunState.due: frozenset({RunState.running, RunState.done, RunState.failed,
+                                 RunState.interrupted}),
+        RunState.running: frozenset({RunState.done, RunState.failed}),
+        RunState.done: frozenset(),
+        RunState.failed: frozenset(),
+        RunState.skipped: frozenset(),
+        RunState.interrupted: frozenset(),
+    },
     GenState: {
         # spawning -> current: a worker's pid and its being current in one commit
         GenState.spawning: frozenset({GenState.running, GenState.current, GenState.retiring}),
@@ -242,6 +262,7 @@ TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
     },
 }
 
+OPEN_RUN = (RunState.due, RunState.running)
 OPEN_WAKE = (WakeState.queued, WakeState.leased, WakeState.spawning, WakeState.checking,
              WakeState.reaping, WakeState.unproven)
 OPEN_STOP = (StopState.queued, StopState.signalled)

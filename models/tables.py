@@ -24,6 +24,7 @@ from sqlalchemy import (
     Table,
     Text,
     Unicode,
+    UniqueConstraint,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -42,6 +43,7 @@ from models.states import (
     ReloadState,
     RolloutOutcome,
     RolloutState,
+    RunState,
     StopState,
     TargetState,
     TryOutcome,
@@ -187,6 +189,14 @@ class Host(Base):
     # name without SIG (TERM unless set), or a command run instead of the signal.
     stop_signal: Mapped[str] = mapped_column(String(16), default="TERM", server_default="TERM")
     stop_command: Mapped[str | None] = mapped_column(Text)
+    # A job (workflows/lifecycle/jobs.py; migration 0040): stored as a worker whose schedule
+    # is set, `--every` seconds or a `--schedule` cron line (one of them), read in `timezone`
+    # (NULL: UTC); `runs_from` is when its schedule was last enabled (no instant before it is due).
+    every: Mapped[float | None] = mapped_column(Float)
+    schedule: Mapped[str | None] = mapped_column(Text)
+    timezone: Mapped[str | None] = mapped_column(String(64))
+    runs_from: Mapped[datetime | None] = mapped_column(DateTime)
+
 
     # Every duration finite, above 0, at most a day (migration 0006; on SQLite the same
     # rule is held by triggers, as adding a CHECK there means rebuilding the table; 0023's
@@ -411,6 +421,28 @@ class Stop(RetryColumns, Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime)
     # The one instance it ends (`vigil scale` down; migration 0024); NULL: the whole host.
     slot: Mapped[int | None] = mapped_column(Integer)
+
+
+class JobRun(RetryColumns, Base):
+    """One run of a job: its scheduled instant, written (with the wake that starts it) before
+    anything of it runs; unique per host and instant, so no instant is started twice
+    (workflows/lifecycle/jobs.py; migration 0040)."""
+
+    __tablename__ = "job_runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name", ondelete="CASCADE"))
+    scheduled_at: Mapped[datetime] = mapped_column(DateTime)
+    state: Mapped[RunState] = mapped_column(state_enum(RunState, "run_state"))
+    cause: Mapped[str] = mapped_column(String(16))  # schedule | manual (`vigil run`)
+    wake_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    generation_id: Mapped[int | None] = mapped_column(ForeignKey("generations.id"), index=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime)
+    exit_status: Mapped[int | None] = mapped_column(Integer)
+    duration: Mapped[float | None] = mapped_column(Float)
+    reason: Mapped[str | None] = mapped_column(Text)
+    __table_args__ = (UniqueConstraint("host", "scheduled_at", name="uq_job_runs_host_instant"),
+                      Index("ix_job_runs_state_host", "state", "host"))
 
 
 class Reload(RetryColumns, Base):

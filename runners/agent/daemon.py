@@ -31,6 +31,7 @@ from runners.agent.chore_holder import Chores
 from runners.agent.exit_watch import ExitWatcher, PipeBell, pidfds_supported
 from runners.agent.fencing import FencedProcess, FenceGuard, Timing
 from runners.agent.helpers import Keeper, KeeperWatch
+from runners.agent.jobtimer import JobTimer
 from runners.agent.openfiles import raise_open_file_limit, say_open_file_limit
 from runners.agent.reconciler import Kick, Reconciler
 from runners.agent.startup import Signals, doorbell, lock_state_dir, register, wait_for_stop
@@ -218,11 +219,13 @@ class AgentDaemon:
                 watcher.refresh()
             prober.refresh()
             watchdogs.refresh()
+            job_timer.poke()
 
         reconciler = Reconciler(ctx, scheduler, self.max_hosts, bell=bell, trust=trust,
                                 on_progress=progressed,
                                 on_round=parts.observe_round or (lambda _seconds: None))
         watchdogs = Watchdogs(ctx, reconciler.kick)  # refreshed by progressed() from here on
+        job_timer = JobTimer(ctx, scheduler, trust)  # poked by progressed() likewise
         if watcher is not None:
             watcher.start()
         keepers.start()  # each checked, restored and watched before the first round
@@ -238,6 +241,7 @@ class AgentDaemon:
                          daemon=True).start()
         watchdog_loop.start(ctx, watchdogs, self.stop, trust)
         self._add_jobs(scheduler, reconciler, sweeper)
+        job_timer.start()  # the jobs' runs (runners/agent/jobtimer.py)
         chores.tick()  # the holder attaches the job store before its scheduler starts
         doorbell(ctx, self.stop, reconciler.kick)
         control = ControlServer(ctx, self.db, reconciler.kick, partial(self.live, reconciler),

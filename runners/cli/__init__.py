@@ -20,6 +20,7 @@ from runners.cli import (
     hostedit,
     importcmd,
     inspect,
+    jobcmds,
     lifecycle,
     logs,
     notify,
@@ -56,6 +57,8 @@ for command in (db.db, hostcmds.host, hostcmds.apply_cmd, lifecycle.wake, lifecy
                 ui.ui, completion.completion, notify.notify, lifecycle.scale,
                 importcmd.import_cmd):
     cli.add_command(command)
+cli.add_command(jobcmds.runs)  # a job's runs, and one now
+cli.add_command(jobcmds.run)
 cli.add_command(reloadcmds.reload)  # vigil reload, vigil signal
 cli.add_command(reloadcmds.signal_cmd)
 hostedit.attach(hostcmds.host)

@@ -48,6 +48,28 @@ policy_options = options(
 )
 
 
+# A job (workflows/lifecycle/jobs.py): its kind and schedule.
+job_options = options(
+    click.option("--kind", type=click.Choice([*(k.value for k in HostKind), "job"]),
+                 default="instance", show_default=True,
+                 help="A job runs its build on a schedule."),
+    click.option("--every", type=SECONDS, default=None, metavar="SECONDS",
+                 help="Job: a run every SECONDS (10m, 1h...), at whole multiples since the epoch."),
+    click.option("--schedule", default=None, metavar="CRON",
+                 help="Job: a run at each instant of a five-field cron line."),
+    click.option("--timezone", default=None, metavar="TZ",
+                 help="Job: the zone its --schedule is read in (an IANA name; default UTC)."),
+)
+
+
+def _job_of(kind: str, opts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The kind stored and the job's columns, checked; takes its options out of `opts`."""
+    from workflows.lifecycle.jobs import check_job
+
+    job = check_job(kind, *(opts.pop(k) for k in ("every", "schedule", "timezone")))
+    return ("worker" if job else kind), job
+
+
 def _watchdog(seconds: float | None) -> float | None:
     from workflows.lifecycle.watchdog import check_watchdog
 
@@ -62,8 +84,7 @@ def host() -> None:
 @host.command("add")
 @click.argument("name")
 @click.option("--build", "build_path", required=True, help="Executable to stage for the host.")
-@click.option("--kind", type=click.Choice([k.value for k in HostKind]), default="instance",
-              show_default=True)
+@job_options
 @click.option("--arg", "args", multiple=True, help="Argument for the build (repeatable).")
 @click.option("--env", "envs", multiple=True, help="K=V environment entry (repeatable).")
 @click.option("--cwd", default=None, help="Working directory of the app.")
@@ -101,6 +122,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
     from runners.cli.listenopts import checked_listeners
     from workflows.config.hosts import add_host
 
+    kind, job = _job_of(kind, policy)  # a job is stored as a worker whose schedule is set
     placed = _checked_name(env, name, boxes)
     listeners, ready = checked_listeners(env, name, HostKind(kind), listens, ready, placed,
                                          instances)
@@ -116,7 +138,7 @@ def host_add(env: Env, name: str, build_path: str, kind: str, args: tuple[str, .
         cwd=os.path.abspath(cwd) if cwd else None, drain_timeout=drain_timeout,
         health_timeout=health_timeout, box=placed, socket_group=group, socket_mode=mode,
         policy=policy, listeners=listeners, ready=ready, probe=probe, run=run,
-        after=list(after), on_store_loss=on_store_loss, instances=instances))
+        after=list(after), on_store_loss=on_store_loss, instances=instances, job=job))
     forget_host_files(env.state_dir, name)  # a removed namesake's, if its rm was cut short
     click.echo(f"host {name} added: build {digest[:12]} staged at {path}")
 

@@ -58,7 +58,7 @@ def _table(h: Any, listens: list[Any]) -> dict[str, Any]:
         if key in ("args", "env", "after", "env_file", "credentials"):  # stored as JSON text
             value = json.loads(value)
         elif key == "kind":
-            value = value.value
+            value = "job" if h.every is not None or h.schedule is not None else value.value
         elif key == "socket_mode" and value is not None:
             value = f"0{value:o}"
         elif key == "ready" and value == default_ready(listens):

@@ -44,6 +44,7 @@ from runners.cli.hostvalues import (
     _store_loss,
     _str_list,
     _str_table,
+    _text,
     _watchdog,
     _whole,
 )
@@ -129,7 +130,12 @@ KEYS: dict[str, Key] = {
     "stop_command": Key("stop_command", _stop_command, None),
     # Processes sharing its listeners (workflows/generations/slots.py); checked with them.
     "instances": Key("instances", _whole, 1),
+    # A job's schedule (workflows/lifecycle/jobs.py), with kind = "job": every or schedule.
+    "every": Key("every", _seconds, None),
+    "schedule": Key("schedule", _text, None),
+    "timezone": Key("timezone", _text, None),
 }
+JOB_KEYS = ("every", "schedule", "timezone")
 WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart", "health")
 BUILD = "build"  # required: the executable, staged like `vigil deploy` does
@@ -342,7 +348,24 @@ def _fields(f: _File, name: str, table: dict[str, Any]) -> dict[str, Any]:
     if fields["one_shot"] and fields["max_run"] is not None:
         raise f.bad(name, "max_run", "max_run recycles an always-on worker; this one is one_shot",
                     "drop one of the two")
+    _job(f, name, table, fields)
     return fields
+
+
+def _job(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any]) -> None:
+    """kind = "job": its schedule checked (every or schedule, timezone); another kind: no
+    schedule key."""
+    from workflows.lifecycle.jobs import check_job
+
+    kind = "job" if table.get("kind") == "job" else fields["kind"].value
+    try:
+        check_job(kind, fields["every"], fields["schedule"], fields["timezone"])
+    except BadInput as exc:
+        key = next((k for k in JOB_KEYS if k in table), "kind")
+        raise f.bad(name, key, exc.cause.replace("--", ""), exc.fix or "") from None
+    if kind == "job" and fields["one_shot"]:
+        raise f.bad(name, "one_shot", "a job is not one_shot: each of its runs is one",
+                    "drop one_shot")
 
 
 def _listens(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any]) -> list[Any]:

@@ -19,10 +19,18 @@ from workflows.lifecycle.probe import MAX_AFTER
 
 
 def _kind(v: Any, _: Path) -> HostKind:
+    if v == "job":  # a job is stored as a worker whose schedule is set (checked by _fields)
+        return HostKind.worker
     if v not in [k.value for k in HostKind]:
-        raise Invalid(f"must be \"instance\" or \"worker\", not {json.dumps(v)}",
-                      'write kind = "instance" (serves HTTP) or kind = "worker"')
+        raise Invalid(f"must be \"instance\", \"worker\" or \"job\", not {json.dumps(v)}",
+                      'write kind = "instance" (serves HTTP), "worker" or "job" (on a schedule)')
     return HostKind(v)
+
+
+def _text(v: Any, _: Path) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise Invalid("must be a non-empty string", 'write e.g. schedule = "30 4 * * *"')
+    return v
 
 
 def _str_list(v: Any, _: Path) -> list[str]:

@@ -82,7 +82,7 @@ def deploy(store: Store, state_dir: Path, name: str, build_path: str, *, cwd: st
     h = store.read(lambda s: s.get(Host, name))
     if h is None:
         raise NotFound(f"no host named {name!r}", "see `vigil host list`")
-    if converge:
+    if converge or h.every is not None or h.schedule is not None:  # a job's: its next runs
         from workflows.lifecycle.workers import stage_live
 
         if h.kind is not HostKind.worker:

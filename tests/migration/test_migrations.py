@@ -519,6 +519,16 @@ def seed_0039(conn: Connection) -> None:
                                  "created_at": T0, **retry_cols(7)})
 
 
+def seed_0040(conn: Connection) -> None:
+    """A job's schedule and a run in flight (0040: hosts.every, schedule, timezone,
+    runs_from, the job_runs table)."""
+    conn.execute(text("UPDATE hosts SET every = 60.0, timezone = 'Europe/Paris', runs_from = "
+                      ":t WHERE name = 'web'"), {"t": T0})
+    raw_insert(conn, "job_runs", {"id": 1, "host": "web", "scheduled_at": T0, "state": "running",
+                                  "cause": "schedule", "wake_id": 1, "generation_id": 1,
+                                  "started_at": T0, **retry_cols(7)})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -556,11 +566,12 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0037": seed_0037,
     "0038": seed_0038,
     "0039": seed_0039,
+    "0040": seed_0040,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
 LATER_TABLES = {"watchdogs", "box_leases", "chores", "slot_streaks", "apscheduler_jobs", "listeners", "known_processes", "rollouts", "rollout_targets",
-                "held_builds", "notifiers", "notify_on", "deliveries", "delivery_tries", "reloads"}
+                "held_builds", "notifiers", "notify_on", "deliveries", "delivery_tries", "reloads", "job_runs"}
 SEEDED_KINDS_0001 = {("wake", "web", 1), ("stop", "web", 1), ("release", "web", None),
                      ("restore", "web", None), ("attempt", "web", 1), ("member", "web", 2)}
 
@@ -957,6 +968,8 @@ def _row(table: str, i: int) -> dict[str, Any]:
                            "started_at": T0},
         "reloads": {"id": 100 + i, "host": "web", "state": "queued", "signal": "HUP",
                     "created_at": T0, **retry_cols()},
+        "job_runs": {"id": 100 + i, "host": "web", "scheduled_at": T0 + timedelta(seconds=i),
+                     "state": "due", "cause": "schedule", **retry_cols()},
     }
     return rows[table]
 
@@ -969,7 +982,7 @@ def test_enum_columns_are_known() -> None:
                     ("attempts", "outcome"), ("members", "role"), ("listeners", "state"),
                     ("rollouts", "mode"), ("rollouts", "state"), ("rollouts", "outcome"),
                     ("rollout_targets", "state"), ("delivery_tries", "outcome"),
-                    ("reloads", "state")}
+                    ("reloads", "state"), ("job_runs", "state")}
     for _, _, typ in enum_columns():
         assert typ.enum_class is not None
         assert list(typ.enums) == [m.value for m in typ.enum_class]

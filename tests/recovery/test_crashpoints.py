@@ -64,6 +64,7 @@ from models.tables import (
     Generation,
     HeldBuild,
     Host,
+    JobRun,
     Lease,
     Reload,
     Rollout,
@@ -272,7 +273,8 @@ class Flow:
     pre_awake:    the target is woken by a clean setup agent before the crash agent starts.
     setup_signal: how the setup agent ends (SIGKILL for adoption scenarios).
     target_fate:  the target's generation that served before the crash: "kept" (the
-                  workflow was not ending it: same generation, same pid) or "ended" (dead).
+                  workflow was not ending it: same generation, same pid) or "ended" (dead);
+                  "runs": a job's, current only until its run exits by itself.
     raised:       the target's parent limit is marked raised before the crash agent starts.
     attempt:      deploys: the expected (outcome, executed) of the one attempt; executed
                   None is not checked. The target then must serve the new build iff done.
@@ -456,6 +458,42 @@ ONE_SHOT_WAKE = Flow("one-shot-wake", cli_wake, end="ran", **_ONE_SHOT)
 ONE_SHOT_DEPLOY = Flow("one-shot-deploy", cli_deploy("hold", JOB), end="ran",
                        attempt=("done", True), **_ONE_SHOT)
 
+
+# Jobs (workflows/lifecycle/jobs.py): the target made a job in the store and enabled so that
+# an instant is due at once (every day, enabled just before the last midnight: that midnight
+# is due), or (skip) every second with runs of 3 s; disabled before the clean agent, which
+# only finishes what is open.
+def enable_job(every: float, since: timedelta) -> Callable[[Vigil], None]:
+    def drive(v: Vigil) -> None:
+        now = utcnow()
+        start = (now.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(seconds=1)
+                 if every >= 86400 else now - since)
+        v.store.write(lambda s: s.execute(update(Host).where(Host.name == TARGET).values(
+            every=every, runs_from=start, desired="up")))
+        ring(v.state_dir)
+
+    return drive
+
+
+def disable_job(v: Vigil) -> None:
+    v.store.write(lambda s: s.execute(update(Host).where(Host.name == TARGET).values(
+        desired="down")))
+
+
+def runs_once(v: Vigil) -> None:
+    """Every run ended, none started twice: one generation at most per run, and every
+    generation of the job is a run's."""
+    runs = rows(v, JobRun, JobRun.host == TARGET)
+    assert runs and all(r.state.value in ("done", "failed", "skipped", "interrupted") for r in runs), runs
+    gens = [g.id for g in generations(v, TARGET)]
+    named = [r.generation_id for r in runs if r.generation_id is not None]
+    assert sorted(named) == sorted(gens) and len(set(named)) == len(named), (named, gens)
+
+
+_JOB = dict(kind=HostKind.worker, build=JOB, between=disable_job, verify=runs_once, end="asleep",
+            target_fate="runs")
+JOB_RUN = Flow("job-run", enable_job(86400.0, timedelta(0)), args=("3", "0"), **_JOB)  # type: ignore[arg-type]
+JOB_SKIP = Flow("job-skip", enable_job(1.0, timedelta(seconds=0.5)), args=("3", "0"), **_JOB)  # type: ignore[arg-type]
 
 LISTEN_WAKE = WAKE.but(name="listen-wake", listen=True)
 
@@ -711,6 +749,12 @@ SCENARIOS: dict[str, Scenario] = {
     "watchdog.firing": Scenario(WATCHDOG),
     "watchdog.retired": Scenario(WATCHDOG),
     "oneshot.done": Scenario(ONE_SHOT_DEPLOY),
+    # a job's run: its row and wake written, started, skipped while one runs; a run whose
+    # agent died before its pid was written is reaped and recorded interrupted, never rerun
+    "job.due": Scenario(JOB_RUN),
+    "job.started": Scenario(JOB_RUN),
+    "job.skipped": Scenario(JOB_SKIP),
+    "job.ended": Scenario(JOB_RUN, ("wake.spawned", "job.ended")),
     # the first wake of a host on a listener: the socket is opened and handed to the holder
     "listen.opening": Scenario(LISTEN_WAKE),
     "listen.bound": Scenario(LISTEN_WAKE),
@@ -950,7 +994,8 @@ def check_invariants(v: Vigil, flow: Flow, before: Snapshot, at_crash: list[Snap
     # workflow is ending it, as target_fate "ended" says.)
     kept = [(h, before[h]) for h in [BYSTANDER] + ([TARGET] if flow.target_fate == "kept" else [])]
     kept += [(h, snap) for crash in at_crash for h, snap in crash.items()
-             if not (h == TARGET and flow.target_fate == "ended" and snap == before[TARGET])]
+             if not (h == TARGET and (flow.target_fate == "runs" or (
+                 flow.target_fate == "ended" and snap == before[TARGET])))]
     for host, (gid, pid, ctime) in kept:
         now = f"g{cur[host].id} pid {cur[host].pid}" if host in cur else "nothing"
         assert host in cur and cur[host].id == gid and cur[host].pid == pid, (

@@ -36,6 +36,7 @@ from models.states import (
     Mode,
     ReloadState,
     RolloutState,
+    RunState,
     StopState,
     TargetState,
     WakeState,
@@ -55,6 +56,7 @@ from models.tables import (
     Event,
     Generation,
     Host,
+    JobRun,
     Lease,
     Listener,
     Member,
@@ -355,7 +357,8 @@ STATE_MODELS = {GenState: (Generation, "state", Generation.id),
                 ListenerState: (Listener, "state", Listener.position),
                 RolloutState: (Rollout, "state", Rollout.id),
                 TargetState: (RolloutTarget, "state", RolloutTarget.rollout_id),
-                ReloadState: (Reload, "state", Reload.id)}
+                ReloadState: (Reload, "state", Reload.id),
+                RunState: (JobRun, "state", JobRun.id)}
 
 
 def one_of_each(s: Session, gid: int) -> dict[type, Any]:
@@ -377,7 +380,9 @@ def one_of_each(s: Session, gid: int) -> dict[type, Any]:
                 next_attempt_at=now, created_at=now)
     rl = Reload(host="web", state=ReloadState.queued, signal="HUP", since=now,
                 next_attempt_at=now, created_at=now)
-    s.add_all([w, st, a, m, lst, r, rl])
+    jr = JobRun(host="web", scheduled_at=now, state=RunState.due, cause="schedule", since=now,
+                next_attempt_at=now)
+    s.add_all([w, st, a, m, lst, r, rl, jr])
     s.flush()
     s.add(RolloutTarget(rollout_id=r.id, host="web", position=0, wave=1,
                         state=TargetState.pending, tries=0, spent=0))
@@ -392,7 +397,8 @@ def one_of_each(s: Session, gid: int) -> dict[type, Any]:
             Rollout: (r.id, RolloutState.running, RolloutState.paused),
             RolloutTarget: ({"rollout_id": r.id, "host": "web"}, TargetState.pending,
                             TargetState.deploying),
-            Reload: (rl.id, ReloadState.queued, ReloadState.signalled)}
+            Reload: (rl.id, ReloadState.queued, ReloadState.signalled),
+            JobRun: (jr.id, RunState.due, RunState.running)}
 
 
 @pytest.mark.parametrize("holder,fence", [(AGENT, FENCE + 1), ("agent-2", FENCE)])

@@ -34,6 +34,7 @@ from models.streaks import failed_slots, streaks
 from models.tables import Attempt, Build, Event, Generation, Host, Lease, Listener, Stop, Wake
 from workflows.generations.listeners import note, reopened
 from workflows.generations.shutdown import closed
+from workflows.lifecycle.jobs import kind_of
 from workflows.lifecycle.restarts import crashloop
 
 
@@ -152,7 +153,7 @@ def row(f: Facts, h: Host) -> dict[str, Any]:
     lease = f.leases.get(h.name)
     return {
         "host": h.name,
-        "kind": h.kind.value,
+        "kind": kind_of(h),
         "state": state_of(f, h),
         "desired": h.desired.value,
         "generation": gen.id if gen else None,

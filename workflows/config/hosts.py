@@ -101,7 +101,8 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
              socket_mode: int | None = None, listeners: list[Listen] | None = None,
              ready: str | None = None, probe: dict[str, Any] | None = None,
              run: dict[str, Any] | None = None, after: list[str] | None = None,
-             on_store_loss: str = FENCE, instances: int = 1) -> None:
+             on_store_loss: str = FENCE, instances: int = 1,
+             job: dict[str, Any] | None = None) -> None:
     check_name(name)
     check_store_loss(on_store_loss)
     listens = listeners or []
@@ -116,6 +117,10 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
     if after:
         check_graph({**stored_graph(s), name: after})  # no unknown name, no cycle
     worker = check_policy(kind, policy or {})  # restart policy, max-run, one-shot, converge
+    if job:  # its schedule (checked by workflows/lifecycle/jobs.py check_job); never a one-shot
+        if worker.get("one_shot"):
+            raise BadInput("a job is not --one-shot: each of its runs is one", "drop --one-shot")
+        worker = {**worker, **job}
     build = record_build(s, build_path, digest, source)
     s.add(Host(name=name, kind=kind, build_id=build.id, args=json.dumps(args), env=json.dumps(env),
                cwd=cwd, drain_timeout=drain_timeout, health_timeout=health_timeout,
@@ -126,7 +131,7 @@ def add_host(s: Session, name: str, *, kind: HostKind, build_path: str, digest: 
                **(probe or {}), **(run or {})))
     s.flush()
     write_set(s, name, listens, box)
-    emit(s, "host_added", name, build=digest[:12], kind=kind.value,
+    emit(s, "host_added", name, build=digest[:12], kind="job" if job else kind.value,
          **({"listen": [a.address for a in listens]} if listens else {}))
 
 

@@ -17,6 +17,7 @@ from models.tables import Attempt, Build, Generation
 from workflows.base.lookups import get_host
 from workflows.config.hostrows import host_state
 from workflows.generations.listeners import note, stored
+from workflows.lifecycle.jobs import is_job, kind_of
 
 SETTINGS = ("drain_timeout", "health_timeout", "memory_tier_mb", "socket_group",
             "restart_floor", "restart_cap", "restart_reset", "start_limit", "on_store_loss", "stop_signal",
@@ -39,7 +40,7 @@ def describe(s: Session, name: str) -> dict[str, Any]:
                                              Generation.state == GenState.current)
                     .order_by(Generation.slot).limit(1)).scalar()
     out: dict[str, Any] = {
-        "host": name, "kind": h.kind.value, "state": host_state(s, name),
+        "host": name, "kind": kind_of(h), "state": host_state(s, name),
         "desired": h.desired.value,
         "build": _build(s.get(Build, h.build_id)),
         "running": _build(s.get(Build, gen.build_id)) if gen is not None else None,
@@ -53,6 +54,8 @@ def describe(s: Session, name: str) -> dict[str, Any]:
     }
     out.update({c: getattr(h, c) for c in SETTINGS})
     out["watchdog"] = h.watchdog  # seconds between WATCHDOG=1 at most (None: no watchdog)
+    if is_job(h):  # its schedule (workflows/lifecycle/jobs.py)
+        out.update(every=h.every, schedule=h.schedule, timezone=h.timezone or "UTC")
     out.update(reload_signal=h.reload_signal, on_reload_fail=h.on_reload_fail)  # vigil reload
     # How it runs, under the hosts file's keys: paths and names only, never an env file's
     # values or a credential's contents (read at each start, never stored).

@@ -7,14 +7,15 @@ from __future__ import annotations
 import json
 import os
 import uuid as uuidlib
+from datetime import UTC
 
-from sqlalchemy import insert
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from models.statedir import private_dirs
 from models.states import GenState, HostKind, MemberRole
 from models.store import utcnow
-from models.tables import Build, Generation, Host, Listener, Member, Watchdog
+from models.tables import Build, Generation, Host, JobRun, Listener, Member, Watchdog
 from models.transition import Unfenced, move
 from workflows.base.context import Context
 from workflows.base.ports import Spawned, SpawnError, SpawnSpec
@@ -72,7 +73,7 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation,
             ctx.ready.open_notify(gen.uuid, notify, host.name, gen.id)
         spec = SpawnSpec(generation_uuid=gen.uuid, host=host.name,
                          argv=[build.path, *json.loads(host.args)],
-                         env=json.loads(host.env),
+                         env=_env(ctx, host, gen),
                          cwd=host.cwd, socket_path=gen.socket, log_path=ctx.log_for(host.name, gen.id),
                          cgroup=gen.cgroup, listen_fds=fds, listen_names=names,
                          notify_socket=notify, user=host.run_user, group=host.run_group,
@@ -86,6 +87,18 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation,
         raise SpawnError(f"spawn {build.path}: {exc}") from exc
     except OSError as exc:  # the box's fault (log dir, fork), never the build's
         raise SpawnError(f"spawn {build.path}: {exc}", build_fault=False) from exc
+
+
+def _env(ctx: Context, host: Host, gen: Generation) -> dict[str, str]:
+    """The host's environment; a job's run also gets its scheduled instant (ISO 8601, UTC),
+    read from the run's row, which names this generation (workflows/lifecycle/jobs.py)."""
+    env: dict[str, str] = json.loads(host.env)
+    if host.every is not None or host.schedule is not None:
+        at = ctx.store.read(lambda s: s.execute(select(JobRun.scheduled_at).where(
+            JobRun.generation_id == gen.id)).scalar())
+        if at is not None:
+            env["VIGIL_SCHEDULED_AT"] = at.replace(tzinfo=UTC).isoformat()
+    return env
 
 
 _NEW_MEMBER = insert(Member.__table__)  # built once, as _NEW

@@ -18,6 +18,7 @@ from workflows.base.crash import crashpoint, define
 from workflows.base.waivers import BY_STATE
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.leases.lease import owe_release, release_owed
+from workflows.lifecycle.jobs import RUN
 from workflows.lifecycle.workers import after_failed_start
 
 FAILING = define("wake.failing", "the failed wake is written unproven; its processes not killed yet")
@@ -130,6 +131,13 @@ def reap_interrupted(ctx: Context, w: Wake) -> None:
     def step(s: Session) -> None:
         if gen is not None and s.get(Generation, gen.id).state is GenState.retiring:  # type: ignore[union-attr]
             mark_proven(s, gen.id, "wake interrupted before it was current")
+        if w.cause == RUN:  # a job's run may have run: never started twice (jobs.py)
+            move(s, Wake, {"id": w.id}, {"state": WakeState.cancelled, "ended_at": utcnow(),
+                                         "reason": "the agent died before the run's pid was written"},
+                 f"wake #{w.id} reaping -> cancelled", fence=BY_STATE, col="state",
+                 frm=WakeState.reaping)
+            owe_release(s, ctx, w.host)
+            return
         move(s, Wake, {"id": w.id}, {"state": WakeState.leased, "attempts": 0},
              f"wake #{w.id} reaping -> leased", fence=BY_STATE, col="state",
              frm=WakeState.reaping)

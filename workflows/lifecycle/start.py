@@ -31,6 +31,7 @@ from workflows.generations.create import launch
 from workflows.generations.ending import ref_of
 from workflows.generations.known import note
 from workflows.generations.readiness import ready_problem
+from workflows.lifecycle.jobs import is_job
 from workflows.lifecycle.workers import settle_one_shot
 
 T = TypeVar("T")
@@ -188,8 +189,8 @@ def check(ctx: Context, host: Host, gen: Generation, *, walk: bool = True) -> Ch
 def at_once(ctx: Context, host: Host, gen: Generation) -> bool:
     """A worker that is not a one-shot, alive: nothing to check, current in the commit
     that records its pid."""
-    return host.kind is HostKind.worker and not host.one_shot and ctx.proc.leader_alive(
-        ref_of(gen))
+    return host.kind is HostKind.worker and not host.one_shot and (
+        is_job(host) or ctx.proc.leader_alive(ref_of(gen)))  # a run's quick exit is its end
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from workflows.lifecycle.failed_wake import (
     refuse_if_unproven,
     to_reaping,
 )
+from workflows.lifecycle.jobs import RUN, bind_run, enable, is_job
 from workflows.lifecycle.order import go_on, hold, names_of, unready, wake_waiters
 from workflows.lifecycle.start import (
     Carrier,
@@ -82,8 +83,13 @@ def request_wake(s: Session, host: str, cause: str = "wake") -> WakeRequest:
     refuse_if_unproven(s, host)
     if clear_failed(s, host):  # an operator's wake (or `vigil retry`) undoes the start limit
         emit(s, "failed_cleared", host, by=cause)
+    was = h.desired
     move_many(s, Host, [Host.name == host], {"desired": Desired.up}, f"host {host} up",
               fence=OPERATOR, col="desired", frm=tuple(Desired))
+    if is_job(h):  # a job's wake enables its schedule; its runs are its own wakes
+        if was is not Desired.up or h.runs_from is None:
+            enable(s, h)
+        return WakeRequest(None, "enabled")
     stopping = open_stop(s, host)  # then only a queued wake runs after it: one under way ends first
     open_wake = s.execute(select(Wake).where(Wake.host == host, Wake.state.in_(
         (WakeState.queued,) if stopping else OPEN_WAKE)).order_by(Wake.id).limit(1)).scalar_one_or_none()
@@ -232,6 +238,8 @@ def intent(s: Session, ctx: Context, wake_id: int) -> First:
     if refusal is not None:
         return _took(s, steps, lambda: refuse_build(ctx, w, refusal), *leased)
     g = intend(s, ctx, host, build.id, fence, slot=w.slot)
+    if w.cause == RUN:
+        bind_run(s, w.id, g.id)  # the run names its generation before it is exec'd
     # Publish before exec: the build is referenced in the store before any of it runs.
     mark_published(s, build.id, seen=build)
     go = Launch(w, Start(host, build, g, SPAWNED, Step(WakeState.checking, RECORDED)), steps, ours)

@@ -39,6 +39,7 @@ from workflows.builds.staged import set_build
 from workflows.generations.create import join_set
 from workflows.generations.ending import end_generation, mark_proven, mark_retiring, ref_of
 from workflows.leases.lease import owe_release, release_owed
+from workflows.lifecycle.jobs import is_job, run_exited
 from workflows.lifecycle.order import wake_waiters
 from workflows.lifecycle.restarts import exit_code, exit_line, parse_start_limit, schedule, uptime
 
@@ -112,6 +113,9 @@ def worker_exited(s: Session, gen: Generation, host: Host, code: int | None,
     its status `code` and `oom`, the words of an OOM kill): a one-shot run is over (a clean
     exit marks the build good); anything else restarts, with backoff."""
     code_line = oom or exit_line(code)
+    if is_job(host):  # a run's end: recorded, never restarted (workflows/lifecycle/jobs.py)
+        run_exited(s, gen, code, code_line)
+        return
     if host.one_shot:
         if code == 0:
             mark_good(s, gen.build_id)
@@ -256,7 +260,7 @@ def _needs_sweep(ctx: Context) -> Any:
     return (select(Generation, Host).join(Host, Host.name == Generation.host)
             .join(Lease, Lease.host == Generation.host)
             .where(Generation.state == GenState.current, Host.kind == HostKind.worker,
-                   Lease.holder == ctx.agent_id,
+                   Lease.holder == ctx.agent_id, Host.every.is_(None), Host.schedule.is_(None),
                    or_(Host.build_id != Generation.build_id, Host.drift_since.is_not(None),
                        Host.max_run.is_not(None))))
 

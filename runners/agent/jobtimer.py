@@ -1,0 +1,57 @@
+"""The jobs' timer: the agent's one APScheduler job that writes the runs of scheduled jobs
+(workflows/lifecycle/jobs.py tick) at each next instant any job has, and moves the open
+runs; never later than BACKSTOP after the last turn (a job just enabled, a run ended by a
+stop), and at once when a drive moved a row (`poke`).
+
+The instants are derived from the store each turn, not kept here: an agent killed at any
+point finds the same instants due, and the store's unique (host, instant) keeps each one
+to a single run."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import UTC, datetime, timedelta
+
+from apscheduler.schedulers import SchedulerNotRunningError
+from apscheduler.schedulers.base import BaseScheduler
+
+from runners.agent.trust import StoreTrust
+from workflows.base.context import Context
+from workflows.lifecycle.jobs import tick
+
+log = logging.getLogger("vigil.jobs")
+JOB_ID = "jobs"
+BACKSTOP = 2.0  # seconds at most between two turns
+
+
+class JobTimer:
+    def __init__(self, ctx: Context, scheduler: BaseScheduler, trust: StoreTrust) -> None:
+        self.ctx, self.scheduler, self.trust = ctx, scheduler, trust
+        self.lock = threading.Lock()  # one turn at a time, whoever asks for it
+
+    def start(self) -> None:
+        self._at(datetime.now(UTC))
+
+    def poke(self) -> None:
+        """A turn now (a drive moved a row: a run may have started or ended)."""
+        self._at(datetime.now(UTC))
+
+    def fire(self) -> None:
+        nxt: datetime | None = None
+        with self.lock:
+            if self.ctx.shutting_down.is_set() or not self.trust.may_act():
+                return
+            with self.trust.guarded(log, "jobs tick failed"):
+                nxt = tick(self.ctx)
+        soon = datetime.now(UTC) + timedelta(seconds=BACKSTOP)
+        self._at(soon if nxt is None else min(soon, nxt.replace(tzinfo=UTC)))
+
+    def _at(self, when: datetime) -> None:
+        if self.ctx.shutting_down.is_set():
+            return
+        try:
+            self.scheduler.add_job(self.fire, "date", run_date=when, id=JOB_ID,
+                                   replace_existing=True, misfire_grace_time=None)
+        except SchedulerNotRunningError:  # shut down in between: no turn is owed any more
+            pass

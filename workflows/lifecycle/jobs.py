@@ -1,0 +1,337 @@
+"""Jobs: hosts that run their build on a schedule (`--every S` or a `--schedule` cron line),
+every run a row of `job_runs` (issue 40).
+
+A run's row and the wake that starts it are written in one commit (the intent) before
+anything of it runs; the row is unique per (host, scheduled instant), so no instant is ever
+started twice, whoever writes it. Which instant is due is derived from the schedule and the
+last instant recorded (not from a timer's memory): an agent that died finds the same answer.
+While no agent ran, the instants missed are not all run: only the last one, once. A run due
+while the last one still runs is recorded `skipped` (overlap policy skip).
+
+The run itself is the host's wake (cause `run`), a worker's start: its generation is current
+while it runs (adopted after an agent's death like any other), ended by its exit or the stop
+path. A wake of a run interrupted before its pid was written is reaped and never tried again
+(workflows/lifecycle/failed_wake.py); the run is recorded `interrupted`. `close_runs` moves
+every open run by what its wake and generation say, so no path that ends either one needs
+to know about runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from models.errors import BadInput, NotFound
+from models.states import OPEN_RUN, Desired, GenState, RunState, WakeState
+from models.store import emit, utcnow
+from models.tables import Generation, Host, JobRun, Wake
+from models.transition import Unfenced, move
+from workflows.base.context import Context
+from workflows.base.crash import crashpoint, define
+from workflows.base.queue import enqueue_wake
+from workflows.leases.placement import may_hold
+
+RUN = "run"  # the cause of a job run's wake
+SCHEDULED = "schedule"  # a run's cause: its schedule (or `vigil run`: MANUAL)
+MANUAL = "manual"
+ENV_INSTANT = "VIGIL_SCHEDULED_AT"  # the run's scheduled instant, ISO 8601 UTC, in its env
+EPOCH = datetime(1970, 1, 1)
+BY_RUN = Unfenced("a run row moves by its own state; its wake and generation carry the fence")
+FIX_CRON = ("give five crontab fields: minute hour day-of-month month day-of-week, "
+            "e.g. --schedule '30 4 * * *'")
+
+DUE = define("job.due", "a run's row and its wake are written (due); nothing of it exec'd yet")
+SKIPPED = define("job.skipped", "a run due while the last one runs is written skipped")
+STARTED = define("job.started", "a run's generation is current: the run is written running")
+ENDED = define("job.ended", "a run's end (exit status, duration) is written")
+
+
+# -- the schedule ---------------------------------------------------------------------------
+
+
+def is_job(host: Any) -> bool:
+    """A job is stored as a worker whose schedule is set (migration 0040)."""
+    return host.every is not None or host.schedule is not None
+
+
+def kind_of(host: Any) -> str:
+    return "job" if is_job(host) else host.kind.value
+
+
+def check_job(kind: str, every: float | None, schedule: str | None,
+              timezone: str | None) -> dict[str, Any]:
+    """The job's columns from `--kind` and its schedule options, checked (BadInput)."""
+    given = [o for o, v in (("--every", every), ("--schedule", schedule),
+                            ("--timezone", timezone)) if v is not None]
+    if kind != "job":
+        if given:
+            raise BadInput(f"{given[0]} is for a job; this host is a {kind}",
+                           "add it with --kind job, or drop " + given[0])
+        return {}
+    if (every is None) == (schedule is None):
+        raise BadInput("a job runs --every SECONDS or on --schedule CRON: give one of them"
+                       + (", not both" if every is not None else ""),
+                       "e.g. --every 10m, or --schedule '*/5 * * * *'")
+    if every is not None and not (math.isfinite(every) and 1 <= every <= 366 * 86400):
+        raise BadInput(f"--every {every:g}: a job runs at most once a second and at least "
+                       "once a year", "give --every between 1s and 366d")
+    zone = _zone(timezone)
+    if schedule is not None:
+        _cron(schedule, zone)
+    return {"every": every, "schedule": schedule, "timezone": timezone, "one_shot": False}
+
+
+def _zone(name: str | None) -> ZoneInfo:
+    try:
+        return ZoneInfo(name or "UTC")
+    except (ZoneInfoNotFoundError, ValueError):
+        raise BadInput(f"--timezone {name}: no such time zone",
+                       "give an IANA name, e.g. --timezone Europe/Paris (default UTC)") from None
+
+
+def _cron(expr: str, zone: ZoneInfo) -> Any:
+    from apscheduler.triggers.cron import CronTrigger
+
+    try:
+        trigger = CronTrigger.from_crontab(expr, timezone=zone)
+    except ValueError as exc:
+        raise BadInput(f"--schedule {expr!r} is not a cron line ({exc})", FIX_CRON) from None
+    if trigger.get_next_fire_time(None, datetime.now(UTC)) is None:  # e.g. 31 February
+        raise BadInput(f"--schedule {expr!r} never fires", FIX_CRON)
+    return trigger
+
+
+def next_instant(host: Any, after: datetime) -> datetime | None:
+    """The first instant of the schedule strictly after `after` (naive UTC, as the store).
+    `--every S` instants are whole multiples of S since the epoch, so every agent and box
+    derives the same ones."""
+    if host.every is not None:
+        step = round(host.every * 1e6)
+        k = (after - EPOCH) // timedelta(microseconds=1) // step + 1
+        return EPOCH + timedelta(microseconds=k * step)
+    trigger = _cron(host.schedule, _zone(host.timezone))
+    nxt = trigger.get_next_fire_time(None, after.replace(tzinfo=UTC) + timedelta(microseconds=1))
+    return None if nxt is None else nxt.astimezone(UTC).replace(tzinfo=None)
+
+
+def latest_due(host: Any, last: datetime | None, now: datetime) -> datetime | None:
+    """The instant to run now: the last one due after both the last recorded instant and
+    the enabling of the schedule, at or before `now` (the earlier ones missed: not run)."""
+    anchor = max((t for t in (last, host.runs_from) if t is not None), default=None)
+    if anchor is None:
+        return None
+    due = next_instant(host, anchor)
+    if due is None or due > now:
+        return None
+    if host.every is not None:  # straight to the last one
+        step = round(host.every * 1e6)
+        return EPOCH + timedelta(microseconds=(now - EPOCH) // timedelta(microseconds=1)
+                                 // step * step)
+    for _ in range(10_000):  # a cron line: walk (bounded) to the last instant due
+        nxt = next_instant(host, due)
+        if nxt is None or nxt > now:
+            break
+        due = nxt
+    return due
+
+
+# -- the runs' rows ---------------------------------------------------------------------------
+
+
+def enable(s: Session, host: Host) -> None:
+    """`vigil wake` of a job: its schedule runs from now (no instant before it is due)."""
+    move(s, Host, {"name": host.name}, {"runs_from": utcnow()}, f"job {host.name} enabled",
+         fence=Unfenced("the operator's intent: when its schedule starts"))
+    emit(s, "job_enabled", host.name, every=host.every, schedule=host.schedule)
+
+
+def write_run(s: Session, host: str, instant: datetime, cause: str) -> JobRun:
+    """The run of `instant`: due with its wake (one commit, before anything runs), or
+    skipped when a run of the host is still open. Raises IntegrityError when that instant
+    already has its row (another writer got there first)."""
+    now = utcnow()
+    last = s.execute(select(JobRun).where(JobRun.host == host, JobRun.state.in_(OPEN_RUN))
+                     .order_by(JobRun.id.desc()).limit(1)).scalar_one_or_none()
+    row = dict(host=host, scheduled_at=instant, cause=cause, since=now, next_attempt_at=now)
+    if last is not None:
+        run = JobRun(state=RunState.skipped, ended_at=now, **row,
+                     reason=f"run #{last.id} (of {last.scheduled_at.isoformat()}) still runs: overlap skip")
+        s.add(run)
+        s.flush()
+        emit(s, "run_skipped", host, run=run.id, scheduled_at=instant.isoformat(), running=last.id)
+        return run
+    wake = enqueue_wake(s, host, RUN)
+    s.flush()
+    run = JobRun(state=RunState.due, wake_id=wake.id, **row)
+    s.add(run)
+    s.flush()
+    emit(s, "run_due", host, run=run.id, wake=wake.id, scheduled_at=instant.isoformat(), cause=cause)
+    return run
+
+
+def request_run(s: Session, host: str) -> JobRun:
+    """`vigil run NAME`: a run now, outside the schedule (skipped while one runs)."""
+    h = s.get(Host, host)
+    if h is None:
+        raise NotFound(f"no host named {host!r}", "see `vigil host list`")
+    if not is_job(h):
+        raise BadInput(f"host {host} is a {h.kind.value}, not a job: it has no runs",
+                       f"start it with `vigil wake {host}`")
+    return write_run(s, host, utcnow(), MANUAL)
+
+
+def bind_run(s: Session, wake_id: int, gen_id: int) -> None:
+    """In the run's generation intent: the run names its generation (before it is exec'd),
+    once: a run whose wake is reaped is never started again (failed_wake.reap_interrupted)."""
+    move(s, JobRun, {"wake_id": wake_id, "state": RunState.due, "generation_id": None},
+         {"generation_id": gen_id}, f"run of wake #{wake_id} names g{gen_id}",
+         fence=Unfenced("the wake's intent, in this commit, carries the fence"))
+
+
+def run_exited(s: Session, gen: Generation, code: int | None, why: str) -> None:
+    """A run's generation exited (in the transaction that retires it): its end, with the
+    exit status when this agent knows it."""
+    run = s.execute(select(JobRun).where(JobRun.generation_id == gen.id,
+                                         JobRun.state.in_(OPEN_RUN))).scalar_one_or_none()
+    if run is not None:
+        _end(s, run, gen, code, why)
+
+
+def _end(s: Session, run: JobRun, gen: Generation | None, code: int | None, why: str) -> None:
+    now = utcnow()
+    started = run.started_at or (gen.current_at if gen is not None else None)
+    state = RunState.done if code == 0 else RunState.failed
+    move(s, JobRun, {"id": run.id},
+         {"state": state, "ended_at": now, "exit_status": code, "started_at": started,
+          "duration": (now - started).total_seconds() if started else None, "reason": why},
+         f"run #{run.id} {run.state.value} -> {state.value}", fence=BY_RUN, col="state",
+         frm=run.state)
+    emit(s, "run_ended", run.host, run.generation_id, run=run.id, exit_code=code,
+         result=state.value, scheduled_at=run.scheduled_at.isoformat())
+
+
+# -- the agent's tick ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Due:
+    host: str
+    instant: datetime
+
+
+def tick(ctx: Context) -> datetime | None:
+    """Write the run of every job due now (each host in a commit of its own: a row another
+    box wrote first is left to it), move the open runs by their wakes and generations, and
+    say when the next instant of any job comes (None: no job is enabled here)."""
+    now = utcnow()
+    hosts = ctx.store.read(lambda s: _enabled(s, ctx.agent_id))
+    for due in [Due(h.name, t) for h in hosts if (t := latest_due(h, h.last, now)) is not None]:
+        try:
+            state = ctx.store.write(partial(_write_scheduled, due))
+        except IntegrityError:
+            continue  # that instant has its row already: never twice
+        crashpoint(DUE if state is RunState.due else SKIPPED)
+    close_runs(ctx)
+    later = utcnow()
+    return min((t for h in hosts if (t := next_instant(h, max(later, h.last or later)))
+                is not None), default=None)
+
+
+def _write_scheduled(due: Due, s: Session) -> RunState:
+    return write_run(s, due.host, due.instant, SCHEDULED).state
+
+
+@dataclass(frozen=True)
+class Enabled:
+    name: str
+    every: float | None
+    schedule: str | None
+    timezone: str | None
+    runs_from: datetime | None
+    last: datetime | None  # the last instant its schedule recorded
+
+
+def _enabled(s: Session, agent_id: str) -> list[Enabled]:
+    last = (select(func.max(JobRun.scheduled_at)).where(JobRun.host == Host.name,
+                                                       JobRun.cause == SCHEDULED)
+            .scalar_subquery())
+    rows = s.execute(select(Host.name, Host.every, Host.schedule, Host.timezone, Host.runs_from,
+                            Host.box, last.label("last")).where(
+        (Host.every.is_not(None)) | (Host.schedule.is_not(None)),
+        Host.desired == Desired.up, Host.runs_from.is_not(None))).all()
+    return [Enabled(r.name, r.every, r.schedule, r.timezone, r.runs_from, r.last)
+            for r in rows if may_hold(r.box, agent_id)]
+
+
+def close_runs(ctx: Context) -> None:
+    """Every open run moved by what its wake and generation say: current -> running; ended
+    (exit, stop, death found after a crash) -> its end; a wake failed -> failed; a wake
+    cancelled (interrupted before its pid, or by a stop before it ran) -> interrupted."""
+    moved = ctx.store.write(_close_open)
+    for point in moved:
+        crashpoint(point)
+
+
+def _close_open(s: Session) -> list[str]:
+    rows = s.execute(select(JobRun, Wake, Generation)
+                     .outerjoin(Wake, Wake.id == JobRun.wake_id)
+                     .outerjoin(Generation, Generation.id == JobRun.generation_id)
+                     .where(JobRun.state.in_(OPEN_RUN))).all()
+    return [p for run, wake, gen in rows if (p := _close_one(s, run, wake, gen)) is not None]
+
+
+def _close_one(s: Session, run: JobRun, wake: Wake | None, gen: Generation | None) -> str | None:
+    ended = gen is not None and gen.state in (GenState.retiring, GenState.proven) \
+        and gen.pid is not None
+    if gen is not None and gen.state is GenState.current and run.state is RunState.due:
+        move(s, JobRun, {"id": run.id}, {"state": RunState.running, "started_at": gen.current_at},
+             f"run #{run.id} due -> running", fence=BY_RUN, col="state", frm=RunState.due)
+        emit(s, "run_started", run.host, gen.id, run=run.id, pid=gen.pid,
+             scheduled_at=run.scheduled_at.isoformat())
+        return STARTED
+    if ended and wake is not None and wake.state is WakeState.done:
+        _end(s, run, gen, None, f"ended: {gen.end_reason}" if gen else "ended")  # type: ignore[union-attr]
+        return ENDED
+    if wake is None or wake.state is WakeState.failed:
+        move(s, JobRun, {"id": run.id}, {"state": RunState.failed, "ended_at": utcnow(),
+                                         "reason": wake.reason if wake else "its wake is gone"},
+             f"run #{run.id} -> failed", fence=BY_RUN, col="state", frm=run.state)
+        return ENDED
+    if wake.state is WakeState.cancelled:
+        executed = "unknown" if gen is not None else "no"
+        move(s, JobRun, {"id": run.id}, {
+            "state": RunState.interrupted, "ended_at": utcnow(),
+            "reason": f"{wake.reason or 'its start was cancelled'} (executed: {executed}); "
+                      "not run again"},
+             f"run #{run.id} due -> interrupted", fence=BY_RUN, col="state", frm=RunState.due)
+        return ENDED
+    return None
+
+
+def runs_of(s: Session, host: str, limit: int = 100) -> list[dict[str, Any]]:
+    """`vigil runs NAME`: its runs, newest instant first."""
+    h = s.get(Host, host)
+    if h is None:
+        raise NotFound(f"no host named {host!r}", "see `vigil host list`")
+    rows = s.execute(select(JobRun).where(JobRun.host == host)
+                     .order_by(JobRun.scheduled_at.desc()).limit(limit)).scalars().all()
+    return [_run_view(r) for r in rows]
+
+
+def _run_view(r: JobRun) -> dict[str, Any]:
+    def iso(t: datetime | None) -> str | None:
+        return None if t is None else t.replace(tzinfo=UTC).isoformat()
+
+    return {"id": r.id, "host": r.host, "scheduled_at": iso(r.scheduled_at), "cause": r.cause,
+            "state": r.state.value, "started_at": iso(r.started_at), "ended_at": iso(r.ended_at),
+            "exit_status": r.exit_status, "duration": r.duration,
+            "generation": r.generation_id, "reason": r.reason}
+
