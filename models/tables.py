@@ -197,7 +197,6 @@ class Host(Base):
     timezone: Mapped[str | None] = mapped_column(String(64))
     runs_from: Mapped[datetime | None] = mapped_column(DateTime)
 
-
     # Every duration finite, above 0, at most a day (migration 0006; on SQLite the same
     # rule is held by triggers, as adding a CHECK there means rebuilding the table; 0023's
     # on_store_loss likewise).
