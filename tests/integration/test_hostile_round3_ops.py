@@ -53,23 +53,43 @@ def test_a_thousand_host_chain_applies_stops_and_is_removed(vigil: Vigil, tmp_pa
 def test_a_chain_of_hosts_shuts_down_link_by_link(vigil: Vigil, tmp_path: Path) -> None:
     """Each stop of a chain waits for the stop of the host that starts after it; when that
     one ends it looks again at once, not after its backoff (down a chain of 1,000, the
-    backoffs added up to hours: the box could not be shut down)."""
+    backoffs added up to hours: the box could not be shut down). The chain runs: asleep
+    hosts with nothing owed are not stopped at all (issue 39 item 7)."""
     import time
 
-    vigil.run("apply", chain_file(tmp_path, 120))
+    from sqlalchemy import select
+
+    from models.states import GenState
+    from models.tables import Event, Generation
+
+    n = 30
     agent = vigil.start_agent()
     vigil.wait_ready(agent)
+    vigil.run("apply", chain_file(tmp_path, n, extra="running = true\n"))
+    wait_for(lambda: len(vigil.store.read(lambda s: s.execute(select(Generation.id).where(
+        Generation.state == GenState.current)).all())) == n, 120, what=f"the chain of {n} up")
     began = time.monotonic()
     cp = vigil.run("shutdown", "--wait", "--timeout", "90", check=False, subprocess=True)
     assert cp.returncode == 0, (cp.stdout + cp.stderr)[-3000:]
     assert agent.wait(30) == 0 and time.monotonic() - began < 90
-    from sqlalchemy import select
-
-    from models.tables import Event
-
     stopped = list(vigil.store.read(lambda s: s.execute(select(Event.host).where(
         Event.kind == "stopped").order_by(Event.id)).scalars().all()))
-    assert stopped == [f"h{i}" for i in reversed(range(120))], stopped[:5]  # dependents first
+    assert stopped == [f"h{i}" for i in reversed(range(n))], stopped[:5]  # dependents first
+
+
+def test_an_asleep_chain_shuts_down_without_a_stop(vigil: Vigil, tmp_path: Path) -> None:
+    """120 asleep hosts in a chain: nothing runs, nothing is owed, no stop is written."""
+    from sqlalchemy import func, select
+
+    from models.tables import Stop
+
+    vigil.run("apply", chain_file(tmp_path, 120))
+    agent = vigil.start_agent()
+    vigil.wait_ready(agent)
+    cp = vigil.run("shutdown", "--wait", "--timeout", "90", check=False, subprocess=True)
+    assert cp.returncode == 0, (cp.stdout + cp.stderr)[-3000:]
+    assert agent.wait(30) == 0
+    assert vigil.store.read(lambda s: s.execute(select(func.count()).select_from(Stop)).scalar()) == 0
 
 
 def test_a_hosts_file_nested_too_deep_is_refused_in_one_line(vigil: Vigil, tmp_path: Path) -> None:
