@@ -53,8 +53,9 @@ job_options = options(
     click.option("--kind", type=click.Choice([*(k.value for k in HostKind), "job"]),
                  default="instance", show_default=True,
                  help="A job runs its build on a schedule."),
-    click.option("--every", type=SECONDS, default=None, metavar="SECONDS",
-                 help="Job: a run every SECONDS (10m, 1h...), at whole multiples since the epoch."),
+    click.option("--every", default=None, metavar="PERIOD",
+                 help="Job: a run every PERIOD (90, 10m, 1h, 1d), at whole multiples of it "
+                      "since the epoch."),
     click.option("--schedule", default=None, metavar="CRON",
                  help="Job: a run at each instant of a five-field cron line."),
     click.option("--timezone", default=None, metavar="TZ",
@@ -64,9 +65,11 @@ job_options = options(
 
 def _job_of(kind: str, opts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The kind stored and the job's columns, checked; takes its options out of `opts`."""
-    from workflows.lifecycle.jobs import check_job
+    from workflows.lifecycle.jobs import check_job, parse_every
 
-    job = check_job(kind, *(opts.pop(k) for k in ("every", "schedule", "timezone")))
+    every = opts.pop("every")
+    job = check_job(kind, None if every is None else parse_every(every),
+                    *(opts.pop(k) for k in ("schedule", "timezone")))
     return ("worker" if job else kind), job
 
 

@@ -28,6 +28,7 @@ from models.states import HostKind
 from runners.cli.hostvalues import (
     _count,
     _directory,
+    _every,
     _flag,
     _group,
     _health,
@@ -131,7 +132,7 @@ KEYS: dict[str, Key] = {
     # Processes sharing its listeners (workflows/generations/slots.py); checked with them.
     "instances": Key("instances", _whole, 1),
     # A job's schedule (workflows/lifecycle/jobs.py), with kind = "job": every or schedule.
-    "every": Key("every", _seconds, None),
+    "every": Key("every", _every, None),
     "schedule": Key("schedule", _text, None),
     "timezone": Key("timezone", _text, None),
 }

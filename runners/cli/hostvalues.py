@@ -27,6 +27,17 @@ def _kind(v: Any, _: Path) -> HostKind:
     return HostKind(v)
 
 
+def _every(v: Any, _: Path) -> float:
+    from workflows.lifecycle.jobs import parse_every
+
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise Invalid(f"must be seconds or a period, not {json.dumps(v)}", 'write e.g. every = "10m"')
+    try:
+        return parse_every(v, "")
+    except BadInput as exc:
+        raise Invalid(exc.cause, exc.fix or "") from None
+
+
 def _text(v: Any, _: Path) -> str:
     if not isinstance(v, str) or not v.strip():
         raise Invalid("must be a non-empty string", 'write e.g. schedule = "30 4 * * *"')

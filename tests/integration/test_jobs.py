@@ -112,7 +112,7 @@ def test_vigil_run_now_and_runs_json(vigil: Vigil, tmp_path: Path) -> None:
 
 def test_stop_disables_the_schedule_and_ends_a_run_in_flight(vigil: Vigil, tmp_path: Path) -> None:
     out = tmp_path / "ran.txt"
-    vigil.add_host("long", SCHEDULED_RUN, "--kind", "job", "--every", "2", "--arg", str(out),
+    vigil.add_host("long", SCHEDULED_RUN, "--kind", "job", "--every", "2s", "--arg", str(out),
                    "--arg", "600")
     agent(vigil)
     vigil.run("wake", "long")
@@ -134,6 +134,7 @@ def test_stop_disables_the_schedule_and_ends_a_run_in_flight(vigil: Vigil, tmp_p
     (("--kind", "job"), "a job runs --every SECONDS or on --schedule CRON"),
     (("--kind", "worker", "--every", "5"), "--every is for a job; this host is a worker"),
     (("--kind", "job", "--every", "5", "--timezone", "Mars/Olympus"), "no such time zone"),
+    (("--kind", "job", "--every", "10x"), "--every 10x: not a period"),
 ])
 def test_bad_job_input_is_one_line(vigil: Vigil, args: tuple[str, ...], says: str) -> None:
     cp = vigil.run("host", "add", "j", "--build", str(SCHEDULED_RUN), *args, check=False)
@@ -155,6 +156,6 @@ def test_a_job_in_the_hosts_file(vigil: Vigil, tmp_path: Path) -> None:
     cp = vigil.run("apply", str(f), check=False)
     assert cp.returncode != 0 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
     assert "a job runs every SECONDS or on schedule CRON" in cp.stderr, cp.stderr
-    f.write_text(f'[hosts.report]\nbuild = "{SCHEDULED_RUN}"\nkind = "worker"\nevery = 10\n')
+    f.write_text(f'[hosts.report]\nbuild = "{SCHEDULED_RUN}"\nkind = "worker"\nevery = "10m"\n')
     cp = vigil.run("apply", str(f), check=False)
     assert cp.returncode != 0 and "every is for a job" in cp.stderr, cp.stderr

@@ -89,6 +89,21 @@ def check_job(kind: str, every: float | None, schedule: str | None,
     return {"every": every, "schedule": schedule, "timezone": timezone, "one_shot": False}
 
 
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_every(value: object, label: str = "--every ") -> float:
+    """A job's period: seconds as a number, or with a unit: 90, 90s, 10m, 1h, 1d."""
+    text = str(value).strip().lower()
+    unit = UNITS.get(text[-1:], 0)
+    try:
+        seconds = float(text[:-1] if unit else text) * (unit or 1)
+    except ValueError:
+        raise BadInput(f"{label}{value}: not a period", "give seconds or a number with s, m, "
+                       "h or d: e.g. 90, 10m, 1h") from None
+    return seconds
+
+
 def _zone(name: str | None) -> ZoneInfo:
     try:
         return ZoneInfo(name or "UTC")

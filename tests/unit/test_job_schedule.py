@@ -21,7 +21,14 @@ from models.states import HostKind, RunState
 from models.store import Store, utcnow
 from models.tables import Build, Host, JobRun, Wake
 from tests.conftest import drop_db, new_db
-from workflows.lifecycle.jobs import SCHEDULED, check_job, latest_due, next_instant, write_run
+from workflows.lifecycle.jobs import (
+    SCHEDULED,
+    check_job,
+    latest_due,
+    next_instant,
+    parse_every,
+    write_run,
+)
 
 
 def job(every: float | None = None, schedule: str | None = None, tz: str | None = None,
@@ -50,6 +57,13 @@ def test_the_last_instant_due_is_run_once_and_none_before_the_schedule_was_enabl
     assert latest_due(h, datetime(2026, 12, 5, 9, 0, 2), now) is None  # recorded: not again
     c = job(schedule="*/5 * * * *", since=datetime(2026, 12, 5, 8, 0))
     assert latest_due(c, datetime(2026, 12, 5, 8, 50), now) == datetime(2026, 12, 5, 9, 0)
+
+
+def test_a_period_is_seconds_or_a_number_with_a_unit() -> None:
+    assert [parse_every(v) for v in (90, "90", "90s", "10m", "1.5h", "1d")] == [
+        90, 90, 90, 600, 5400, 86400]
+    with pytest.raises(BadInput, match="not a period"):
+        parse_every("10x")
 
 
 @pytest.mark.parametrize("kind, every, schedule, tz, says", [
