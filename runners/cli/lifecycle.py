@@ -96,7 +96,8 @@ def in_order(env: Env, hosts: list[str], stop: bool = False) -> list[str]:
 def _queued(name: str, kind: str, req: dict[str, Any], wait: bool) -> list[tuple[str, int]]:
     """The row to wait for, or a line saying it was queued (or that nothing was)."""
     if req["id"] is None:
-        click.echo(f"host {name} is already awake")
+        click.echo(f"job {name}: its schedule is enabled" if req.get("state") == "enabled"
+                   else f"host {name} is already awake")
     elif not wait:
         click.echo(f"{kind} #{req['id']} of {name} queued")
     else:
@@ -152,6 +153,9 @@ def deploy(env: Env, name: str, build_path: str, mode: str, canary: bool, cause:
     """Move a host to a new build (overlap: zero downtime; hold: stop, then start)."""
     out = env.quick().call("deploy", name=name, build=build_path, cwd=os.getcwd(), mode=mode,
                            canary=canary, cause=cause, converge=converge)
+    if out.get("job"):  # a job's deploy sets the build of its next runs, nothing more
+        click.echo(f"build {out['converge'][:12]} is the build of {name}'s next runs")
+        return
     if converge:
         click.echo(f"build {out['converge'][:12]} is the live build of {name}; it converges "
                    f"after {out['grace']:g}s")

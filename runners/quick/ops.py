@@ -91,7 +91,8 @@ def deploy(store: Store, state_dir: Path, name: str, build_path: str, *, cwd: st
         path, digest = stage_build(build_path, state_dir, shown)
         store.write(lambda s: stage_live(s, name, record_build(
             s, path, digest, str(Path(build_path).absolute()))))
-        return {"converge": digest, "grace": h.converge_grace}
+        return {"converge": digest, "grace": h.converge_grace,
+                "job": h.every is not None or h.schedule is not None}
     refuse_unbindable(store, name)
     store.read(lambda s: refuse_while_scaling(s, name))  # before staging: nothing changed
     path, digest = stage_build(build_path, state_dir, shown)

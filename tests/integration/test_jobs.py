@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
+from models.tables import Build, Generation
 from tests.conftest import FIXTURES, Vigil, pid_dead, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -159,3 +161,25 @@ def test_a_job_in_the_hosts_file(vigil: Vigil, tmp_path: Path) -> None:
     f.write_text(f'[hosts.report]\nbuild = "{SCHEDULED_RUN}"\nkind = "worker"\nevery = "10m"\n')
     cp = vigil.run("apply", str(f), check=False)
     assert cp.returncode != 0 and "every is for a job" in cp.stderr, cp.stderr
+
+
+def test_a_deploy_sets_the_build_of_the_next_runs(vigil: Vigil, tmp_path: Path) -> None:
+    out = tmp_path / "ran.txt"
+    vigil.add_host("rep", SCHEDULED_RUN, "--kind", "job", "--every", "1d", "--arg", str(out))
+    agent(vigil)
+    nxt = tmp_path / "next.py"
+    nxt.write_bytes(SCHEDULED_RUN.read_bytes() + b"\n# the next build\n")
+    nxt.chmod(0o755)
+    cp = vigil.run("deploy", "rep", str(nxt))
+    assert "is the build of rep's next runs" in cp.stdout, cp.stdout
+    assert not [o for o in vigil.obligations() if o["kind"] == "attempt"]  # no attempt: no run
+    vigil.run("run", "rep")
+    wait_for(lambda: runs(vigil, "rep")[0]["state"] == "done", 30, what="the run")
+    ((pid, _),) = lines(out)
+    assert vigil.json("host", "show", "rep")["build"]["source"] == str(nxt), "the live build"
+    g = runs(vigil, "rep")[0]["generation"]
+    ran = vigil.store.read(lambda s: s.execute(select(Build.source).join(
+        Generation, Generation.build_id == Build.id).where(Generation.id == g)).scalar_one())
+    assert ran == str(nxt) and pid_dead(pid), "the run exec'd the deployed build"
+    vigil.quiesce(30)
+    vigil.check()
