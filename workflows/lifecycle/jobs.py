@@ -289,7 +289,11 @@ def _enabled(s: Session, agent_id: str) -> list[Enabled]:
 def close_runs(ctx: Context) -> None:
     """Every open run moved by what its wake and generation say: current -> running; ended
     (exit, stop, death found after a crash) -> its end; a wake failed -> failed; a wake
-    cancelled (interrupted before its pid, or by a stop before it ran) -> interrupted."""
+    cancelled (interrupted before its pid, or by a stop before it ran) -> interrupted.
+    Read first: an agent with no open run takes no write lock for it."""
+    if ctx.store.read(lambda s: s.execute(select(JobRun.id).where(
+            JobRun.state.in_(OPEN_RUN)).limit(1)).first()) is None:
+        return
     moved = ctx.store.write(_close_open)
     for point in moved:
         crashpoint(point)
