@@ -34,7 +34,7 @@ kind = "worker"
     (('GREETING = "hi"', "GREETING = 1"), ":4: hosts.web.env: GREETING must be a string"),
     ((f'build = "{WORKER}"', 'build = "missing.py"'), ':8: hosts.jobs.build: "missing.py" is not'),
     (("[hosts.jobs]", "[hosts.Jobs]"), ":7: hosts.Jobs: invalid host name"),
-    (('kind = "worker"', 'kind = "daemon"'), ':9: hosts.jobs.kind: must be "instance" or'),
+    (('kind = "worker"', 'kind = "daemon"'), ':9: hosts.jobs.kind: must be "instance", "worker" or "job"'),
     (("drain_timeout = 5", 'socket_mode = "0644"'), ":5: hosts.web.socket_mode: 0644 does not let"),
     (("drain_timeout = 5", "drain_timeout = "), "invalid TOML"),
     (("drain_timeout = 5", "max_run = 2"), ":5: hosts.web.max_run: applies to workers"),
