@@ -9,9 +9,12 @@ token each data request carries (`Authorization: Bearer`, compared in constant t
 takes it from `?token=` and drops it from the address bar). No env value or credential is
 shown: events' details are cut to ids, builds, modes, waves and reasons.
 
+The HTTP API under /api/v1 (runners/cli/api.py) answers beside it; its POSTs need a bearer
+token always (--token-file's, else the state dir's, printed by --print-token).
+
 Hostile requests: without a token only the Host names of its listen address (and
---allow-host) are answered (421 otherwise: no DNS rebinding). GET only: a body is refused
-(413) unread; headers must come whole within HEADER_TIME and HEADER_BYTES; idle connections
+--allow-host) are answered (421 otherwise: no DNS rebinding). Only the API takes a POST; a
+body over MAX_BODY is refused (413) unread; headers must come whole within HEADER_TIME and HEADER_BYTES; idle connections
 close after IDLE_TIME; at most CONNECTIONS at once."""
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ HEADER_TIME = 10.0  # seconds a request's headers may take to come whole (waitre
 HEADER_BYTES = 8192  # a request's line and headers (the page's own are well under 1 KiB)
 IDLE_TIME = 10  # seconds an idle connection is kept (the page asks every 2 s)
 CONNECTIONS = 32  # open at once (a browser opens about 6)
+API_PREFIX = "/api/v1"  # runners/cli/api.py: the HTTP API, beside the page's own /api/state
+MAX_BODY = 16384  # bytes of a request's body (an API POST's JSON; waitress refuses more: 413)
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 HERE = Path(__file__).parent
 FILES = {"/": ("ui.html", "text/html; charset=utf-8"),
@@ -55,7 +60,8 @@ Start = Callable[[str, list[tuple[str, str]]], Any]
 class Page:
     """The WSGI app: the page, its script and /api/state, behind the token if one is set."""
 
-    def __init__(self, env: Env, token: str | None) -> None:
+    def __init__(self, env: Env, token: str | None, post_token: str) -> None:
+        from runners.cli.api import Api
         from runners.cli.topview import Sampler
 
         self.env, self.token = env, token
@@ -63,16 +69,24 @@ class Page:
         self.store = env.store()
         self.sampler = Sampler()
         self.lock = threading.Lock()  # one sampler: a CPU % is over the time between reads
+        self.api = Api(self.store, env.state_dir, post_token)
         self.files = {route: ((HERE / name).read_bytes(), kind)
                       for route, (name, kind) in FILES.items()}
 
     def __call__(self, environ: dict[str, Any], start: Start) -> Iterable[bytes]:
-        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+        path = environ.get("PATH_INFO") or "/"
+        api = path.startswith(API_PREFIX + "/")
+        if not api and environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             return _reply(start, "405 Method Not Allowed", b"read-only\n", "text/plain")
         if self.hosts is not None and environ.get("HTTP_HOST", "").lower() not in self.hosts:
             return _reply(start, "421 Misdirected Request", b"this page answers to its own "
                           b"address only (vigil ui --allow-host NAME adds a name)\n", "text/plain")
-        path = environ.get("PATH_INFO") or "/"
+        if api:  # reads with the page's rules; a POST the API checks against its own token
+            if (self.token is not None and environ.get("REQUEST_METHOD") != "POST"
+                    and path != API_PREFIX + "/openapi.json" and not self.allowed(environ)):
+                body = b'{"error": "a valid token is required"}'
+                return _reply(start, "401 Unauthorized", body, "application/json")
+            return self.answer_api(environ, start)
         if path in self.files:  # the page and its script hold no data: no token needed
             body, kind = self.files[path]
             return _reply(start, "200 OK", body, kind)
@@ -83,6 +97,13 @@ class Page:
             body = json.dumps(self.state(), default=str).encode()
             return _reply(start, "200 OK", body, "application/json")
         return _reply(start, "404 Not Found", b"not found\n", "text/plain")
+
+    def answer_api(self, environ: dict[str, Any], start: Start) -> list[bytes]:
+        from runners.cli.api import STATUS
+
+        code, data = self.api(environ)
+        body = json.dumps(data, default=str).encode()
+        return _reply(start, STATUS[code], body, "application/json")
 
     def allowed(self, environ: dict[str, Any]) -> bool:
         given = environ.get("HTTP_AUTHORIZATION", "").removeprefix("Bearer ").strip()
@@ -191,13 +212,24 @@ def read_token(token_file: str | None) -> str | None:
 @click.option("--allow-host", "allow", multiple=True, metavar="NAME[:PORT]",
               help="Without a token: a Host name the page also answers to (repeatable); "
                    "by default only localhost, 127.0.0.1 and [::1] with its port.")
+@click.option("--print-token", is_flag=True,
+              help="Print the token the HTTP API's POSTs carry (made at first use) and exit.")
 @click.pass_obj
-def ui(env: Env, listen: str, token_file: str | None, allow: tuple[str, ...]) -> None:
-    """A read-only status page of hosts, open obligations, deploys and rollouts and
-    restarts, live in a browser (served from the store; the agent need not run)."""
+def ui(env: Env, listen: str, token_file: str | None, allow: tuple[str, ...],
+       print_token: bool) -> None:
+    """A status page of hosts, open obligations, deploys and rollouts and restarts, live
+    in a browser, and the HTTP API under /api/v1 (served from the store; the agent need
+    not run). The API: docs/reference/http-api.md."""
+    from runners.cli.api import post_token
+
     where = parse_listen(listen, token_file)
     token = read_token(token_file)
-    page = Page(env, token)
+    env.store()  # the state dir and its store exist before a token is kept there
+    posts = token if token is not None else post_token(env.state_dir)
+    if print_token:
+        click.echo(posts)
+        return
+    page = Page(env, token, posts)
     server = _server(page, listen, where)
     url = (f"unix:{where['unix_socket']}" if "unix_socket" in where else
            f"http://{_host(where['host'])}:{server.effective_port}/")
@@ -224,7 +256,7 @@ def _server(page: Page, listen: str, where: dict[str, Any]) -> Any:
     unix = "unix_socket" in where
     try:
         server: Any = create_server(
-            page, threads=4, ident="vigil", max_request_body_size=1,  # any body: 413, unread
+            page, threads=4, ident="vigil", max_request_body_size=MAX_BODY,  # more: 413, unread
             max_request_header_size=HEADER_BYTES, channel_timeout=IDLE_TIME,
             cleanup_interval=1, connection_limit=CONNECTIONS, **where)
     except OSError as exc:

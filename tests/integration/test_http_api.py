@@ -1,0 +1,161 @@
+"""`vigil ui`'s HTTP API (issue 41 item 3) against a real server on a real agent: schemathesis
+runs every operation of the served OpenAPI document (runners/cli/openapi.py) and finds no
+failure; curl drives a restart and a deploy and the store shows them done; a POST without
+the token (or with a wrong one) is 401 and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from models.tables import Attempt, Event, Stop, Wake
+from tests.conftest import HELLO, Vigil, wait_for
+from tests.integration.test_rollouts import build_variant
+from tests.integration.test_ui import ended, serve
+
+pytestmark = pytest.mark.timeout(240)
+EXAMPLES = 12  # per operation: bounds the schemathesis run to well under a minute
+
+
+def up(vigil: Vigil, *hosts: str) -> tuple[subprocess.Popen[str], str, str]:
+    """Hosts awake under a real agent, the page's server on a free port, the POST token."""
+    for h in hosts:
+        vigil.add_host(h, HELLO, "--health-timeout", "5", "--drain-timeout", "3")
+    vigil.wait_ready(vigil.start_agent())
+    for h in hosts:
+        vigil.run("wake", h, "--wait", timeout=60)
+    token = vigil.run("ui", "--print-token").stdout.strip()
+    ui, url = serve(vigil, "--listen", "127.0.0.1:0")
+    return ui, url, token
+
+
+def curl(url: str, *args: str, token: str | None = None, body: Any = None) -> tuple[int, Any]:
+    cmd = ["curl", "-sS", "-o", "-", "-w", "\n%{http_code}", *args]
+    if token is not None:
+        cmd += ["-H", f"Authorization: Bearer {token}"]
+    if body is not None:
+        cmd += ["-H", "Content-Type: application/json", "--data", json.dumps(body)]
+    out = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=30, check=True)
+    text, _, code = out.stdout.rpartition("\n")
+    return int(code), json.loads(text) if text else None
+
+
+def attempt_done(vigil: Vigil, attempt_id: int) -> str | None:
+    a = vigil.store.read(lambda s: s.get(Attempt, attempt_id))
+    return None if a.outcome is None else a.outcome.value
+
+
+def rows(vigil: Vigil) -> tuple[int, ...]:
+    def count(s: Any) -> tuple[int, ...]:
+        return tuple(int(s.execute(select(func.count()).select_from(t)).scalar_one())
+                     for t in (Attempt, Wake, Stop, Event))
+    return vigil.store.read(count)
+
+
+def test_schemathesis_finds_no_failure(vigil: Vigil) -> None:
+    schemathesis = pytest.importorskip("schemathesis")
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    ui, url, token = up(vigil, "web")
+    try:
+        # A schema-valid deploy may name no file on this box: 422 is its documented answer.
+        config = schemathesis.config.SchemathesisConfig.from_dict({"checks": {
+            "positive_data_acceptance": {"expected-statuses": [
+                "2xx", "401", "404", "409", "422"]}}})
+        schema = schemathesis.openapi.from_url(url + "api/v1/openapi.json", config=config)
+        ran, before = [], rows(vigil)
+        for result in schema.get_all_operations():
+            operation = result.ok()
+
+            @settings(max_examples=EXAMPLES, deadline=None, database=None,
+                      phases=[Phase.explicit, Phase.generate],
+                      suppress_health_check=list(HealthCheck))
+            @given(case=operation.as_strategy())
+            def check(case: Any) -> None:
+                case.call_and_validate(headers={"Authorization": f"Bearer {token}"})
+
+            check()
+            ran.append(operation.label)
+        assert len(ran) == 9, ran
+        assert rows(vigil)[:3] != before[:3]  # its POSTs on `web` (the example) wrote intents
+    finally:
+        ended(ui)
+
+
+def test_a_restart_and_a_deploy_through_curl_are_done(vigil: Vigil, short_tmp: Path) -> None:
+    ui, url, token = up(vigil, "web")
+    try:
+        first = vigil.status("web")["generation"]
+        code, out = curl(url + "api/v1/hosts/web/restart", "-X", "POST", token=token)
+        assert code == 202 and out["kind"] == "attempt", out
+        wait_for(lambda: attempt_done(vigil, out["id"]), 60, what="the restart's attempt")
+        assert attempt_done(vigil, out["id"]) == "done"
+        second = vigil.status("web")["generation"]
+        assert second != first
+
+        build = build_variant(short_tmp / "next.py")
+        code, out = curl(url + "api/v1/hosts/web/deploy", token=token, body={"build": str(build)})
+        assert code == 202 and out["kind"] == "attempt", out
+        wait_for(lambda: attempt_done(vigil, out["id"]), 60, what="the deploy's attempt")
+        assert attempt_done(vigil, out["id"]) == "done"
+        row = vigil.status("web")
+        assert row["generation"] != second and row["build_file"] == "next.py", row
+
+        code, got = curl(url + "api/v1/hosts/web")
+        assert code == 200 and got["generation"] == row["generation"]
+        code, ev = curl(url + "api/v1/events?after=0&limit=500")
+        kinds = [e["kind"] for e in ev["events"]]
+        assert code == 200 and kinds.count("switched") >= 2, kinds
+        ids = [e["id"] for e in ev["events"]]
+        code, later = curl(url + f"api/v1/events?after={ids[-2]}")
+        assert [e["id"] for e in later["events"]] == ids[-1:]
+    finally:
+        ended(ui)
+
+
+def test_a_post_without_the_token_is_401_and_changes_nothing(vigil: Vigil) -> None:
+    ui, url, token = up(vigil, "web")
+    try:
+        kept = vigil.state_dir / "ui.token"
+        assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600 and kept.read_text().strip() == token
+        before, gen = rows(vigil), vigil.status("web")["generation"]
+        for verb in ("stop", "restart", "wake"):
+            for args in ([], ["-H", "Authorization: Bearer " + token[:-1] + "x"],
+                         ["-H", f"Authorization: {token}"], ["-b", f"token={token}"]):
+                code, out = curl(url + f"api/v1/hosts/web/{verb}", "-X", "POST", *args)
+                assert code == 401 and "bearer token" in out["error"], (verb, args, out)
+            code, out = curl(url + f"api/v1/hosts/web/{verb}?token={token}", "-X", "POST")
+            assert code == 401, out  # the token is a header, never part of an address
+        code, out = curl(url + "api/v1/hosts/nobody/stop", "-X", "POST")
+        assert code == 401, out  # not even whether the host exists
+        assert rows(vigil) == before and vigil.status("web")["generation"] == gen
+
+        code, out = curl(url + "api/v1/hosts/nobody/stop", "-X", "POST", token=token)
+        assert code == 404 and "no host named 'nobody'" in out["error"], out
+        for verb, body, said in (("deploy", {}, "absolute path"),
+                                 ("deploy", {"build": "rel/app"}, "absolute path"),
+                                 ("restart", {"mode": "sideways"}, "mode must be one of"),
+                                 ("stop", {"force": 1}, "unknown field 'force'"),
+                                 ("signal", {"signal": "NOPE"}, "is not a signal's name")):
+            code, out = curl(url + f"api/v1/hosts/web/{verb}", token=token, body=body)
+            assert code == 400 and said in out["error"] and "\n" not in out["error"], out
+        code, out = curl(url + "api/v1/hosts/web/deploy", token=token,
+                         body={"build": "/nonexistent/app"})
+        assert code == 422 and "build /nonexistent/app does not exist" in out["error"], out
+        code, out = curl(url + "api/v1/hosts/web/stop", "-H",
+                         "Content-Type: application/json", "--data", "[1", token=token)
+        assert code == 400 and out["error"] == "the body is not JSON", out
+        assert rows(vigil) == before and vigil.status("web")["generation"] == gen
+
+        code, out = curl(url + "api/v1/hosts/web/stop", "-X", "POST", token=token)
+        assert code == 202 and out["kind"] == "stop", out
+        wait_for(lambda: vigil.status("web")["state"] == "asleep", 30, what="web asleep")
+    finally:
+        ended(ui)
