@@ -845,7 +845,7 @@ DEPTHS = [1, 2, 3] if os.environ.get("VIGIL_LONG") == "1" else [1]
 STORE_POINTS = {
     "boxlease.taken", "chores.taken", "takeover.done", "release.done", "obligation.waiting",
     "notify.begun", "notify.recorded", "notify.sent", "member.proven", "swap.switched",
-    "rollout.wave_admitted", "wake.intent", "stop.intent", "reload.intent",
+    "rollout.wave_admitted", "wake.intent", "stop.intent", "reload.intent", "job.due",
 }
 ON_BOTH = pytest.mark.backend("a step of the store's protocol: leases, claims, intents")
 
