@@ -45,3 +45,16 @@ def test_a_process_started_before_the_test_is_not_counted(short_tmp: Path) -> No
 
 def early_start(pid: int) -> float:
     return psutil.Process(pid).create_time()
+
+
+def test_test_modules_have_distinct_names() -> None:
+    """The tests folders have no __init__.py: pytest imports each module by its file name,
+    and a second file of the same name in another folder stops the collection of the run
+    that meets both (the PostgreSQL run, which collects every folder in one process)."""
+    seen: dict[str, Path] = {}
+    twins = []
+    for path in sorted(Path(__file__).resolve().parent.parent.rglob("test_*.py")):
+        if path.name in seen:
+            twins.append(f"{seen[path.name]} and {path}")
+        seen.setdefault(path.name, path)
+    assert not twins, f"rename one of each: {twins}"
