@@ -39,11 +39,76 @@ function row(cells) {
   return tr;
 }
 
-function hostRow(cells) {  // what `vigil top` shows of the host, cell for cell
+function hostRow(cells) {  // what `vigil top` shows of the host, cell for cell, then its buttons
   const tr = row(cells);
   tr.children[1].className = "state-" + cells[1];
+  const actions = el("td", null, "actions");
+  for (const verb of ACTIONS) {
+    const b = el("button", verb);
+    b.type = "button";
+    b.dataset.action = verb;
+    b.dataset.host = cells[0];
+    actions.append(b);
+  }
+  tr.append(actions);
   return tr;
 }
+
+// The buttons POST to the HTTP API with its bearer token (docs/reference/http-api.md). The
+// token is asked once and kept in sessionStorage: this tab only, never a cookie, never sent
+// but as the Authorization header. A token refused is forgotten and asked again.
+const ACTIONS = ["restart", "stop", "wake"];
+const TOKEN_KEY = "vigil-api-token";
+let pending = null;  // the action waiting for the token to be given
+function apiToken() { return sessionStorage.getItem(TOKEN_KEY) || token; }
+function said(text, bad) {
+  const s = document.getElementById("action-said");
+  s.textContent = text;
+  s.className = bad ? "bad" : "";
+}
+function askToken(why, action) {
+  pending = action;
+  document.getElementById("token-why").textContent = why || "";
+  document.getElementById("token-form").hidden = false;
+  document.getElementById("api-token").focus();
+}
+async function act(verb, host) {
+  const t = apiToken();
+  if (!t) { askToken("", [verb, host]); return; }
+  if (!confirm(verb + " " + host + "?")) return;
+  try {
+    const r = await fetch("api/v1/hosts/" + encodeURIComponent(host) + "/" + verb, {
+      method: "POST", cache: "no-store", headers: {Authorization: "Bearer " + t}});
+    const out = await r.json().catch(() => ({error: "answered " + r.status}));
+    if (r.status === 401) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      askToken("the token was refused", [verb, host]);
+    } else if (!r.ok) said(verb + " " + host + ": " + out.error, true);
+    else if (out.id === null) said(verb + " " + host + ": nothing to do (" + out.kind + ")");
+    else said(verb + " " + host + ": " + out.kind + " #" + out.id + " queued");
+  } catch (err) {
+    said(verb + " " + host + ": the page's server cannot be reached (" + err + ")", true);
+  }
+}
+document.querySelector("#hosts tbody").addEventListener("click", e => {
+  const b = e.target.closest("button[data-action]");
+  if (b) act(b.dataset.action, b.dataset.host);
+});
+document.getElementById("token-form").addEventListener("submit", e => {
+  e.preventDefault();
+  const input = document.getElementById("api-token");
+  if (!input.value.trim()) return;
+  sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+  input.value = "";
+  document.getElementById("token-form").hidden = true;
+  const next = pending;
+  pending = null;
+  if (next) act(...next);
+});
+document.getElementById("token-cancel").addEventListener("click", () => {
+  pending = null;
+  document.getElementById("token-form").hidden = true;
+});
 
 function strip(events, since, now) {
   const s = document.getElementById("timeline-strip");
@@ -93,7 +158,7 @@ function draw(st) {
   halted.style.display = st.halted ? "block" : "none";
   halted.textContent = st.halted || "";
   document.getElementById("host-count").textContent = st.total;
-  document.querySelector("#hosts thead").replaceChildren(row(st.columns.map(c => el("th", c))));
+  document.querySelector("#hosts thead").replaceChildren(row([...st.columns, ""].map(c => el("th", c))));
   fill("hosts", st.hosts.map(hostRow));
   document.getElementById("owed-count").textContent = st.obligations.length;
   fill("obligations", st.obligations.map(o => row([o.kind, o.host || "", o.generation ? "g" + o.generation : "",

@@ -1,7 +1,8 @@
-"""`vigil ui`: a read-only status page served from the store by a process of its own: every
-host and generation (`vigil top`'s cells), every open obligation with its age and what it
-waits for, the last hour's deploys, rollouts and restarts. The page (ui.html, ui.js, ui.css
-beside this file, nothing fetched from elsewhere) asks /api/state every 2 s.
+"""`vigil ui`: a status page served from the store by a process of its own: every host and
+generation (`vigil top`'s cells), every open obligation with its age and what it waits for,
+the last hour's deploys, rollouts and restarts. The page (ui.html, ui.js, ui.css beside
+this file, nothing fetched from elsewhere) asks /api/state every 2 s; its restart, stop and
+wake buttons POST to the API below with the token the person gives it.
 
 Served by waitress (a pure-Python WSGI server with a thread pool): only the routes are here.
 Loopback or a unix socket (0600) by default; any other address requires --token-file, whose
