@@ -101,6 +101,8 @@ class Api:
             return {"hosts": ops.status(self.store)}
         if len(parts) == 2 and parts[0] == "hosts":
             return ops.status(self.store, _name(parts[1]))[0]
+        if len(parts) == 3 and parts[0] == "hosts" and parts[2] == "runs":
+            return {"runs": self.runs(_name(parts[1]), query)}
         if parts == ["obligations"]:
             return {"obligations": ops.obligations(self.store)}
         if parts == ["events"]:
@@ -119,6 +121,13 @@ class Api:
         rows = events_after(self.store, None, after, limit)[:limit]
         return [{**e, "detail": {k: e["detail"][k] for k in SHOWN if k in e["detail"]}}
                 for e in rows]
+
+    def runs(self, name: str, query: str) -> list[dict[str, Any]]:
+        """A job's runs, newest scheduled instant first (`vigil runs NAME --json`)."""
+        from workflows.lifecycle.jobs import runs_of
+
+        limit = _count(parse_qs(query), "limit", EVENTS_LIMIT, EVENTS_MAX, least=1)
+        return list(self.store.read(lambda s: runs_of(s, name, limit)))
 
     def post(self, parts: list[str], environ: dict[str, Any]) -> tuple[int, Any]:
         from runners.cli.common import ring_doorbell
@@ -168,14 +177,16 @@ class Api:
 
 
 def _queued(verb: str, out: dict[str, Any]) -> tuple[int, Any]:
-    """The row written: (202, its kind and id); nothing written (already awake): 200."""
+    """The row written: (202, its kind and id); nothing written (already awake, a job's
+    schedule enabled, a job's next build set): 200."""
     if "attempt" in out:
         return 202, {"kind": "attempt", "id": out["attempt"], "held_down": out.get("held_down")}
     if "converge" in out:  # a job's or converging worker's build: its next runs take it
         return 200, {"kind": "converge", "id": None, "build": out["converge"]}
     row_id = out["wake"] if "wake" in out else out["id"]
     kind = "wake" if verb in ("wake", "restart") else "stop"
-    return (202 if row_id is not None else 200), {"kind": kind, "id": row_id}
+    said = {"state": out["state"]} if "state" in out else {}  # a job's wake: `enabled`
+    return (202 if row_id is not None else 200), {"kind": kind, "id": row_id, **said}
 
 
 def _code(exc: VigilError) -> int:

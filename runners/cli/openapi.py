@@ -77,7 +77,8 @@ SCHEMAS: dict[str, Any] = {
         "error": {"type": "string", "description": "one line: the cause and the fix"}}},
     "Queued": {"type": "object", "required": ["kind", "id"], "properties": {
         "kind": {"type": "string", "enum": ["wake", "stop", "attempt", "converge"]},
-        "id": INT_OR_NULL, "held_down": TEXT_OR_NULL, "build": {"type": "string"}}},
+        "id": INT_OR_NULL, "held_down": TEXT_OR_NULL, "build": {"type": "string"},
+        "state": {"type": "string", "description": "the row's state; a job's wake: enabled"}}},
     "Host": {"type": "object", "description": "`vigil status --json`'s row of one host",
              "required": ["host", "kind", "state", "desired", "generation", "pid"],
              "properties": {"host": {"type": "string"}, "kind": {"type": "string"},
@@ -94,6 +95,14 @@ SCHEMAS: dict[str, Any] = {
                              "generation": INT_OR_NULL, "kind": {"type": "string"},
                              "detail": {"type": "object", "description": "cut to ids, builds, "
                                         "modes, waves and reasons, as on the page"}}},
+    "Run": {"type": "object", "description": "one scheduled instant of a job and its run",
+            "required": ["id", "host", "scheduled_at", "state", "exit_status", "generation"],
+            "properties": {"id": INT, "host": {"type": "string"},
+                           "scheduled_at": {"type": "string"}, "cause": TEXT_OR_NULL,
+                           "state": {"type": "string"}, "started_at": TEXT_OR_NULL,
+                           "ended_at": TEXT_OR_NULL, "exit_status": INT_OR_NULL,
+                           "duration": {"type": ["number", "null"]},
+                           "generation": INT_OR_NULL, "reason": TEXT_OR_NULL}},
     "Signalled": {"type": "object", "required": ["kind", "signal", "processes"], "properties": {
         "kind": {"type": "string", "enum": ["signal"]}, "signal": {"type": "string"},
         "processes": {"type": "array", "items": {"type": "object", "required": [
@@ -109,6 +118,13 @@ def _paths() -> dict[str, Any]:
             "hosts"], "properties": {"hosts": {"type": "array", "items": {"$ref": ref + "Host"}}}}),
         "/api/v1/hosts/{name}": _get("One host's status row", {"$ref": ref + "Host"},
                                      [HOST], {"404": _error("No host of that name")}),
+        "/api/v1/hosts/{name}/runs": _get(
+            "A job's runs, newest scheduled instant first (`vigil runs NAME`)", {
+                "type": "object", "required": ["runs"], "properties": {"runs": {
+                    "type": "array", "items": {"$ref": ref + "Run"}}}},
+            [HOST, _query("limit", "at most this many (default 100)", 1, 1000)],
+            {"400": _error("limit not a whole number in range"),
+             "404": _error("No host of that name")}),
         "/api/v1/obligations": _get("Every open obligation (pending_obligations)", {
             "type": "object", "required": ["obligations"], "properties": {"obligations": {
                 "type": "array", "items": {"$ref": ref + "Obligation"}}}}),

@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 
 from models.tables import Attempt, Event, Stop, Wake
 from tests.conftest import HELLO, Vigil, wait_for
+from tests.integration.test_jobs import SCHEDULED_RUN
 from tests.integration.test_rollouts import build_variant
 from tests.integration.test_ui import browser, ended, serve  # noqa: F401 (a fixture)
 
@@ -84,15 +85,23 @@ def test_schemathesis_finds_no_failure(vigil: Vigil) -> None:
 
             check()
             ran.append(operation.label)
-        assert len(ran) == 9, ran
+        assert len(ran) == 10, ran
         assert rows(vigil)[:3] != before[:3]  # its POSTs on `web` (the example) wrote intents
     finally:
         ended(ui)
 
 
 def test_a_restart_and_a_deploy_through_curl_are_done(vigil: Vigil, short_tmp: Path) -> None:
+    vigil.add_host("tick", SCHEDULED_RUN, "--kind", "job", "--every", "1", "--arg",
+                   str(short_tmp / "ran.txt"))
     ui, url, token = up(vigil, "web")
     try:
+        code, out = curl(url + "api/v1/hosts/tick/wake", "-X", "POST", token=token)
+        assert (code, out) == (200, {"kind": "wake", "id": None, "state": "enabled"}), out
+        wait_for(lambda: any(r["state"] == "done" for r in curl(
+            url + "api/v1/hosts/tick/runs?limit=5")[1]["runs"]), 30, what="a run of tick done")
+        code, out = curl(url + "api/v1/hosts/web/runs")
+        assert (code, out) == (200, {"runs": []})  # not a job: no runs
         first = vigil.status("web")["generation"]
         code, out = curl(url + "api/v1/hosts/web/restart", "-X", "POST", token=token)
         assert code == 202 and out["kind"] == "attempt", out
