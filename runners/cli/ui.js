@@ -110,12 +110,16 @@ document.getElementById("token-cancel").addEventListener("click", () => {
   document.getElementById("token-form").hidden = true;
 });
 
+function width(e) {  // the drawing's width as laid out (it spans the window; see ui.css)
+  return Math.max(320, Math.round(e.getBoundingClientRect().width || 900));
+}
 function strip(events, since, now) {
   const s = document.getElementById("timeline-strip");
-  const t0 = Date.parse(since), t1 = Date.parse(now), w = 900, left = 10, right = 890;
+  const t0 = Date.parse(since), t1 = Date.parse(now), w = width(s), left = 10, right = w - 10;
   const x = iso => left + (right - left) * (Date.parse(iso) - t0) / Math.max(1, t1 - t0);
   const parts = [svg("line", {x1: left, y1: 24, x2: right, y2: 24, stroke: "#bbb"}),
-                 svg("text", {x: left, y: 44}, "1 h ago"), svg("text", {x: right - 24, y: 44}, "now")];
+                 svg("text", {x: left, y: 44}, "1 h ago"),
+                 svg("text", {x: right, y: 44, "text-anchor": "end"}, "now")];
   for (const e of events) {
     const bad = /halted|revert|held_down|failed/.test(e.kind);
     const c = svg("circle", {cx: x(e.at).toFixed(1), cy: 24, r: bad ? 6 : 4,
@@ -123,7 +127,6 @@ function strip(events, since, now) {
     c.append(svg("title", {}, clock(e.at) + " " + e.what + (e.host ? " " + e.host : "")));
     parts.push(c);
   }
-  s.setAttribute("width", w);
   s.replaceChildren(...parts);
 }
 
@@ -131,21 +134,33 @@ function restartChart(r) {
   const box = document.getElementById("restarts");
   const hosts = Object.keys(r.hosts).sort();
   if (!hosts.length) { box.replaceChildren(el("p", "no restarts in the last hour", "none")); return; }
+  // One row a host across the window's width: its name, a bar a bucket, its total.
+  const w = width(box), label = 170, total = 60, bw = Math.max(6, (w - label - total) / r.buckets);
+  const bars = x => label + x * bw;
   const charts = hosts.map(h => {
-    const counts = r.hosts[h], top = Math.max(1, ...counts), bw = 8;
-    const g = svg("svg", {width: 60 + counts.length * bw + 40, height: 34, role: "img",
+    const counts = r.hosts[h], top = Math.max(1, ...counts);
+    const g = svg("svg", {width: w, height: 50, role: "img",
                           "aria-label": "restarts of " + h, "data-host": h});
-    g.append(svg("text", {x: 0, y: 20}, h));
+    g.append(svg("text", {x: 0, y: 32}, h.length > 20 ? h.slice(0, 19) + "…" : h));
     counts.forEach((n, i) => {
-      const hgt = n ? 4 + 24 * n / top : 1;
-      const b = svg("rect", {x: 60 + i * bw, y: 30 - hgt, width: bw - 2, height: hgt, fill: n ? "#b00020" : "#ddd"});
+      const hgt = n ? 8 + 36 * n / top : 1;
+      const b = svg("rect", {x: bars(i).toFixed(1), y: 46 - hgt, width: Math.max(2, bw - 2).toFixed(1),
+                             height: hgt, fill: n ? "#b00020" : "#ddd"});
       if (n) b.append(svg("title", {}, n + " restart" + (n > 1 ? "s" : "")));
       g.append(b);
     });
-    g.append(svg("text", {x: 64 + counts.length * bw, y: 20}, String(counts.reduce((a, b) => a + b, 0))));
+    g.append(svg("text", {x: bars(counts.length) + 8, y: 32}, String(counts.reduce((a, b) => a + b, 0))));
     return g;
   });
-  box.replaceChildren(...charts.map(c => { const d = el("div"); d.append(c); return d; }));
+  const axis = svg("svg", {width: w, height: 20, "aria-hidden": "true"});
+  axis.append(svg("text", {x: label, y: 14}, "1 h ago"),
+              svg("text", {x: bars(r.buckets), y: 14, "text-anchor": "end"}, "now"));
+  box.replaceChildren(...[...charts, axis].map(c => { const d = el("div"); d.append(c); return d; }));
+}
+
+function hostList(hosts) {  // a rollout's or a wave's hosts, the first few by name
+  if (!hosts || !hosts.length) return "";
+  return hosts.slice(0, 4).join(", ") + (hosts.length > 4 ? " +" + (hosts.length - 4) + " more" : "");
 }
 
 function draw(st) {
@@ -167,7 +182,7 @@ function draw(st) {
   fill("timeline", st.timeline.slice().reverse().map(e => {
     const what = el("td", e.what, /halted|revert|held_down|failed/.test(e.kind) ? "bad" : "");
     const detail = Object.entries(e.detail).map(([k, v]) => k + " " + v).join(", ");
-    return row([clock(e.at), what, e.host || "", e.generation ? "g" + e.generation : "", el("td", detail, "wide")]);
+    return row([clock(e.at), what, e.host || hostList(e.hosts), e.generation ? "g" + e.generation : "", el("td", detail, "wide")]);
   }));
   restartChart(st.restarts);
   fill("events", st.events.slice().reverse().map(e => row([clock(e.at), e.kind, e.host || "", e.generation ? "g" + e.generation : ""])));

@@ -104,6 +104,18 @@ def test_the_page_after_a_deploy_and_a_failed_rollout(vigil: Vigil, short_tmp: P
         assert cp.returncode == 1 and "halted: host web2 failed" in cp.stderr, cp.stderr
         halted = page.locator("#timeline tbody td.bad", has_text="rollout halted")
         halted.wait_for(timeout=15_000)
+        # A rollout's rows name their hosts (the event names none): the rollout's, a wave's.
+        requested = page.locator("#timeline tbody tr", has_text="rollout requested")
+        assert requested.locator("td").nth(2).text_content() == "web1, web2"
+        waves = page.locator("#timeline tbody tr", has_text="wave admitted")
+        assert {waves.nth(i).locator("td").nth(2).text_content()
+                for i in range(waves.count())} <= {"web1", "web2"} and waves.count() >= 1
+        # The strip and the restart chart span the window (1280 px), labels readable.
+        now = float(page.locator("#timeline-strip text", has_text="now").get_attribute("x"))
+        bar = page.locator('#restarts svg[data-host="web2"] rect').first
+        label = page.locator('#restarts svg[data-host="web2"] text').first
+        assert now > 1100 and float(bar.get_attribute("width")) >= 20, now
+        assert label.evaluate("t => getComputedStyle(t).fontSize") == "13px"
         shown = page.locator("body").inner_text()
         assert "wave admitted" in shown and "rollout requested" in shown
         shot = tmp_path / "ui-after-failed-rollout.png"

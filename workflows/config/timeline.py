@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from models.durations import iso
 from models.states import Cause
-from models.tables import Attempt, Event, Wake
+from models.tables import Attempt, Event, RolloutTarget, Wake
 from workflows.config.glance import RESTART_WAKES
 
 # The events a deploy or a rollout writes as it goes, in the words the page shows.
@@ -43,15 +43,35 @@ SHOWN = ("attempt", "build", "mode", "rollout", "wave", "of", "reason", "state",
 
 
 def timeline(s: Session, since: datetime, limit: int = 200) -> list[dict[str, Any]]:
-    """The deploy and rollout events since `since`, oldest first (the newest `limit`)."""
+    """The deploy and rollout events since `since`, oldest first (the newest `limit`). A
+    rollout's event, which names no host, carries the hosts it is about: its wave's for a
+    wave's event, else every host of the rollout."""
     rows = s.execute(select(Event).where(Event.kind.in_(list(TIMELINE)), Event.at >= since)
                      .order_by(Event.id.desc()).limit(limit)).scalars().all()
+    details = [json.loads(e.detail or "{}") for e in reversed(rows)]
+    targets = _targets(s, {d["rollout"] for d in details if isinstance(d.get("rollout"), int)})
     out = []
-    for e in reversed(rows):
-        detail = json.loads(e.detail or "{}")
+    for e, detail in zip(reversed(rows), details, strict=True):
+        hosts = None
+        if e.host is None and detail.get("rollout") in targets:
+            waves = targets[detail["rollout"]]
+            wave = detail.get("wave") if e.kind.startswith("rollout_wave") else None
+            hosts = [h for w, h in waves if wave is None or w == wave]
         out.append({"at": iso(e.at), "kind": e.kind, "what": TIMELINE[e.kind],
-                    "host": e.host, "generation": e.generation_id,
+                    "host": e.host, "hosts": hosts, "generation": e.generation_id,
                     "detail": {k: detail[k] for k in SHOWN if k in detail}})
+    return out
+
+
+def _targets(s: Session, rollouts: set[int]) -> dict[int, list[tuple[int, str]]]:
+    """Each rollout's (wave, host) pairs, in the order its hosts were given."""
+    out: dict[int, list[tuple[int, str]]] = {r: [] for r in rollouts}
+    if rollouts:
+        for rid, wave, host in s.execute(
+                select(RolloutTarget.rollout_id, RolloutTarget.wave, RolloutTarget.host)
+                .where(RolloutTarget.rollout_id.in_(rollouts))
+                .order_by(RolloutTarget.rollout_id, RolloutTarget.position)):
+            out[rid].append((wave, host))
     return out
 
 
