@@ -11,8 +11,9 @@
   each `WATCHDOG=1` is kept here, in memory (the agent's watchdog loop reads it:
   workflows/lifecycle/watchdog.py), and `WATCHDOG=trigger` rings `watchdog_bell`.
 - exec:CMD: `/bin/sh -c CMD` in the host's working dir with the generation's environment,
-  as the app's user (`host add --user/--group`; Popen's own switch: a probe is rare, so
-  its fork costs nothing that matters), tried again every POLL seconds until it exits 0,
+  inside its containment (its cgroup and marker, as the stop command: an agent killed while
+  a probe runs leaves nothing the stop's proof would not end), as the app's user
+  (`host add --user/--group`, setpriv after the join), tried again every POLL seconds until it exits 0,
   each try bounded by what is left of the health timeout (then its process group is
   killed). The ongoing health probe's exec:CMD is one such try (`run_once`).
 """
@@ -32,9 +33,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from models.store import Store, emit
-from runners.backend.users import resolve
+from runners.backend.stopcmd import contained
 from runners.base import sd_notify
 from runners.base.deadline import Deadline
+from workflows.base.ports import SpawnError, SpawnSpec
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -240,17 +242,16 @@ class Readiness:
             self.store.write(record)
 
     # -- exec --------------------------------------------------------------------------------
-    def run_probe(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
-                  alive: Callable[[], bool], user: str | None = None,
-                  group: str | None = None) -> str | None:
+    def run_probe(self, spec: SpawnSpec, timeout: float, alive: Callable[[], bool]) -> str | None:
+        command = spec.argv[-1]
         deadline = Deadline(timeout, PROBE_STEP, f"probe {command!r}")
         last = ""
         while True:
             if deadline.left() <= 0:
                 return f"ready: `{command}` did not exit 0 within {float(timeout)}s{last}"
             try:
-                p = _start(command, env, cwd, user, group)
-            except (OSError, ValueError) as exc:
+                p = _start(spec)
+            except (OSError, ValueError, SpawnError) as exc:
                 return f"ready: `{command}` could not start: {exc}"
             out = _finish(p, deadline)
             if p.returncode == 0:
@@ -264,12 +265,12 @@ class Readiness:
                 return f"ready: process exited before `{command}` passed{last}"
             time.sleep(min(POLL, max(0.0, deadline.left())))
 
-    def run_once(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
-                 user: str | None = None, group: str | None = None) -> str | None:
+    def run_once(self, spec: SpawnSpec, timeout: float) -> str | None:
+        command = spec.argv[-1]
         deadline = Deadline(timeout, PROBE_STEP, f"probe {command!r}")
         try:
-            p = _start(command, env, cwd, user, group)
-        except (OSError, ValueError) as exc:
+            p = _start(spec)
+        except (OSError, ValueError, SpawnError) as exc:
             return f"probe: `{command}` could not start: {exc}"
         out = _finish(p, deadline)
         if p.returncode == 0:
@@ -279,19 +280,17 @@ class Readiness:
         return f"probe: `{command}` {_ended(p.returncode, out)}"
 
 
-def _start(command: str, env: dict[str, str], cwd: str | None, user: str | None,
-           group: str | None) -> subprocess.Popen[bytes]:
-    """`/bin/sh -c command` in a session of its own (its group is what a deadline kills),
-    as `user` when given. Raises OSError, or ValueError for a user the box lacks."""
-    who = resolve(user, group)
-    if who is None:
-        return subprocess.Popen(["/bin/sh", "-c", command], env=env, cwd=cwd,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    return subprocess.Popen(["/bin/sh", "-c", command], env={**env, **who.env()},
-                            cwd=cwd or "/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True,
-                            user=who.uid, group=who.gid, extra_groups=list(who.groups))
+def _start(spec: SpawnSpec) -> subprocess.Popen[bytes]:
+    """`spec.argv` (`/bin/sh -c CMD`) in the generation's containment, as the stop command
+    is (runners/backend/stopcmd.py): its cgroup, its marker, its user, so the drain's SIGKILL
+    and the proof reach a probe that outlived the agent that started it. In a session of
+    its own: its group is what a deadline kills (the join shim execs, keeping the pid).
+    Raises OSError, or SpawnError for a user the box lacks or a bad env file."""
+    argv, env = contained(spec)
+    cwd = spec.cwd or ("/" if spec.user or spec.group else None)  # the agent's may be shut
+    return subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, close_fds=True)
 
 
 def _ended(returncode: int, out: bytes) -> str:

@@ -30,6 +30,27 @@ class _Running:
     out: IO[bytes]
 
 
+def contained(spec: SpawnSpec) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start `spec.argv` inside the generation's containment
+    (its cgroup's join shim, its marker, its user by setpriv): a stop command's, a probe
+    command's (runners/backend/readysignal.py). Raises SpawnError (a gone user, a bad env
+    file)."""
+    env = base_environment()
+    try:
+        who = users.switch_for(spec.user, spec.group)
+        if who is not None:
+            env.update(who.env())
+            users.setpriv_tool()
+        from runners.backend.envfiles import read_all
+
+        env.update(read_all(spec.env_files))
+    except ValueError as exc:
+        raise SpawnError(f"host {spec.host}: {exc}", build_fault=False) from exc
+    env = environment(spec, env)
+    cg = spec.cgroup if spec.cgroup and os.path.isdir(spec.cgroup) else None
+    return command(spec, cg, users.shim_target(who, spec)), env
+
+
 class StopCommands:
     def __init__(self) -> None:
         self._running: dict[str, _Running] = {}
@@ -38,20 +59,7 @@ class StopCommands:
     def start(self, spec: SpawnSpec) -> None:
         """Start it (the previous one of this generation, if any, is left to the drain).
         Raises SpawnError when it cannot start (a gone user, a bad env file, no cgroup)."""
-        env = base_environment()
-        try:
-            who = users.switch_for(spec.user, spec.group)
-            if who is not None:
-                env.update(who.env())
-                users.setpriv_tool()
-            from runners.backend.envfiles import read_all
-
-            env.update(read_all(spec.env_files))
-        except ValueError as exc:
-            raise SpawnError(f"host {spec.host}: {exc}", build_fault=False) from exc
-        env = environment(spec, env)
-        cg = spec.cgroup if spec.cgroup and os.path.isdir(spec.cgroup) else None
-        argv = command(spec, cg, users.shim_target(who, spec))
+        argv, env = contained(spec)
         out = tempfile.TemporaryFile()  # noqa: SIM115 - kept open until its outcome is read
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,

@@ -3,7 +3,8 @@
 on /healthz, an app that accepts connects and speaks no HTTP, a command that fails and then
 passes; a health probe of each kind that finds a hung app and has it restarted; a command
 over its time bound killed with its process group (by pid) and counted as a failure; a
-command run as the app's user. Bad values are one line and change nothing."""
+command run as the app's user; a hung command left by a `kill -9`'d agent ended by the
+stop (it runs in the generation's containment). Bad values are one line and change nothing."""
 
 from __future__ import annotations
 
@@ -225,3 +226,39 @@ def test_set_and_hosts_file_take_the_probes(vigil: Vigil, short_tmp: Path) -> No
     cp = vigil.run("apply", str(f), check=False)
     assert cp.returncode != 0 and "hosts.web.health" in cp.stderr, cp.stderr
     assert shown(vigil, "web")["ready"] == "http:/healthz"
+
+
+@pytest.mark.parametrize("containment", ["auto", "marker"], indirect=True)
+def test_a_ready_probe_left_by_a_killed_agent_is_ended_by_the_stop(vigil: Vigil,
+                                                                   short_tmp: Path) -> None:
+    """A probe command runs in the generation's containment (its cgroup, or its marker), as
+    the stop command does: an agent `kill -9`'d while a hung readiness probe runs leaves it
+    behind, and the next agent's stop of the host (drain, SIGKILL, proof) ends it too."""
+    pids = short_tmp / "pids"
+    vigil.run("host", "add", "app", "--build", str(HELLO), "--listen",
+              f"tcp:127.0.0.1:{free_port()}", "--health-timeout", "8", "--drain-timeout", "1",
+              "--ready", f"exec:echo $$ >> {pids}; sleep 600 & echo $! >> {pids}; wait")
+    agent = vigil.start_agent()
+    try:
+        vigil.wait_ready(agent)
+        vigil.run("wake", "app")
+        wait_for(lambda: len(lines(pids)) >= 2, 30, what="the probe's shell and its sleep")
+        first = [int(p) for p in lines(pids)[:2]]
+        agent.kill()
+        agent.wait(10)
+        assert not any(pid_dead(p) for p in first), "the probe died with its agent"
+        before = vigil.ready_count()
+        agent = vigil.start_agent()
+        vigil.wait_ready_after(agent, before)
+        vigil.run("stop", "app", "--wait")
+        probes = [int(p) for p in lines(pids)]  # the next agent's try too, if it made one
+        wait_for(lambda: all(pid_dead(p) for p in probes), 10, what="every probe process gone")
+        vigil.quiesce(15)
+        assert vigil.status("app")["state"] == "asleep"
+        assert vigil.app_pids() == []
+        vigil.check()
+        vigil.stop_agent(agent)
+    finally:
+        for p in (int(x) for x in lines(pids)):  # by pid, had one outlived the stop
+            if not pid_dead(p):
+                os.kill(p, signal.SIGKILL)

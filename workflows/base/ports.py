@@ -239,16 +239,14 @@ class ReadinessPort(Protocol):
         """Until RELOADING=1 then READY=1 arrive after `mark` (None: reloaded), or why not
         (systemd's Type=notify-reload protocol)."""
 
-    def run_probe(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
-                  alive: Callable[[], bool], user: str | None = None,
-                  group: str | None = None) -> str | None:
-        """Run `command` (as `user`/`group` when given) until it exits 0 (None), or why it
-        did not within `timeout`."""
+    def run_probe(self, spec: SpawnSpec, timeout: float, alive: Callable[[], bool]) -> str | None:
+        """Run `spec.argv` (`/bin/sh -c CMD`, workflows/generations/readiness.py command_spec)
+        in the generation's containment, as its user, until it exits 0 (None), or why it did
+        not within `timeout`."""
 
-    def run_once(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
-                 user: str | None = None, group: str | None = None) -> str | None:
-        """Run `command` once: None when it exits 0 within `timeout`, else why not (over
-        time, its process group is killed)."""
+    def run_once(self, spec: SpawnSpec, timeout: float) -> str | None:
+        """Run `spec.argv` once, as run_probe: None when it exits 0 within `timeout`, else
+        why not (over time, its process group is killed)."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ workflows/generations/probes.py):
 - tcp: a connect to its own `$VIGIL_SOCKET` is accepted;
 - notify (the default with one): `READY=1` arrives on the generation's own `$NOTIFY_SOCKET`
   from one of its processes (`STOPPING=1` and `STATUS=` lines become events);
-- exec:CMD: CMD, run with the generation's environment as the app's user, exits 0.
+- exec:CMD: CMD, run with the generation's environment as the app's user, inside its
+  containment, exits 0.
 
 Never a request through a shared listener: the old generation may be the one answering.
 Each is bounded by the host's health timeout and ends early when the leader exits."""
@@ -14,11 +15,11 @@ Each is bounded by the host's health timeout and ends early when the leader exit
 from __future__ import annotations
 
 import json
-import os
 
 from models.states import HostKind
 from models.tables import Generation, Host
 from workflows.base.context import Context
+from workflows.base.ports import SpawnSpec
 from workflows.generations.ending import ref_of
 from workflows.generations.known import note
 from workflows.generations.probes import NOTIFY, OWN_SOCKET, TCP, probe_of
@@ -37,18 +38,23 @@ def own_socket(host: Host) -> bool:
     return host.kind is HostKind.instance and mode(host) in OWN_SOCKET
 
 
-def probe_env(ctx: Context, host: Host, gen: Generation) -> dict[str, str]:
-    return command_env(host.name, host.env, gen.pid, gen.socket)
+def probe_spec(host: Host, gen: Generation, command: str) -> SpawnSpec:
+    return command_spec(command, host=host.name, uuid=gen.uuid, env_json=host.env,
+                        env_files_json=host.env_files, cwd=host.cwd, user=host.run_user,
+                        group=host.run_group, pid=gen.pid, socket=gen.socket, cgroup=gen.cgroup)
 
 
-def command_env(host: str, env_json: str, pid: int | None, socket: str | None) -> dict[str, str]:
-    """A probe command's environment: the host's env, its name, its leader and socket."""
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
-    env.update(json.loads(env_json))
-    env.update(VIGIL_HOST=host, VIGIL_PID=str(pid or ""))
-    if socket:
-        env["VIGIL_SOCKET"] = socket
-    return env
+def command_spec(command: str, *, host: str, uuid: str, env_json: str,
+                 env_files_json: str | None, cwd: str | None, user: str | None,
+                 group: str | None, pid: int | None, socket: str | None,
+                 cgroup: str | None) -> SpawnSpec:
+    """A probe command's process: `/bin/sh -c CMD` with the host's env (its files read when
+    it starts) and `VIGIL_PID`, its leader, in the generation's containment (its cgroup and
+    marker: the stop's drain and proof end a probe an agent left running), as its user."""
+    env = {**json.loads(env_json), "VIGIL_PID": str(pid or "")}
+    return SpawnSpec(generation_uuid=uuid, host=host, argv=["/bin/sh", "-c", command], env=env,
+                     cwd=cwd, socket_path=socket, cgroup=cgroup, user=user, group=group,
+                     env_files=tuple(json.loads(env_files_json or "[]")))
 
 
 def ready_problem(ctx: Context, host: Host, gen: Generation, timeout: float | None = None, *,
@@ -83,8 +89,7 @@ def _ready_problem(ctx: Context, host: Host, gen: Generation, timeout: float | N
         return f"this process cannot check readiness by {how.kind}"
     if how.kind == NOTIFY:
         return ctx.ready.wait_notify(gen.uuid, bound, alive)
-    return ctx.ready.run_probe(how.command, probe_env(ctx, host, gen), host.cwd, bound, alive,
-                               user=host.run_user, group=host.run_group)
+    return ctx.ready.run_probe(probe_spec(host, gen, how.command), bound, alive)
 
 
 def adopt_problem(ctx: Context, host: Host, gen: Generation) -> str | None:

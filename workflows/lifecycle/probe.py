@@ -31,10 +31,10 @@ from models.store import emit, utcnow
 from models.tables import Generation, Host, Lease
 from models.transition import Unfenced, move
 from workflows.base.context import Context
-from workflows.base.ports import ProcRef
+from workflows.base.ports import ProcRef, SpawnSpec
 from workflows.generations.known import note
 from workflows.generations.probes import EXEC, HEALTH_KINDS, TCP, Probe, parse_probe, probe_of
-from workflows.generations.readiness import command_env
+from workflows.generations.readiness import command_spec
 from workflows.lifecycle.members import retire
 
 REREAD = 5.0  # seconds between reads of what is probed
@@ -72,12 +72,9 @@ def check_probe(kind: HostKind, interval: float | None, after: int | None,
 
 @dataclass(frozen=True)
 class Command:
-    """What an exec:CMD probe runs, and as whom."""
+    """What an exec:CMD probe runs, as whom and where (the generation's containment)."""
 
-    env: dict[str, str]
-    cwd: str | None
-    user: str | None
-    group: str | None
+    spec: SpawnSpec
     bound: float  # the health timeout, at most the interval
 
 
@@ -135,8 +132,8 @@ class Prober:
             select(Generation.id, Generation.host, Generation.socket, Generation.health_failures,
                    Generation.uuid, Generation.pid, Generation.create_time, Generation.cgroup,
                    Host.health_interval, Host.unhealthy_after, Host.unhealthy_restart,
-                   Host.health, Host.health_timeout, Host.env, Host.cwd, Host.run_user,
-                   Host.run_group)
+                   Host.health, Host.health_timeout, Host.env, Host.env_files, Host.cwd,
+                   Host.run_user, Host.run_group)
             .join(Host, Host.name == Generation.host).join(Lease, Lease.host == Generation.host)
             .where(Generation.state == GenState.current, Host.health_interval.is_not(None),
                    Host.kind == HostKind.instance,
@@ -148,7 +145,9 @@ class Prober:
             t = old.get(r.id)
             how = probe_of(r.health)
             command = None if how.kind != EXEC else Command(
-                command_env(r.host, r.env, r.pid, r.socket), r.cwd, r.run_user, r.run_group,
+                command_spec(how.command, host=r.host, uuid=r.uuid, env_json=r.env,
+                             env_files_json=r.env_files, cwd=r.cwd, user=r.run_user,
+                             group=r.run_group, pid=r.pid, socket=r.socket, cgroup=r.cgroup),
                 min(float(r.health_timeout), float(r.health_interval)))
             self.targets[r.id] = Probed(
                 r.id, r.host, r.socket, how, command, float(r.health_interval), int(r.unhealthy_after),
@@ -183,8 +182,7 @@ class Prober:
         if t.command is not None:
             if self.ctx.ready is None:
                 return "probe: this process cannot run probe commands"
-            c = t.command
-            return self.ctx.ready.run_once(t.how.command, c.env, c.cwd, c.bound, c.user, c.group)
+            return self.ctx.ready.run_once(t.command.spec, t.command.bound)
         if t.socket is None:
             return f"probe: generation g{t.gen_id} has no socket to probe"
         if t.how.kind == TCP:
