@@ -241,8 +241,11 @@ def fit_rows(height: int) -> tuple[int, int]:
     return max(1, height - CHROME - events), events
 
 
-def screen(f: Frame, when: str) -> Any:
-    """The frame for a terminal: every line cut, never wrapped, to the screen's width."""
+def screen(f: Frame, when: str, selected: str | None = None,
+           said: tuple[str, str] | None = None) -> Any:
+    """The frame for a terminal: every line cut, never wrapped, to the screen's width. The
+    `selected` host's lines are drawn reversed; `said` (text, style), a question or what an
+    action did, replaces the line under the table."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -258,17 +261,19 @@ def screen(f: Frame, when: str) -> Any:
     for r in f.rows:
         for i, row in enumerate(host_lines(r, True)):
             word = r["state"] if i == 0 else row[1]
-            t.add_row(*row, style="red" if word in TROUBLE else None)
+            style = "red" if word in TROUBLE else ""
+            t.add_row(*row, style=(style + " reverse").strip() if r["host"] == selected
+                      else style or None)
     last = f.offset + len(f.rows)
     more = (f"hosts {f.offset + 1}-{last} of {f.total}"
             + (f", {f.total - last} more" if last < f.total else "")
-            + ("  (arrows, PgUp/PgDn: scroll; q: quit)"))
+            + ("  (arrows, PgUp/PgDn: select; r/s/w: restart/stop/wake it; q: quit)"))
 
     def line(s: str, style: str | None = None) -> Text:
         return Text(s, style=style or "", no_wrap=True, overflow="ellipsis")
 
     head = line(f"vigil top  {when}  {f.total} host{'' if f.total == 1 else 's'}", "bold")
-    return Group(head, t, line(more, "dim"),
+    return Group(head, t, line(*said) if said else line(more, "dim"),
                  line(agent_text(f.agent, f.halted), "bold red" if f.halted else "bold"),
                  *(line(event_line(e)) for e in f.events))
 

@@ -153,3 +153,63 @@ def test_a_host_of_instances_has_a_line_for_each_slot(vigil: Vigil) -> None:
     mb = {k: float(rows[k][-1][:-1]) for k in rows}
     assert abs(mb["web"] - mb["web/0"] - mb["web/1"]) < 0.2, rows  # the host sums its slots
     vigil.run("stop", "web", "--wait")
+
+
+def test_top_keys_restart_stop_and_wake_the_selected_host_after_a_yes(
+        vigil: Vigil, tmux: Tmux, short_tmp: Path) -> None:
+    from sqlalchemy import func, select
+
+    from models.tables import Attempt
+
+    vigil.add_host("web1")
+    vigil.add_host("web2")
+    vigil.wait_ready(vigil.start_agent())
+    vigil.run("wake", "web1", "--wait")
+    first = vigil.status("web1")["generation"]
+    rc = short_tmp / "top.rc"
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in vigil.env.items()
+                   if k.startswith(("VIGIL_", "PATH", "HOME", "PYTHON")))
+    tmux("new-session", "-d", "-s", "top", "-x", "80", "-y", "24", "sh", "-c",
+         f"cd {shlex.quote(str(ROOT))} && env {env} {shlex.quote(sys.executable)} "
+         f"-m runners.cli top; echo $? > {shlex.quote(str(rc))}")
+
+    def line(*words: str) -> str:
+        def found() -> str | None:
+            return next((ln for ln in tmux.screen().splitlines()
+                         if all(w in ln for w in words)), None)
+        return str(wait_for(found, 30, what=" ".join(words)))
+
+    def attempts() -> int:
+        return int(vigil.store.read(lambda s: s.execute(
+            select(func.count()).select_from(Attempt)).scalar_one()))
+
+    line("web1", "awake")
+    before = attempts()
+    tmux("send-keys", "-t", "top", "r")  # web1, the first host, is selected
+    line("restart web1? y: yes, any other key: no")
+    tmux("send-keys", "-t", "top", "n")
+    line("restart of web1: not done")
+    assert attempts() == before
+
+    tmux("send-keys", "-t", "top", "r")
+    line("restart web1?")
+    tmux("send-keys", "-t", "top", "y")
+    queued = line("restart of web1: attempt #", "queued")
+    attempt = int(queued.split("#")[1].split()[0])
+    wait_for(lambda: vigil.store.read(lambda s: s.get(Attempt, attempt).outcome), 60,
+             what="top's restart")
+    assert vigil.status("web1")["generation"] != first
+
+    tmux("send-keys", "-t", "top", "Down")  # web2 selected
+    for verb, kind, state in (("wake", "wake", "awake"), ("stop", "stop", "asleep")):
+        tmux("send-keys", "-t", "top", verb[0])
+        line(f"{verb} web2? y: yes")
+        tmux("send-keys", "-t", "top", "y")
+        line(f"{verb} of web2: {kind} #", "queued")
+        wait_for(lambda s=state: vigil.status("web2")["state"] == s, 30, what=f"web2 {state}")
+    assert vigil.status("web1")["state"] == "awake"
+
+    tmux("send-keys", "-t", "top", "q")
+    wait_for(lambda: rc.exists() and not tmux.alive(), 20, what="top ended by q")
+    assert rc.read_text().strip() == "0"
+    vigil.run("stop", "web1", "--wait")
