@@ -50,20 +50,31 @@ class Answer(Exception):
 
 
 def post_token(state_dir: Path) -> str:
-    """The state dir's token for the API's POSTs, made (0600, 32 hex digits) at first use."""
+    """The state dir's token for the API's POSTs, made (0600, 32 hex digits) at first use:
+    written whole under another name, then linked to its own, so two servers starting at
+    once read the same token and neither an empty file."""
     path = state_dir / TOKEN_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(16) + "\n")
-    return path.read_text().strip()
+    if not path.exists():
+        tmp = state_dir / f".{TOKEN_FILE}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(16) + "\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another made it first: its token is the one
+        finally:
+            tmp.unlink()
+    token = path.read_text().strip()
+    if len(token) < 16:
+        raise BadInput(f"{path} holds a token of {len(token)} characters",
+                       "remove it (`vigil ui` makes a new one) or write one of at least 16")
+    return token
 
 
 def bearer_ok(environ: dict[str, Any], token: str) -> bool:
     given = environ.get("HTTP_AUTHORIZATION", "")
-    if not given.startswith("Bearer "):
+    if not token or not given.startswith("Bearer "):
         return False
     return hmac.compare_digest(given.removeprefix("Bearer ").strip().encode(), token.encode())
 

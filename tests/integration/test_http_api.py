@@ -216,3 +216,14 @@ def test_the_pages_buttons_act_behind_the_token(vigil: Vigil, browser: Any) -> N
             wait_for(lambda s=state: vigil.status("web")["state"] == s, 30, what=f"web {state}")
     finally:
         ended(ui)
+
+
+def test_the_kept_token_is_made_once_and_an_empty_one_refused(vigil: Vigil) -> None:
+    vigil.add_host("web")
+    first = vigil.run("ui", "--print-token").stdout.strip()
+    assert len(first) == 32 and vigil.run("ui", "--print-token").stdout.strip() == first
+    assert not [p for p in vigil.state_dir.iterdir() if p.name.startswith(".ui.token")]
+    (vigil.state_dir / "ui.token").write_text("\n")  # emptied by hand: never "no token"
+    cp = vigil.run("ui", "--print-token", check=False)
+    assert cp.returncode == 2 and "holds a token of 0 characters" in cp.stderr, cp.stderr
+    assert len(cp.stderr.strip().splitlines()) == 1 and cp.stdout == "", cp
