@@ -25,6 +25,7 @@ WORDS: dict[str, tuple[str, ...]] = {
     "rollout_halted": ("rollout_halted",),
     "exited": ("exited",),  # a current generation's leader ended by itself (not stopped)
     "restarted": ("restarted",),  # a restart after an exit is current again
+    "reload_failed": ("reload_failed",),  # a reload not back ready (restarted or kept)
 }
 _BY_KIND = {kind: word for word, kinds in WORDS.items() for kind in kinds}
 

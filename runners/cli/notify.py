@@ -8,7 +8,7 @@ import click
 from runners.cli.common import Env, echo_json, show
 
 WORDS_HELP = ("Comma-separated events: failed, down, oom, crashloop, unhealthy, listener_lost, "
-              "rollout_halted, exited, restarted.")
+              "rollout_halted, exited, restarted, reload_failed.")
 
 
 @click.group()

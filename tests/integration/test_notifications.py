@@ -28,7 +28,7 @@ from workflows.base.context import Context, Result
 from workflows.engine import history
 from workflows.engine.obligations import Due, due, run_one
 
-KNOWN = "failed, down, oom, crashloop, unhealthy, listener_lost, rollout_halted, exited, restarted"
+KNOWN = "failed, down, oom, crashloop, unhealthy, listener_lost, rollout_halted, exited, restarted, reload_failed"
 RECEIVER = """import json, os, sys
 event = json.load(sys.stdin)
 flag = sys.argv[1] + ".fail"
@@ -89,6 +89,7 @@ def test_words_map_events() -> None:
     assert word_of("oom_killed", {}) == "oom"
     assert word_of("restart_scheduled", {"streak": 2}) == "crashloop"  # the one that begins it
     assert word_of("restart_scheduled", {"streak": 3}) is None
+    assert word_of("reload_failed", {"answer": "keep"}) == "reload_failed"
     assert word_of("woke", {}) is None
 
 

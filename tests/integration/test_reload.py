@@ -3,7 +3,7 @@ holds) reloaded in place under a closed-loop client, by systemd's notify-reload 
 (RELOADING=1 from its on_reload hook, READY=1 from a new worker), with no failed request; a
 gunicorn whose reload never says so (stock gunicorn sends no RELOADING=1) answered by an
 overlap restart of the same build, again with no failed request; a reload that breaks the
-app kept as it is when told to keep; a signal reaching every instance of a host."""
+app kept as it is when told to keep, and notified (`--on reload_failed`); a signal reaching every instance of a host."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from sqlalchemy import select, update
 
 from models.tables import Event, Lease, Reload
 from tests.conftest import Vigil, wait_for
+from tests.integration.test_notifications import receiver
 from tests.listening import Client, add_gunicorn, free_port, serve_builds
 from tests.reloadapps import breaks_on_reload, reloadable
 
@@ -112,6 +113,9 @@ def test_gunicorn_reload_never_ready_falls_back_to_overlap_restart_failing_no_re
 
 
 def test_a_broken_reload_kept_as_it_is_when_told_to_keep(vigil: Vigil, short_tmp: Path) -> None:
+    """... and `--on reload_failed` is told of it."""
+    command, got = receiver(short_tmp)
+    vigil.run("notify", "add", "pager", "--on", "reload_failed", "--exec", command)
     vigil.add_host("app", breaks_on_reload(short_tmp), "--on-reload-fail", "keep",
                    "--health-timeout", "1")
     vigil.wait_ready(vigil.start_agent())
@@ -126,6 +130,8 @@ def test_a_broken_reload_kept_as_it_is_when_told_to_keep(vigil: Vigil, short_tmp
     assert failed["answer"] == "keep" and "attempt" not in failed, failed
     (r,) = vigil.store.read(lambda s: s.execute(select(Reload)).scalars().all())
     assert r.state.value == "failed" and r.attempt_id is None and "500" in (r.reason or "")
+    wait_for(lambda: got.exists() and "reload_failed" in got.read_text(), 20,
+             what="the failed reload's notification")
     vigil.quiesce(30)
 
 
