@@ -22,8 +22,9 @@ from tests.integration.test_jobs import SCHEDULED_RUN
 from tests.integration.test_rollouts import build_variant
 from tests.integration.test_ui import browser, ended, serve  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.timeout(240)
-EXAMPLES = 12  # per operation: bounds the schemathesis run to well under a minute
+pytestmark = pytest.mark.timeout(900 if os.environ.get("VIGIL_LONG") == "1" else 240)
+# Per operation: bounds the schemathesis run to well under a minute; VIGIL_LONG=1: 200.
+EXAMPLES = 200 if os.environ.get("VIGIL_LONG") == "1" else 12
 
 
 def up(vigil: Vigil, *hosts: str) -> tuple[subprocess.Popen[str], str, str]:
