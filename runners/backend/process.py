@@ -246,10 +246,6 @@ class ProcessBackend:
         st = live_status(ref.pid)
         return st is not None and abs(st[0] - ref.create_time) <= CTIME_TOLERANCE
 
-    def abort(self, ref: ProcRef) -> None:
-        if ref.pid is not None and ref.create_time is not None:
-            signal_same(ref.pid, ref.create_time, signal.SIGABRT)
-
     def _marker_scan(self, generation_uuid: str, user: str | None = None) -> dict[int, float]:
         """Live processes of the generation's own uid carrying its marker: pid -> ctime."""
         found = carriers({generation_uuid}, users.marker_uids(user))

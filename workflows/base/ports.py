@@ -106,7 +106,7 @@ class ProcessPort(Protocol):
 
     def signal_leader(self, ref: ProcRef, signum: int) -> bool:
         """Send `signum` to the leader if its identity still matches; False when it is gone
-        (`vigil signal`, `vigil reload`)."""
+        (`vigil signal`, `vigil reload`, a watchdog's SIGABRT)."""
 
     def kill_all(self, ref: ProcRef) -> None:
         """SIGKILL everything in the containment (and the leader if it still matches)."""
@@ -116,9 +116,6 @@ class ProcessPort(Protocol):
 
     def release(self, ref: ProcRef) -> None:
         """Drop the containment's leftovers (an empty cgroup dir) after a proof."""
-
-    def abort(self, ref: ProcRef) -> None:
-        """SIGABRT the leader if its identity still matches (a watchdog that fired)."""
 
     def descendants(self, refs: list[ProcRef]) -> dict[str, list[tuple[int, float]]]:
         """For each live leader: its live descendants now (pid, start time), by generation

@@ -17,6 +17,7 @@ retirement (the row says it fired)."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -184,8 +185,7 @@ class Watchdogs:
                 return
             a.fired = why
             crashpoint(FIRING)
-        if self.ctx.proc.leader_alive(a.ref):
-            self.ctx.proc.abort(a.ref)
+        self.ctx.proc.signal_leader(a.ref, signal.SIGABRT)  # none when it had exited already
         self.ctx.store.write(lambda s: _retire(s, self.ctx, a))
         self.armed.pop(a.gen_id, None)
         crashpoint(RETIRED)
