@@ -144,7 +144,7 @@ def _paths() -> dict[str, Any]:
             _body({"mode": MODE}), {"202": QUEUED, "200": DONE}),
         "/api/v1/hosts/{name}/deploy": _post(
             "Deploy a build (`vigil deploy NAME BUILD`): staged, then an attempt queued",
-            _body({"build": {"type": "string", "pattern": "^/",
+            _body({"build": {"type": "string", "pattern": "^/[^\\u0000]*$",
                              "description": "absolute path of an executable file on the "
                              "server's box", "example": "/srv/builds/app-2"},
                    "mode": MODE}, ("build",)), {"202": QUEUED, "200": DONE, **UNSTAGED}, required=True),
