@@ -154,15 +154,19 @@ class Api:
         if verb == "deploy":
             build, mode = _build(body), _choice(body, "mode", ("overlap", "hold"))
             try:
-                out = ops.deploy(self.store, self.state_dir, name, build, cwd="/", mode=mode)
+                out = ops.deploy(self.store, self.state_dir, name, build, cwd="/", mode=mode,
+                                 canary=_flag(body, "canary"))
             except BadInput as exc:  # a body well made, naming a file that is no build
                 raise Answer(422, exc.line()) from None
         elif verb == "restart":
             _fields(body, ("mode",))
             out = ops.restart(self.store, name, _choice(body, "mode", ("overlap", "hold")))
+        elif verb == "stop":
+            _fields(body, ("force",))
+            out = ops.stop(self.store, name, _flag(body, "force"))
         else:
             _fields(body, ())
-            out = ops.wake(self.store, name) if verb == "wake" else ops.stop(self.store, name)
+            out = ops.wake(self.store, name)
         ring_doorbell(self.state_dir)  # as the CLI's own call does (runners/cli/common.py)
         return _queued(verb, out)
 
@@ -255,13 +259,19 @@ def _fields(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
 
 
 def _build(body: dict[str, Any]) -> str:
-    _fields(body, ("build", "mode"))
+    _fields(body, ("build", "mode", "canary"))
     build = body.get("build")
     if not isinstance(build, str) or not os.path.isabs(build):
         raise Answer(400, 'the body must give the build\'s absolute path: {"build": "/PATH"}')
     if "\x00" in build:
         raise Answer(400, "the build's path holds a NUL byte")
     return build
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    if not isinstance(body.get(key, False), bool):
+        raise Answer(400, f"{key} must be true or false, not {body[key]!r}")
+    return bool(body.get(key, False))
 
 
 def _choice(body: dict[str, Any], key: str, choices: tuple[str, ...]) -> str:

@@ -137,8 +137,9 @@ def _paths() -> dict[str, Any]:
             {"400": _error("after or limit not a whole number in range")}),
         "/api/v1/hosts/{name}/wake": _post("Wake the host (`vigil wake`)", _body({}),
                                            {"202": QUEUED, "200": DONE}),
-        "/api/v1/hosts/{name}/stop": _post("Stop the host (`vigil stop`)", _body({}),
-                                           {"202": QUEUED}),
+        "/api/v1/hosts/{name}/stop": _post(
+            "Stop the host (`vigil stop`; force: even while hosts that start after it are up)",
+            _body({"force": {"type": "boolean"}}), {"202": QUEUED}),
         "/api/v1/hosts/{name}/restart": _post(
             "Restart the host on its build (`vigil restart`; woken if not running)",
             _body({"mode": MODE}), {"202": QUEUED, "200": DONE}),
@@ -147,7 +148,7 @@ def _paths() -> dict[str, Any]:
             _body({"build": {"type": "string", "pattern": "^/[^\\u0000]*$",
                              "description": "absolute path of an executable file on the "
                              "server's box", "example": "/srv/builds/app-2"},
-                   "mode": MODE}, ("build",)), {"202": QUEUED, "200": DONE, **UNSTAGED}, required=True),
+                   "mode": MODE, "canary": {"type": "boolean"}}, ("build",)), {"202": QUEUED, "200": DONE, **UNSTAGED}, required=True),
         "/api/v1/hosts/{name}/signal": _post(
             "Send a signal to each current generation's leader (`vigil signal`), at once",
             _body({"signal": {"type": "string", "enum": SIGNALS, "example": "HUP"}}, ("signal",)),

@@ -153,7 +153,8 @@ def test_a_post_without_the_token_is_401_and_changes_nothing(vigil: Vigil) -> No
         for verb, body, said in (("deploy", {}, "absolute path"),
                                  ("deploy", {"build": "rel/app"}, "absolute path"),
                                  ("restart", {"mode": "sideways"}, "mode must be one of"),
-                                 ("stop", {"force": 1}, "unknown field 'force'"),
+                                 ("stop", {"force": 1}, "force must be true or false"),
+                                 ("wake", {"force": True}, "unknown field 'force'"),
                                  ("signal", {"signal": "NOPE"}, "is not a signal's name")):
             code, out = curl(url + f"api/v1/hosts/web/{verb}", token=token, body=body)
             assert code == 400 and said in out["error"] and "\n" not in out["error"], out
