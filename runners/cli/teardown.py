@@ -71,7 +71,7 @@ def shutdown(env: Env, wait: bool, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise VigilError(f"still running {timeout:g}s after shutdown began: "
                              f"{', '.join(running)}", "see <state>/logs/ for why")
-        time.sleep(0.1)
+        time.sleep(0.02)  # the keepers leave within ms of being asked
     click.echo(f"nothing of vigil runs on {env.state_dir}")
     ring(env)  # a store shared with other boxes: theirs see the stopped hosts at once
 
