@@ -83,16 +83,16 @@ IDLE_IN_TRANSACTION_MS = 10_000
 # The connection budget of one agent on PostgreSQL (docs/guides/several-boxes.md,
 # "Connections"), each named vigil-<box>-<purpose> in pg_stat_activity:
 # - store: POOL_SIZE kept open, for the threads that run on a clock while the agent is idle
-#   (sweep, lease renewal, probes, the reconciler's round on a NOTIFY); a connection kept
-#   is one not opened again every second. MAX_OVERFLOW more while busy, opened for a burst
-#   and closed when handed back: the 8 drive threads (runners/agent/daemon.py max_hosts)
-#   and the exit watcher, a scheduler job and a control request beside the four above make
-#   14 threads at once, and 2 to spare (more jobs or requests at once); one more waits for a
-#   connection (pool_timeout), as it would for a core.
+#   (sweep, lease renewal, probes, the reconciler's round on a NOTIFY, the job timer, the
+#   watchdogs); a connection kept is one not opened again every second. MAX_OVERFLOW more
+#   while busy, opened for a burst and closed when handed back: the 8 drive threads
+#   (runners/agent/daemon.py max_hosts) and the exit watcher beside the six above make 15
+#   threads at once, and 1 to spare (a scheduler job or a control request); one more waits
+#   for a connection (pool_timeout), as it would for a core.
 #   (The old 10 + 10 kept up to 10 open for good after the first busy minute, 20 at most.)
 # - jobs: one: APScheduler calls its job store under its own lock, one call at a time;
 # - listen: the LISTEN connection (runners/base/wakeup.py).
-POOL_SIZE, MAX_OVERFLOW = 4, 12
+POOL_SIZE, MAX_OVERFLOW = 6, 10
 JOBS_POOL = 1
 IDLE_CONNECTIONS = POOL_SIZE + JOBS_POOL + 1  # what an idle agent holds at most
 AGENT_CONNECTIONS = POOL_SIZE + MAX_OVERFLOW + JOBS_POOL + 1  # and a busy one
@@ -294,8 +294,13 @@ def _pg_engine(url: str, synchronous: str, name: Callable[[], str], pool_size: i
         cparams["application_name"] = name()  # read per connection: it may be renamed
         # None: psycopg prepares nothing (a pooler in transaction mode would run EXECUTE elsewhere).
         cparams["prepare_threshold"] = PREPARE_THRESHOLD if prepare() else None
-        if not pooled:  # a pooler refuses startup options (and keeps sessions of its own)
-            cparams["options"] = f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"
+
+    if not pooled:  # a SET, not a startup option: PgBouncer refuses those, URL given or not
+        @event.listens_for(pg, "connect")
+        def _idle_bound(dbapi_conn: Any, _record: Any) -> None:
+            with dbapi_conn.cursor() as cur:
+                cur.execute(f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}")
+            dbapi_conn.commit()
 
     if synchronous.upper() == "OFF":
         # As with SQLite: a crash of the database server (not of vigil) may lose the
