@@ -194,10 +194,16 @@ def test_two_agents_drain_obligations_each_exactly_once(boxes) -> None:  # type:
         Event.kind == "stopped")).scalars().all()))
     assert len(stopped) == n and set(stopped.values()) == {1}
     drives: dict[str, Counter[str]] = {}
-    for box in (a, b):
-        for kind, rid, result in re.findall(r"drive kind=(\w+) id=(\d+) host=\S+ result=(\w+)",
-                                            box.agent_log().decode()):
-            drives.setdefault(result, Counter())[f"{box.name}:{kind}:{rid}"] += 1
+
+    def logged() -> int:  # an agent logs a drive after its commit: the last lines may lag
+        drives.clear()
+        for box in (a, b):
+            for kind, rid, result in re.findall(r"drive kind=(\w+) id=(\d+) host=\S+ result=(\w+)",
+                                                box.agent_log().decode()):
+                drives.setdefault(result, Counter())[f"{box.name}:{kind}:{rid}"] += 1
+        return len({k.split(":", 1)[1] for k in drives.get("progress", {})})
+
+    wait_for(lambda: logged() >= n, 10, what=f"{n} drives logged")
     progress = Counter(k.split(":", 1)[1] for k in drives.get("progress", {}))
     assert len(progress) == n and set(progress.values()) == {1}  # once each, by one agent
     per_box = Counter(k.split(":")[0] for k in drives.get("progress", {}))
