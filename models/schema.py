@@ -16,7 +16,7 @@ from models.errors import StoreNotReady
 if TYPE_CHECKING:
     from alembic.config import Config
 
-HEAD = "0040"  # ... -> 0033 -> 0034 -> 0035 -> 0036 -> 0037 -> 0038 -> 0039 -> 0040
+HEAD = "0041"  # ... -> 0033 -> 0034 -> 0035 -> 0036 -> 0037 -> 0038 -> 0039 -> 0040 -> 0041
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 

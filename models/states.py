@@ -59,6 +59,8 @@ class RunState(str, enum.Enum):
     failed = "failed"  # exited non-zero, or by a signal, or its start failed
     skipped = "skipped"  # due while the last run still ran (overlap skip): never started
     interrupted = "interrupted"  # the agent died before its pid was written: reaped, not run again
+    queued = "queued"  # due while the run before it still runs (overlap queue): starts after it (0041)
+    missed = "missed"  # passed while no agent ran, not run by the catch-up policy (0041)
 
 
 class AttemptStep(str, enum.Enum):
@@ -157,6 +159,8 @@ TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
         RunState.failed: frozenset(),
         RunState.skipped: frozenset(),
         RunState.interrupted: frozenset(),
+        RunState.queued: frozenset({RunState.due, RunState.failed, RunState.interrupted}),
+        RunState.missed: frozenset(),
     },
     GenState: {
         # spawning -> current: a worker's pid and its being current in one commit
@@ -263,6 +267,8 @@ TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
 }
 
 OPEN_RUN = (RunState.due, RunState.running)
+# The runs still owed (pending_obligations, 0041): open, or queued behind the one that runs.
+OWED_RUN = (RunState.due, RunState.running, RunState.queued)
 OPEN_WAKE = (WakeState.queued, WakeState.leased, WakeState.spawning, WakeState.checking,
              WakeState.reaping, WakeState.unproven)
 OPEN_STOP = (StopState.queued, StopState.signalled)

@@ -196,6 +196,15 @@ class Host(Base):
     schedule: Mapped[str | None] = mapped_column(Text)
     timezone: Mapped[str | None] = mapped_column(String(64))
     runs_from: Mapped[datetime | None] = mapped_column(DateTime)
+    # A job's policies (migration 0041): a run due while the last one runs (skip | queue |
+    # replace | allow); instants missed while no agent ran (none | one | all, within
+    # `catch_up_window` seconds, NULL: no bound); a run's bound in seconds (NULL: none) and
+    # how many times a failed run is started again.
+    overlap: Mapped[str] = mapped_column(String(8), default="skip", server_default="skip")
+    catch_up: Mapped[str] = mapped_column(String(4), default="one", server_default="one")
+    catch_up_window: Mapped[float | None] = mapped_column(Float)
+    run_timeout: Mapped[float | None] = mapped_column(Float)
+    run_retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     # Every duration finite, above 0, at most a day (migration 0006; on SQLite the same
     # rule is held by triggers, as adding a CHECK there means rebuilding the table; 0023's
@@ -207,6 +216,8 @@ class Host(Base):
         CheckConstraint("on_store_loss IN ('fence', 'keep')", name="on_store_loss"),
         CheckConstraint("start_limit IS NULL OR start_limit LIKE '_%/_%'", name="start_limit"),
         CheckConstraint("on_reload_fail IN ('restart', 'keep')", name="on_reload_fail"),
+        CheckConstraint("overlap IN ('skip', 'queue', 'replace', 'allow')", name="overlap"),
+        CheckConstraint("catch_up IN ('none', 'one', 'all')", name="catch_up"),
         # The hosts that have a start order, which are few: who names a host reads these
         # (workflows/lifecycle/order.py dependents; migration 0030).
         Index("ix_hosts_ordered", "name", sqlite_where=text(ORDERED)))  # PostgreSQL's: postgresql_options
@@ -440,6 +451,7 @@ class JobRun(RetryColumns, Base):
     exit_status: Mapped[int | None] = mapped_column(Integer)
     duration: Mapped[float | None] = mapped_column(Float)
     reason: Mapped[str | None] = mapped_column(Text)
+    tries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # starts after its first (--retries; 0041)
     __table_args__ = (UniqueConstraint("host", "scheduled_at", name="uq_job_runs_host_instant"),
                       Index("ix_job_runs_state_host", "state", "host"))
 

@@ -1,6 +1,6 @@
 """SQL views operators read with the sqlite3 shell or psql. Created by migrations."""
 
-from models.states import OPEN_RELOAD, OPEN_ROLLOUT, OPEN_RUN, OPEN_STOP, OPEN_WAKE, WakeState
+from models.states import OPEN_RELOAD, OPEN_ROLLOUT, OPEN_STOP, OPEN_WAKE, OWED_RUN, WakeState
 
 
 def _in(values: tuple) -> str:  # type: ignore[type-arg]
@@ -53,5 +53,5 @@ SELECT 'reload', host, generation_id, since, attempts, next_attempt_at, last_err
   FROM reloads WHERE state IN ({_in(OPEN_RELOAD)})
 UNION ALL
 SELECT 'job_run', host, generation_id, since, attempts, next_attempt_at, last_error
-  FROM job_runs WHERE state IN ({_in(OPEN_RUN)})
+  FROM job_runs WHERE state IN ({_in(OWED_RUN)})
 """

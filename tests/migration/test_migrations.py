@@ -529,6 +529,16 @@ def seed_0040(conn: Connection) -> None:
                                   "started_at": T0, **retry_cols(7)})
 
 
+def seed_0041(conn: Connection) -> None:
+    """A job's policies and a queued run (0041: hosts.overlap, catch_up, catch_up_window,
+    run_timeout, run_retries; job_runs.tries and the states queued, missed)."""
+    conn.execute(text("UPDATE hosts SET overlap = 'queue', catch_up = 'all', catch_up_window = "
+                      "300.0, run_timeout = 30.0, run_retries = 2 WHERE name = 'web'"))
+    raw_insert(conn, "job_runs", {"id": 2, "host": "web", "scheduled_at": T0 + timedelta(minutes=1),
+                                  "state": "queued", "cause": "schedule", "tries": 1,
+                                  **retry_cols(7)})
+
+
 # Rows valid at each revision, written right after upgrading to it. A new revision adds
 # its own seed here (test_seeds_cover_every_revision fails until it does), so the test
 # below checks that rows written at every older revision survive the upgrade to head.
@@ -567,6 +577,7 @@ SEEDS: dict[str, Callable[[Connection], None]] = {
     "0038": seed_0038,
     "0039": seed_0039,
     "0040": seed_0040,
+    "0041": seed_0041,
 }
 # Tables a later revision creates: their rows cannot survive going below it (seeded and
 # checked by test_rows_seeded_at_each_revision_survive_upgrade_to_head instead).
