@@ -26,6 +26,9 @@ WORDS: dict[str, tuple[str, ...]] = {
     "exited": ("exited",),  # a current generation's leader ended by itself (not stopped)
     "restarted": ("restarted",),  # a restart after an exit is current again
     "reload_failed": ("reload_failed",),  # a reload not back ready (restarted or kept)
+    "run_failed": ("run_ended",),  # a job's run ended failed or interrupted (not done)
+    "run_missed": ("run_missed",),  # an instant passed while no agent ran, not run
+    "run_late": ("run_late",),  # a run started past its late bound (jobs.late_bound)
 }
 _BY_KIND = {kind: word for word, kinds in WORDS.items() for kind in kinds}
 
@@ -37,6 +40,8 @@ def word_of(kind: str, detail: dict[str, Any]) -> str | None:
         return None  # once per crashloop, as it begins (`vigil status` says crashloop from here)
     if word == "exited" and ("status" not in detail or detail.get("one_shot")):
         return None  # retired by vigil (unhealthy, not adopted), or a one-shot run's end
+    if word == "run_failed" and detail.get("result") not in ("failed", "interrupted"):
+        return None  # a run done (exited 0) is no news
     return word
 
 

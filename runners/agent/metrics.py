@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
+from datetime import UTC
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -28,6 +29,7 @@ from models.states import Outcome, RolloutOutcome, RolloutState
 from models.store import Store, utcnow
 from models.tables import Attempt, Event, Rollout
 from workflows.config.hostrows import Facts, instance_status, state_of
+from workflows.config.jobview import runs_by_result
 
 log = logging.getLogger("vigil.metrics")
 REGISTRY = CollectorRegistry()
@@ -43,7 +45,7 @@ PROOFS_FAILED = Counter("vigil_proofs_failed",
 OBLIGATION_KINDS = ("wake", "unproven_wake", "stop", "release", "restore", "attempt", "member",
                     "unproven_member", "rollout", "notification", "reload")
 HOST_STATES = ("awake", "unhealthy", "asleep", "waking", "waiting", "crashloop", "deploying",
-               "stopping", "retiring", "unproven", "down", "failed")
+               "stopping", "retiring", "unproven", "down", "failed", "running", "scheduled")
 DEPLOY_BUCKETS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 DRAIN_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -93,6 +95,22 @@ def _instances(slots: list[tuple[str, dict[str, Any]]]) -> Iterator[Metric]:
     yield up
     yield streaks
 
+def _jobs(success: dict[str, Any], runs: dict[tuple[str, str], int]) -> Iterator[Metric]:
+    """Each job's last success (absent until its first run done) and its runs by result,
+    as the store holds them (`vigil runs`): alert on `time() - vigil_job_last_success_timestamp`."""
+    last = GaugeMetricFamily("vigil_job_last_success_timestamp", "When each job's last run "
+                             "that exited 0 ended (Unix seconds)", labels=["host"])
+    for host, at in sorted(success.items()):
+        last.add_metric([host], at.replace(tzinfo=UTC).timestamp())
+    yield last
+    total = CounterMetricFamily("vigil_job_runs", "Each job's runs in the store by result: done, "
+                                "failed, interrupted, skipped, missed (and due, queued, "
+                                "running while open)", labels=["host", "result"])
+    for (host, result), n in sorted(runs.items()):
+        total.add_metric([host, result], n)
+    yield total
+
+
 class StoreCollector:
     """Reads the store on every scrape."""
 
@@ -129,6 +147,7 @@ class StoreCollector:
         yield hosts
 
         yield from _instances(snap["slots"])
+        yield from _jobs(snap["job_success"], snap["job_runs"])
 
         rollouts = GaugeMetricFamily("vigil_rollouts", "Rollouts by state ('ended' for every "
                                      "rollout that has ended)", labels=["state"])
@@ -192,4 +211,5 @@ class StoreCollector:
             exits[how] = exits.get(how, 0) + 1
         return {"obligations": obligations, "attempts": attempts, "hosts": hosts, "exits": exits,
                 "deploys": deploys, "drains": drains, "rollouts": rollouts,
-                "rollout_outcomes": outcomes, "slots": slots}
+                "rollout_outcomes": outcomes, "slots": slots,
+                "job_success": facts.jobs.success, "job_runs": runs_by_result(s)}

@@ -106,6 +106,8 @@ def _iso(at: datetime, timespec: str) -> str:
 @click.option("--all", "every", is_flag=True, help="Every host's output, merged by time.")
 @click.option("--generation", "-g", "only", type=click.IntRange(min=1), default=None,
               help="Only generation N's output (see `vigil status` or `vigil events`).")
+@click.option("--run", "run_id", type=click.IntRange(min=1), default=None,
+              help="Only a job's run N's output (its generation; see `vigil runs NAME`).")
 @click.option("--lines", "-n", type=click.IntRange(min=0), default=None,
               help=f"How many of the last lines to print [default: {DEFAULT_LINES}; with "
                    "--since, every line since then].")
@@ -119,12 +121,15 @@ def _iso(at: datetime, timespec: str) -> str:
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object a line: at, host, generation, line.")
 @click.pass_obj
-def logs(env: Env, names: tuple[str, ...], every: bool, only: int | None, lines: int | None,
-         since: float | None, follow: bool, stamps: bool | None, as_json: bool) -> None:
+def logs(env: Env, names: tuple[str, ...], every: bool, only: int | None, run_id: int | None,
+         lines: int | None, since: float | None, follow: bool, stamps: bool | None,
+         as_json: bool) -> None:
     """The apps' output (stdout and stderr) in the order it was written, each line prefixed
     with the generation that wrote it (`g17 | ...`) and, with several hosts, the host's
     name. Each generation's file is capped and rotated by the agent's --log-max-bytes and
     --log-files."""
+    if run_id is not None:
+        only = _run_generation(env, names, every, only, run_id)
     hosts = _hosts(env, names, every, only)
     several = every or len(hosts) > 1
     shown = Shown(several, stamps if stamps is not None else follow and several, as_json)
@@ -143,6 +148,17 @@ def logs(env: Env, names: tuple[str, ...], every: bool, only: int | None, lines:
                 click.echo(f"vigil: no output of {h}{when} ({d})", err=True)
     if ends is not None:  # from exactly where that print stopped
         _follow(sources, only, shown, env.state_dir / "logs" if every else None, ends)
+
+
+def _run_generation(env: Env, names: tuple[str, ...], every: bool, only: int | None,
+                    run_id: int) -> int:
+    """--run N: the generation a job's run ran as, read from the store."""
+    if only is not None or every or len(names) != 1:
+        raise BadInput("--run names one job's run", "give exactly one host with --run, "
+                       "and no --generation or --all")
+    from workflows.config.jobview import run_generation
+
+    return env.store().read(lambda s: run_generation(s, names[0], run_id))
 
 
 def _hosts(env: Env, names: tuple[str, ...], every: bool, only: int | None) -> list[str]:

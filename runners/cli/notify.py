@@ -8,7 +8,8 @@ import click
 from runners.cli.common import Env, echo_json, show
 
 WORDS_HELP = ("Comma-separated events: failed, down, oom, crashloop, unhealthy, listener_lost, "
-              "rollout_halted, exited, restarted, reload_failed.")
+              "rollout_halted, exited, restarted, reload_failed, run_failed, run_missed, "
+              "run_late.")
 
 
 @click.group()

@@ -178,10 +178,30 @@ def _news(r: dict[str, Any]) -> str:
     is, else why it is not running."""
     if r.get("waiting_on"):
         return f"waiting on {', '.join(r['waiting_on'])}"
+    if r.get("kind") == "job":
+        return job_line(r)
     ended = r.get("last_exit")
     if ended and r.get("restart_at") and r["generation"] is None:
         return f"{ended['status']} {age(ended['at'])} ago, restart {until(r['restart_at'])}"
     return r.get("deploy") or r.get("problem") or ""
+
+
+def job_line(r: dict[str, Any]) -> str:
+    """A job's news, as status, top and the page say it: its run in flight, when its next
+    run is due (none: its schedule is disabled), how its last run ended:
+    `run #13 running, next in 4s, last #12 failed (exit 3) 1m02s ago`."""
+    parts = []
+    if r.get("run"):
+        parts.append(f"run #{r['run']['id']} {r['run']['state']}")
+    parts.append(f"next {until(r['next_run'])}" if r.get("next_run") else "disabled")
+    last = r.get("last_run")
+    if last is None:
+        parts.append("no run yet")
+    else:
+        code = last["exit_status"]
+        how = last["state"] + (f" (exit {code})" if code not in (None, 0) else "")
+        parts.append(f"last #{last['id']} {how} {age(last['ended_at'])} ago")
+    return ", ".join(parts)
 
 
 def _where(r: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ import psutil
 
 from runners.backend.process import cgroup_pids
 from runners.base.pids import CTIME_TOLERANCE
-from runners.cli.output import age, event_line
+from runners.cli.output import age, event_line, job_line
 
 if TYPE_CHECKING:
     from models.store import Store
@@ -169,7 +169,10 @@ def owed(r: dict[str, Any], short: bool) -> str:
 
 def in_flight(r: dict[str, Any]) -> str:
     """The rollout the host is in, else its deploy in flight with its step, else why it is
-    down (a failed start), else how its last leader ended while nothing runs (`oom`)."""
+    down (a failed start), else how its last leader ended while nothing runs (`oom`); a
+    job's: its run in flight, next run and last result (as `vigil status` says them)."""
+    if r.get("kind") == "job":
+        return job_line(r)
     ro = r.get("rollout")
     if ro is not None:
         return f"rollout #{ro['id']} w{ro['wave']}/{ro['wave_count']} {ro['target']}"

@@ -28,7 +28,8 @@ from workflows.base.context import Context, Result
 from workflows.engine import history
 from workflows.engine.obligations import Due, due, run_one
 
-KNOWN = "failed, down, oom, crashloop, unhealthy, listener_lost, rollout_halted, exited, restarted, reload_failed"
+KNOWN = ("failed, down, oom, crashloop, unhealthy, listener_lost, rollout_halted, exited, restarted, "
+         "reload_failed, run_failed, run_missed, run_late")
 RECEIVER = """import json, os, sys
 event = json.load(sys.stdin)
 flag = sys.argv[1] + ".fail"
@@ -90,6 +91,11 @@ def test_words_map_events() -> None:
     assert word_of("restart_scheduled", {"streak": 2}) == "crashloop"  # the one that begins it
     assert word_of("restart_scheduled", {"streak": 3}) is None
     assert word_of("reload_failed", {"answer": "keep"}) == "reload_failed"
+    assert word_of("run_ended", {"result": "failed"}) == "run_failed"
+    assert word_of("run_ended", {"result": "interrupted"}) == "run_failed"
+    assert word_of("run_ended", {"result": "done"}) is None  # a run done is no news
+    assert word_of("run_missed", {}) == "run_missed" and word_of("run_late", {}) == "run_late"
+    assert word_of("run_skipped", {}) is None  # the overlap policy asked for it
     assert word_of("woke", {}) is None
 
 

@@ -32,9 +32,10 @@ from models.states import (
 from models.store import utcnow
 from models.streaks import failed_slots, streaks
 from models.tables import Attempt, Build, Event, Generation, Host, Lease, Listener, Stop, Wake
+from workflows.config.jobview import JobFacts, enabled, job_status
 from workflows.generations.listeners import note, reopened
 from workflows.generations.shutdown import closed
-from workflows.lifecycle.jobs import kind_of
+from workflows.lifecycle.jobs import is_job, kind_of
 from workflows.lifecycle.restarts import crashloop
 
 
@@ -74,6 +75,7 @@ class Facts:
         self.failed = failed_slots(s, names)  # slots given up at their start limit
         ids = {g.build_id for gs in self.live.values() for g in gs} | {h.build_id for h in self.hosts}
         self.builds = {b.id: b for b in s.execute(select(Build).where(Build.id.in_(ids))).scalars()}
+        self.jobs = JobFacts.read(s, self.hosts)  # the jobs' runs: next run, last result
 
     @staticmethod
     def _newest(s: Session, model: Any, *where: Any) -> dict[str, Any]:
@@ -97,8 +99,8 @@ class Facts:
 
 def state_of(f: Facts, h: Host) -> str:
     """The host's one word, by the first that holds: an unproven start, a stop, a deploy,
-    current (healthy or not), a start in flight (waiting, in a crash loop), retiring, or
-    how its last deploy ended."""
+    current (healthy or not; a job's run: running), a start in flight (waiting, in a crash
+    loop), retiring, a job's schedule enabled (scheduled), or how its last deploy ended."""
     wakes, name = f.open_wakes.get(h.name, []), h.name
     if any(w.state is WakeState.unproven for w in wakes):
         return "unproven"
@@ -110,7 +112,7 @@ def state_of(f: Facts, h: Host) -> str:
     if currents:
         if any(g.unhealthy_since is not None for g in currents):
             return "unhealthy"  # it runs, but has failed its probe --unhealthy-after times
-        return "awake"
+        return "running" if is_job(h) else "awake"
     if not wakes and any(host == name for host, _ in f.failed):
         return "failed"  # its start limit was reached: nothing restarts it until asked
     if wakes:
@@ -122,6 +124,8 @@ def state_of(f: Facts, h: Host) -> str:
         return "waking"
     if f.live.get(name):
         return "retiring"
+    if enabled(h):
+        return "scheduled"  # between runs: `next_run` says when
     last = f.last_ended.get(name)
     return "down" if last is not None and last.outcome is Outcome.down else "asleep"
 
@@ -170,6 +174,7 @@ def row(f: Facts, h: Host) -> dict[str, Any]:
         **_worker_status(h, gen, f.last_wake.get(h.name)),
         **_exit_status(f.exits.get(h.name)),
         **instance_status(f, h, currents),
+        **job_status(f.jobs, h, f.now),
     }
 
 

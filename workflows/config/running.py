@@ -24,7 +24,8 @@ from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.wake import refuse_if_unproven, request_wake
 
 WAKE_FROM = ("asleep", "down", "stopping")
-STOP_FROM = ("awake", "unhealthy", "waking", "waiting", "crashloop", "deploying", "retiring", "unproven")
+STOP_FROM = ("awake", "unhealthy", "waking", "waiting", "crashloop", "deploying", "retiring", "unproven",
+             "running", "scheduled")  # a job's run in flight, its schedule enabled
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.states import GenState, HostKind
+from models.store import utcnow
 from models.tables import Attempt, Build, Generation
 from workflows.base.lookups import get_host
 from workflows.config.hostrows import host_state
+from workflows.config.jobview import JobFacts, job_status
 from workflows.generations.listeners import note, stored
 from workflows.lifecycle.jobs import is_job, kind_of
 
@@ -56,6 +58,10 @@ def describe(s: Session, name: str) -> dict[str, Any]:
     out["watchdog"] = h.watchdog  # seconds between WATCHDOG=1 at most (None: no watchdog)
     if is_job(h):  # its schedule (workflows/lifecycle/jobs.py)
         out.update(every=h.every, schedule=h.schedule, timezone=h.timezone or "UTC")
+        out["overlap"] = h.overlap  # a run due while the last runs (job_overlap.py)
+        out.update(timeout=h.run_timeout, retries=h.run_retries)  # workflows/lifecycle/runpolicy.py
+        out.update(catch_up=h.catch_up, catch_up_window=h.catch_up_window)  # catchup.py
+        out.update(job_status(JobFacts.read(s, [h]), h, utcnow()))  # as `vigil status` says
     out.update(reload_signal=h.reload_signal, on_reload_fail=h.on_reload_fail)  # vigil reload
     # How it runs, under the hosts file's keys: paths and names only, never an env file's
     # values or a credential's contents (read at each start, never stored).

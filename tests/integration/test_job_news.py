@@ -1,0 +1,181 @@
+"""A job's runs heard and seen (issue 40, item 5), on real agents and real runs: `--on
+run_failed` and `--on run_late` told of a failed run and of a run started late (the agent
+killed after its row was due), a run done telling nobody; `vigil status` (table at 80
+columns, JSON), `host show`, `top`, the page and the metrics saying a job's next run and
+last result (`scheduled`, not `asleep`); `vigil logs HOST --run N` printing one run's
+output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from models.store import utcnow
+from tests.conftest import FIXTURES, ROOT, Vigil, wait_for
+from tests.integration.test_operator import scrape, value
+from tests.integration.test_ui import browser, ended, get, serve  # noqa: F401 (a fixture)
+from tests.listening import free_port
+
+pytestmark = pytest.mark.timeout(240)
+
+SCHEDULED_RUN = FIXTURES / "scheduled_run.py"  # appends "<pid> <instant>" to argv[1], sleeps argv[2], exits argv[3]
+SAYS = """import os, sys, time
+print("run of", os.environ["VIGIL_SCHEDULED_AT"], flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def runs(v: Vigil, host: str) -> list[dict[str, Any]]:
+    return list(json.loads(v.run("runs", host, "--json", "--limit", "1000").stdout))
+
+
+def agent(v: Vigil, *extra: str) -> Any:
+    p = v.start_agent(None, "--sweep-interval", "0.2", *extra)
+    v.wait_ready(p)
+    return p
+
+
+def test_status_show_top_and_metrics_say_next_run_and_last_result(vigil: Vigil,
+                                                                  short_tmp: Path) -> None:
+    out = short_tmp / "ran.txt"
+    vigil.add_host("payments-nightly-report", SCHEDULED_RUN, "--kind", "job", "--every", "2",
+                   "--arg", str(out))
+    vigil.add_host("off", SCHEDULED_RUN, "--kind", "job", "--every", "1h", "--arg", str(out))
+    port = free_port()
+    agent(vigil, "--metrics-listen", f"127.0.0.1:{port}")
+    name = "payments-nightly-report"
+    off = vigil.json("status", "off")[0]
+    assert off["state"] == "asleep" and off["next_run"] is None and off["last_run"] is None, off
+    started = utcnow()
+    vigil.run("wake", name)
+    wait_for(lambda: (vigil.json("status", name)[0]["last_run"] or {}).get("state") == "done",
+             30, what="a run done")
+    wait_for(lambda: vigil.json("status", name)[0]["state"] == "scheduled", 30,
+             what="between runs: scheduled")
+    st = vigil.json("status", name)[0]
+    nxt = datetime.fromisoformat(st["next_run"].removesuffix("Z"))
+    assert timedelta(0) < nxt - utcnow() + timedelta(seconds=0.5) <= timedelta(seconds=2.5), st
+    last = st["last_run"]
+    assert last["exit_status"] == 0 and st["last_success"] == last["ended_at"], st
+
+    table = vigil.run("status", env={"COLUMNS": "80"}).stdout.splitlines()
+    assert all(len(line) <= 80 for line in table), table
+    at = next(i for i, line in enumerate(table) if line.startswith("paym"))
+    assert table[at].split()[2] in ("scheduled", "running", "waking"), table  # whole, never cut
+    news = " ".join(line.strip() for line in table[at + 1:] if line.startswith(" "))
+    assert "next " in news and "last #" in news, table  # the last column, under its row
+    assert "disabled, no run yet" in vigil.run("status", "off", env={"COLUMNS": "200"}).stdout
+
+    shown = vigil.json("host", "show", name)
+    assert shown["next_run"] and shown["last_run"]["state"] == "done", shown
+    top = vigil.run("top").stdout.splitlines()
+    (line,) = [ln for ln in top if ln.startswith(name)]
+    assert line.split()[1] in ("scheduled", "running", "waking") and "last #" in line, top
+
+    m = scrape(port)
+    success = value(m, "vigil_job_last_success_timestamp", host=name)
+    assert started.timestamp() - 1 < success <= utcnow().timestamp() + 1, success
+    assert value(m, "vigil_job_runs_total", host=name, result="done") >= 1
+    assert ("vigil_job_last_success_timestamp", frozenset({("host", "off")})) not in m
+    assert value(m, "vigil_hosts", state="asleep") == 1  # off
+
+    vigil.run("stop", name, "--wait", "--timeout", "60")
+    st = vigil.json("status", name)[0]
+    assert (st["state"], st["next_run"]) == ("asleep", None) and st["last_run"], st
+    vigil.quiesce(30)
+    vigil.check()
+
+
+def report_job(v: Vigil, tmp: Path) -> None:
+    """A job woken, with one run done: scheduled, next run in under an hour, last #1 done."""
+    v.add_host("report", SCHEDULED_RUN, "--kind", "job", "--every", "1h", "--arg",
+               str(tmp / "ran.txt"))
+    agent(v)
+    v.run("wake", "report")
+    v.run("run", "report")
+    wait_for(lambda: runs(v, "report")[0]["state"] == "done", 30, what="the run")
+
+
+def test_the_pages_state_shows_a_job_as_top_does(vigil: Vigil, short_tmp: Path) -> None:
+    report_job(vigil, short_tmp)
+    ui, url = serve(vigil, "--listen", "127.0.0.1:0")
+    try:
+        status, body = get(url + "api/state")
+    finally:
+        ended(ui)
+    assert status == 200
+    (cells,) = [c for c in json.loads(body)["hosts"] if c[0] == "report"]
+    assert cells[1] == "scheduled", cells
+    assert "next in " in cells[-1] and "last #1 done" in cells[-1], cells
+    vigil.run("stop", "report", "--wait")
+    vigil.quiesce(30)
+
+
+def test_the_page_in_a_browser_shows_a_job(vigil: Vigil, short_tmp: Path,
+                                           browser: object) -> None:  # noqa: F811
+    report_job(vigil, short_tmp)
+    ui, url = serve(vigil, "--listen", "127.0.0.1:0")
+    try:
+        page = browser.new_page()  # type: ignore[attr-defined]
+        page.goto(url)
+        row = page.locator("#hosts tbody tr", has_text="report")
+        row.wait_for(timeout=15_000)
+        assert row.locator("td").nth(1).text_content() == "scheduled"
+        assert "last #1 done" in (row.text_content() or ""), row.text_content()
+        assert row.locator("td.state-scheduled").count() == 1  # styled by its word
+    finally:
+        ended(ui)
+    vigil.run("stop", "report", "--wait")
+    vigil.quiesce(30)
+
+
+def test_logs_of_one_run(vigil: Vigil, short_tmp: Path) -> None:
+    script = short_tmp / "says.py"
+    script.write_text(SAYS)
+    vigil.add_host("say", Path(sys.executable), "--kind", "job", "--every", "1d",
+                   "--arg", str(script), "--arg", "1")
+    agent(vigil)
+    first = int(vigil.run("run", "say").stdout.split("#")[1].split()[0])
+    cp = vigil.run("run", "say")  # while the first is open: skipped, nothing of it runs
+    assert cp.stdout.rstrip().endswith(": skipped"), cp.stdout
+    skipped = int(cp.stdout.split("#")[1].split()[0])
+    wait_for(lambda: runs(vigil, "say")[-1]["state"] == "done", 30, what="the first run")
+    second = int(vigil.run("run", "say").stdout.split("#")[1].split()[0])
+    wait_for(lambda: all(r["state"] in ("done", "skipped") for r in runs(vigil, "say")), 30,
+             what="the second run")
+    by_id = {r["id"]: r for r in runs(vigil, "say")}
+    for run in (first, second):
+        shown = vigil.run("logs", "say", "--run", str(run)).stdout.splitlines()
+        gen = by_id[run]["generation"]
+        assert shown == [f"g{gen} | run of {by_id[run]['scheduled_at']}"], shown
+    for args, says in ((("say", "--run", str(skipped)), f"run #{skipped} of say is skipped"),
+                       (("say", "--run", "999"), "say has no run #999"),
+                       (("--all", "--run", str(first)), "--run names one job's run"),
+                       (("nope", "--run", str(first)), "no host named 'nope'")):
+        cp = vigil.run("logs", *args, check=False)
+        assert cp.returncode != 0 and says in cp.stderr, cp.stderr
+        assert len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+    vigil.quiesce(30)
+    vigil.check()
+
+
+def test_status_at_80_columns_never_cuts_a_jobs_state(vigil: Vigil) -> None:
+    """No agent: a job woken is `scheduled` from the store alone, its next run computed."""
+    long = "a-job-with-a-rather-long-name-to-squeeze-the-table"
+    vigil.add_host(long, SCHEDULED_RUN, "--kind", "job", "--schedule", "*/5 * * * *",
+                   "--arg", "/dev/null")
+    vigil.run("wake", long)
+    cp = subprocess.run([sys.executable, "-m", "runners.cli", "status"], capture_output=True,
+                        text=True, env={**vigil.env, "COLUMNS": "80"}, cwd=ROOT, timeout=60)
+    lines = cp.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    assert any(" scheduled " in f" {line} " for line in lines), lines
+    st = vigil.json("status", long)[0]
+    nxt = datetime.fromisoformat(st["next_run"].removesuffix("Z"))
+    assert nxt.minute % 5 == 0 and nxt.second == 0 and nxt > utcnow(), st
