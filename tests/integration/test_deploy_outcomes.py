@@ -331,6 +331,45 @@ def test_stop_during_canary_deploy_cancels_it_then_stops(vigil: Vigil, short_tmp
     ends_clean(vigil)
 
 
+def stuck_in_readiness(vigil: Vigil, short_tmp: Path) -> tuple[dict[str, Any], Attempt]:
+    """An awake host whose deploy's successor never listens, its health timeout 120 s: the
+    attempt waits on its readiness (pid recorded, not healthy)."""
+    old = awake(vigil, HELLO, "--health-timeout", "120")
+    deaf = variant(FIXTURES / "no_socket.py", short_tmp / "deaf.py", "deaf")
+    aid = queued_id(vigil.run("deploy", "hello", str(deaf)).stdout)
+    wait_for(lambda: attempt(vigil, aid).step.value == "spawned", 30, what="successor spawned")
+    return old, attempt(vigil, aid)
+
+
+def test_stop_of_a_deploy_waiting_on_readiness_ends_it_before_the_health_timeout(
+        vigil: Vigil, short_tmp: Path) -> None:
+    """Before: the stop waited for the attempt, which waited out its whole health timeout
+    (the gate was read at its next step only): `stop --wait` took 120 s here."""
+    old, a = stuck_in_readiness(vigil, short_tmp)
+    successor = gen(vigil, a.successor_id)
+    vigil.run("stop", "hello", "--wait", timeout=60)  # well inside the 120 s health timeout
+    a = attempt(vigil, a.id)
+    assert a.outcome is Outcome.cancelled and "stop" in a.reason, (a.outcome, a.reason)
+    assert pid_dead(successor.pid) and pid_dead(old["pid"])
+    assert events(vigil, "deploy_failed") == []  # the build was never judged
+    assert vigil.status("hello")["state"] == "asleep"
+    ends_clean(vigil)
+
+
+def test_a_newer_deploy_supersedes_one_waiting_on_readiness_at_once(
+        vigil: Vigil, short_tmp: Path) -> None:
+    old, a = stuck_in_readiness(vigil, short_tmp)
+    good = variant(HELLO, short_tmp / "good.py", "good")
+    newer = queued_id(vigil.run("deploy", "hello", str(good), "--wait", timeout=60).stdout)
+    older = attempt(vigil, a.id)
+    assert older.outcome is Outcome.abandoned and "superseded" in older.reason, older.reason
+    assert attempt(vigil, newer).outcome is Outcome.done
+    assert pid_dead(gen(vigil, older.successor_id).pid) and pid_dead(old["pid"])
+    st = vigil.status("hello")
+    serves(vigil, "hello", st["pid"], good)
+    ends_clean(vigil)
+
+
 # -- hold mode, workers ----------------------------------------------------------------------
 
 

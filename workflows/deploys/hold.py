@@ -61,7 +61,7 @@ def _start_one(ctx: Context, run: Run, steps: Steps, build: Build) -> Run | None
     gen, last = steps.decide(lambda s: _new_successor(s, ctx, run, host))
     run = replace(run, successor_id=gen.id)
     gen = deploy.start(ctx, steps, run, host, build, gen)
-    clean = deploy.answer(ctx, host, gen)
+    clean = deploy.answer(ctx, host, gen, run)
     steps.commit(deploy.healthy(gen))
     if run.canary and not clean:
         deploy.settle(ctx, steps, run, gen)

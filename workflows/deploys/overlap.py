@@ -104,7 +104,7 @@ def _replace(ctx: Context, build: Build, run: Run, steps: Steps, host: Host,
         steps.commit(deploy.published(run.build_id))
     gen = deploy.start(ctx, steps, run, host, build, gen)
     if run.canary:
-        clean = deploy.answer(ctx, host, gen)
+        clean = deploy.answer(ctx, host, gen, run)
         steps.commit(deploy.healthy(gen))
         if not clean:
             deploy.settle(ctx, steps, run, gen)
@@ -117,7 +117,7 @@ def _replace(ctx: Context, build: Build, run: Run, steps: Steps, host: Host,
     # one); it still runs before a failed successor is reaped, since the reap reads what
     # it recorded.
     try:
-        deploy.answer(ctx, host, gen, walk=False)
+        deploy.answer(ctx, host, gen, run, walk=False)
         _alive(ctx, gen)
         switch = _switch(ctx, run, gen, deploy.healthy(gen))
         retiring, taken = ctx.store.write(lambda s: steps.decide_in(s, switch))

@@ -202,10 +202,13 @@ def start(ctx: Context, steps: Steps, a: Run, host: Host, build: Build,
     return running
 
 
-def answer(ctx: Context, host: Host, gen: Generation, *, walk: bool = True) -> bool:
+def answer(ctx: Context, host: Host, gen: Generation, run: Run, *, walk: bool = True) -> bool:
     """The successor's health (a worker: that it lives). Raises BuildFailed for the build's
-    own failure; True when a one-shot run already exited 0."""
-    found = check(ctx, host, gen, walk=walk)
+    own failure; True when a one-shot run already exited 0. The gate is read every half
+    second of the wait: a stop or a newer attempt ends it (Cancelled, Stale) at once
+    instead of after the health timeout."""
+    found = check(ctx, host, gen, walk=walk,
+                  watch=lambda: ctx.store.read(lambda s: gate(s, ctx, run)))
     if found.problem is not None:
         raise (BuildFailed if found.build_fault else Stale)(found.problem)
     return found.clean

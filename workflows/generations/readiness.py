@@ -15,6 +15,7 @@ Each is bounded by the host's health timeout and ends early when the leader exit
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from models.states import HostKind
 from models.tables import Generation, Host
@@ -25,6 +26,8 @@ from workflows.generations.known import note
 from workflows.generations.probes import NOTIFY, OWN_SOCKET, TCP, probe_of
 
 ADOPT_BOUND = 5.0  # seconds each adoption on start may take to answer
+WATCH_EVERY = 0.5  # seconds between two calls of a wait's watch (one store read each)
+Watch = Callable[[], None]  # raises to end a readiness wait early
 
 
 def mode(host: Host) -> str:
@@ -58,22 +61,29 @@ def command_spec(command: str, *, host: str, uuid: str, env_json: str,
 
 
 def ready_problem(ctx: Context, host: Host, gen: Generation, timeout: float | None = None, *,
-                  walk: bool = True) -> str | None:
+                  walk: bool = True, watch: Watch | None = None) -> str | None:
     """None once the generation is ready, else why not (the build's own failure). Its
     leader's descendants are walked and recorded after the check, either way (`walk`
-    False: the caller walks, e.g. an overlap deploy after its switch's commit)."""
+    False: the caller walks, e.g. an overlap deploy after its switch's commit). `watch`
+    is called every WATCH_EVERY seconds of the wait; what it raises ends the wait (a
+    deploy's gate: a stop or a newer attempt need not wait out the health timeout)."""
     try:
-        return _ready_problem(ctx, host, gen, timeout)
+        return _ready_problem(ctx, host, gen, timeout, watch)
     finally:
         if walk:
             note(ctx, {gen.id: ref_of(gen)})
 
 
-def _ready_problem(ctx: Context, host: Host, gen: Generation, timeout: float | None) -> str | None:
+def _ready_problem(ctx: Context, host: Host, gen: Generation, timeout: float | None,
+                   watch: Watch | None) -> str | None:
     ref = ref_of(gen)
     bound = host.health_timeout if timeout is None else timeout
+    watched_at = [ctx.clock.now()]
 
     def alive() -> bool:
+        if watch is not None and ctx.clock.now() - watched_at[0] >= WATCH_EVERY:
+            watched_at[0] = ctx.clock.now()
+            watch()
         return ctx.proc.leader_alive(ref)
 
     how = probe_of(host.ready)

@@ -30,7 +30,7 @@ from workflows.generations.access import grant_socket
 from workflows.generations.create import launch
 from workflows.generations.ending import ref_of
 from workflows.generations.known import note
-from workflows.generations.readiness import ready_problem
+from workflows.generations.readiness import Watch, ready_problem
 from workflows.lifecycle.jobs import is_job
 from workflows.lifecycle.workers import settle_one_shot
 
@@ -168,13 +168,15 @@ class Check:
     clean: bool = False
 
 
-def check(ctx: Context, host: Host, gen: Generation, *, walk: bool = True) -> Check:
+def check(ctx: Context, host: Host, gen: Generation, *, walk: bool = True,
+          watch: Watch | None = None) -> Check:
     """An instance's readiness (then its socket opened to its group, before it is current
     and linked), a one-shot's exit, a worker alive. `walk` False: the caller walks the
-    descendants (after its commit: a walk reads the whole process table)."""
+    descendants (after its commit: a walk reads the whole process table); `watch`: see
+    ready_problem."""
     ref = ref_of(gen)
     if host.kind is HostKind.instance:
-        problem = ready_problem(ctx, host, gen, walk=walk)
+        problem = ready_problem(ctx, host, gen, walk=walk, watch=watch)
         if problem is not None:
             return Check(problem)
         problem = grant_socket(ctx, host, gen.socket) if gen.socket else None
