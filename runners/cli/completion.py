@@ -112,17 +112,17 @@ def typed_host(ctx: click.Context) -> str | None:
     return None
 
 
-def attach(group: click.Group, path: tuple[str, ...] = ()) -> None:
-    """Give every command's host arguments (NAME, HOST...) and --generation options their
-    completion from the store; a command module declares none of it itself."""
-    for name, command in group.commands.items():
-        here = (*path, name)
-        if isinstance(command, click.Group):
-            attach(command, here)
-            continue
-        for param in command.params:
-            if isinstance(param, click.Argument) and param.name in ("name", "names") \
-                    and here not in NEW_NAMES:
-                param._custom_shell_complete = hosts
-            elif isinstance(param, click.Option) and "--generation" in param.opts:
-                param._custom_shell_complete = generations
+def attach(command: click.Command, path: tuple[str, ...]) -> None:
+    """Give the host arguments (NAME, HOST...) and --generation options of `command` (at
+    `path`, e.g. ("host", "add")) and of its subcommands their completion from the store; a
+    command module declares none of it itself."""
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            attach(sub, (*path, name))
+        return
+    for param in command.params:
+        if isinstance(param, click.Argument) and param.name in ("name", "names") \
+                and path not in NEW_NAMES:
+            param._custom_shell_complete = hosts
+        elif isinstance(param, click.Option) and "--generation" in param.opts:
+            param._custom_shell_complete = generations

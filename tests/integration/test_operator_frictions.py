@@ -59,12 +59,16 @@ def test_event_lines_name_generations_and_row_ids() -> None:
 
 
 def test_no_help_text_cites_design() -> None:
+    import click
+
     from runners.cli import cli
 
     def walk(cmd, path):  # type: ignore[no-untyped-def]
         yield path, cmd
-        for name, sub in getattr(cmd, "commands", {}).items():
-            yield from walk(sub, [*path, name])
+        if isinstance(cmd, click.Group):  # the top group loads a command when asked for it
+            with click.Context(cmd) as ctx:
+                for name in cmd.list_commands(ctx):
+                    yield from walk(cmd.get_command(ctx, name), [*path, name])
 
     from click.testing import CliRunner
 
