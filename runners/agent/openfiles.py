@@ -16,10 +16,11 @@ from workflows.base.context import Context
 from workflows.leases.placement import may_hold
 
 log = logging.getLogger("vigil.agent")
-# The agent's pidfd of each leader and its copy of the log pipe's read end. The log keeper,
-# started with the agent's limit, holds one an app (its files are opened as they write:
-# runners/keepers/logkeeper.py), so the agent is the one that runs out first.
-FDS_PER_APP = 2
+# The agent's pidfd of each leader: the log pipe's read end is kept by the log keeper and
+# copied by its standby (the agent holds a copy only while no standby has one:
+# runners/keepers/logkeeper.py). The keeper and its standby, started with the agent's
+# limit, hold one an app too (the keeper's files are opened as they write).
+FDS_PER_APP = 1
 SPARE = 64  # the store, the control socket, the doorbell, the helpers' sockets
 
 

@@ -121,7 +121,8 @@ def _ask_to_leave(state_dir: Path) -> None:
 
 
 def _end_standbys(state_dir: Path) -> None:
-    """A standby keeper holds nothing (it only waits to take over a running one's things):
+    """A standby keeper holds nothing of its own (it waits to take over a running one's
+    things; the log keeper's holds copies of the running one's pipes, which that one keeps):
     ended now, so it does not become the next holder of nothing for another idle period."""
     import psutil
 

@@ -4,9 +4,12 @@ beside it: runners/keepers/logfile.py); a host's files beyond its newest KEEP ge
 are deleted when a new one starts.
 
 The agent hands each app's pipe read end to the keeper over `<state>/logs.sock`
-(SOCK_SEQPACKET, SCM_RIGHTS) and keeps a copy. The keeper runs in its own session and
-outlives the agent; a restarted agent takes copies back, and a keeper that died under a
-running agent is restarted with every read end, so a pipe has a reader while either runs.
+(SOCK_SEQPACKET, SCM_RIGHTS). The keeper runs in its own session and outlives the agent;
+its standby (Mirror) holds a copy of every read end, sent before the agent hears `ok`, and
+takes over the moment the keeper dies, so a pipe has a reader while either runs and the
+agent keeps no copy (one fd an app in the agent: 10,000 apps under a limit of 20,000).
+While no standby has them (none started yet, or it died) the agent keeps copies as before:
+a keeper that died is then restarted with every read end.
 
 One process for the box (a python process per generation cost 3.8 MB and 12 ms of CPU a
 spawn). It holds one fd per app and the files of the OPEN_FILES pipes that wrote last (a
@@ -16,6 +19,9 @@ hit EMFILE at 6,650). It sleeps in epoll; a write that fails (disk full) drops t
     {"op": "put", "key": UUID, "path": P, "max_bytes": N, "files": K} + [fd]
     {"op": "list", "after": K}         -> {"keys": {UUID: {"path": P, ...}, ...}, "more": B}
     {"op": "get", "keys": [UUID, ...]} -> {"keys": [found, ...]} + copies of their fds
+    {"op": "mirror"} (a standby) -> {"op": "put", "pipes": [{key, path, ...}]} + fds, each
+        pipe now and each new one, {"op": "drop", "key": K} when one is written out
+    every reply also says {"held": N, "mirrored": B} (B: the standby has a copy of each)
 
 It exits once it writes for no pipe and nobody has talked to it for IDLE seconds. One per
 state dir (flock on logs.lock); `python -m runners.keepers.logkeeper STATE_DIR`, standard
@@ -27,27 +33,43 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import re
-import selectors
+import resource
 import signal
+import socket
 import stat
 import sys
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from runners.base.doorbell import lock_holder
+from runners.base.doorbell import lock_holder, take_lock
 from runners.keepers.logfile import Rotating
-from runners.keepers.wire import MAX_FDS, BadRequest, Loop, Peer, keys_of, serve, text_of
+from runners.keepers.spawn import BOUND
+from runners.keepers.wire import (
+    MAX_FDS,
+    MAX_MESSAGE,
+    BadRequest,
+    Loop,
+    Peer,
+    keys_of,
+    log_line,
+    serve,
+    text_of,
+)
 
 KEEPER_SOCKET = "logs.sock"
 KEEPER_LOCK = "logs.lock"
 KEEP = 5  # generations' files kept per host
 LIST_PAGE = 100  # keys per list reply (a path of up to ~400 bytes each fits a datagram)
 OPEN_FILES = 128  # generations' files open at once (2 fds each): a quiet pipe's are parked
+SPARE_FDS = 32  # its socket, clients, selector, lock: never taken by files (a put's fd must fit)
 MIN_BYTES = 4096  # the smallest file a put may ask for (`--log-max-bytes` starts at 4K)
+PUSH_PAGE = LIST_PAGE  # pipes a datagram to the standby (each with its path, as in a list)
 _FILE = re.compile(r"g(\d+)\.(?:log|times)(?:\.\d+)?")  # outputs and their times
 
 
@@ -74,15 +96,29 @@ def prune(directory: str, keep: int = KEEP) -> None:
 
 
 class Keeper:
-    def __init__(self, sel: selectors.BaseSelector) -> None:
-        self.sel = sel
+    def __init__(self, loop: Loop) -> None:
+        self.loop, self.sel = loop, loop.sel
         self.pipes: dict[str, tuple[int, Rotating]] = {}  # key -> (read end, its file)
         self.open: OrderedDict[str, None] = OrderedDict()  # keys whose files are open, oldest first
+        self.mirror: socket.socket | None = None  # the standby's connection: copies of every pipe
 
     def handle(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
+        reply, out = self._handle(request, fds)
+        # Every reply says what is held and whether the standby has a copy of all of it:
+        # then the agent keeps none (runners/keepers/logkeeper.py LogPipes).
+        return {**reply, "held": len(self.pipes), "mirrored": self.mirrored()}, out
+
+    def _handle(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
         op = request["op"]
         if op == "put":
             return self._put(request, fds)
+        if op == "mirror":  # a standby: every pipe now, each new one as it is put
+            self._lose_mirror()
+            self.mirror = self.loop.serving
+            if self.mirror is not None:
+                self.loop.quiet.add(self.mirror)  # it never asks: not a reason to stay
+                self._push(sorted(self.pipes))
+            return {"ok": True}, []
         if op == "list":  # a page of LIST_PAGE: a datagram holds 64 KiB
             after = request.get("after", "")  # a cursor: pipes may end between pages
             if not isinstance(after, str):
@@ -115,15 +151,59 @@ class Keeper:
         st = os.fstat(fds[0])
         if not stat.S_ISFIFO(st.st_mode) or fcntl.fcntl(fds[0], fcntl.F_GETFL) & os.O_ACCMODE:
             raise BadRequest(f"put {key}: the fd is not the read end of a pipe")
-        self._room(OPEN_FILES - 1)
-        out = Rotating(path, max_bytes, files)  # OSError: refused, nothing taken
+        self._room(self._most_open() - 1)
+        try:
+            out = Rotating(path, max_bytes, files)  # OSError: refused, nothing taken
+        except OSError as e:  # a limit lower than a pipe an app and OPEN_FILES: park more
+            if e.errno not in (errno.EMFILE, errno.ENFILE) or not self.open:
+                raise
+            self._room(len(self.open) // 2)
+            out = Rotating(path, max_bytes, files)
         fd = fds.pop()
         os.set_blocking(fd, False)
         self.pipes[key] = (fd, out)
         self.open[key] = None
-        self.sel.register(fd, selectors.EVENT_READ, lambda: self.drain(key))
+        self.loop.watch(fd, lambda: self.drain(key))
         prune(os.path.dirname(path))
+        self._push([key])  # in the standby's queue before the agent hears ok
         return {"ok": True}, []
+
+    def take(self, copies: dict[str, tuple[int, dict[str, Any]]]) -> None:
+        """A standby that took over: the pipes it kept copies of, read from now on."""
+        for key, (fd, request) in copies.items():
+            fds = [fd]
+            try:
+                self._put(request, fds)
+            except (BadRequest, OSError) as exc:
+                log_line("logkeeper", f"could not take {key} over: {exc}")
+            for left in fds:
+                os.close(left)
+        copies.clear()
+
+    def mirrored(self) -> bool:
+        return self.mirror is not None and self.mirror in self.loop.clients
+
+    def _push(self, keys: list[str]) -> None:
+        """Copies of these pipes to the standby, a page a datagram (SCM_RIGHTS): once sent
+        they are in its queue, held by the kernel even if this keeper dies next."""
+        for i in range(0, len(keys) if self.mirrored() else 0, PUSH_PAGE):
+            page = keys[i:i + PUSH_PAGE]
+            pipes = [{"key": k, "path": self.pipes[k][1].path,
+                      "max_bytes": self.pipes[k][1].max_bytes, "files": self.pipes[k][1].files}
+                     for k in page]
+            self._send({"op": "put", "pipes": pipes}, [self.pipes[k][0] for k in page])
+
+    def _send(self, message: dict[str, Any], fds: list[int]) -> None:
+        assert self.mirror is not None
+        try:
+            socket.send_fds(self.mirror, [json.dumps(message).encode()], fds)
+        except OSError:  # it died, or does not read (SEND_BOUND): no standby until another
+            self._lose_mirror()
+
+    def _lose_mirror(self) -> None:
+        if self.mirror is not None:
+            self.loop.drop(self.mirror)
+            self.mirror = None
 
     def drain(self, key: str) -> None:
         """Read what the pipe has (one chunk: every pipe gets its turn); at EOF, every
@@ -132,7 +212,7 @@ class Keeper:
         if key in self.open:
             self.open.move_to_end(key)
         else:
-            self._room(OPEN_FILES - 1)
+            self._room(self._most_open() - 1)
             self.open[key] = None
         try:
             if out.take(fd):  # pipe to file in the kernel: nothing held here (logfile.py)
@@ -152,6 +232,17 @@ class Keeper:
         out.close()
         del self.pipes[key]
         self.open.pop(key, None)
+        if self.mirrored():  # every writer closed and all is written: the standby's copy goes
+            self._send({"op": "drop", "key": key}, [])
+
+    def _most_open(self) -> int:
+        """Files open at once: OPEN_FILES, fewer where the fd limit would not hold them
+        beside a read end for each pipe (a fd that arrives past the limit is dropped by the
+        kernel: the put fails)."""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            return OPEN_FILES
+        return max(1, min(OPEN_FILES, (soft - len(self.pipes) - SPARE_FDS) // 2))
 
     def _room(self, most: int) -> None:
         """Park the files of the pipes that wrote least recently, down to `most` open."""
@@ -160,30 +251,143 @@ class Keeper:
             self.pipes[oldest][1].park()
 
 
+class Mirror:
+    """The standby's side: a copy of every pipe the running keeper reads, so its death
+    loses none and the agent need keep no copy of its own (one fd an app in the agent: its
+    pidfd). Attached to the keeper (op `mirror`), it is sent every pipe, then each new one
+    and each one finished (`drop`); when the connection ends and the keeper's lock is free,
+    the keeper is gone and this standby takes its lock and every copy over (Keeper.take)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / KEEPER_SOCKET
+        self.copies: dict[str, tuple[int, dict[str, Any]]] = {}  # key -> (read end, its put)
+
+    def follow(self, lock: IO[str]) -> None:
+        """Until the keeper's lock is this process's: copies of what the keeper holds."""
+        while True:
+            conn = self._attach()
+            if conn is not None:
+                with conn:
+                    self._receive(conn)
+            # The keeper's lock is let go as it exits, a moment after its sockets close.
+            if self._take(lock, BOUND if conn is not None else 0.0):
+                return
+            self._let_go()  # it runs but dropped this standby (or did not answer): again
+            time.sleep(0.05)
+
+    def _attach(self) -> socket.socket | None:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            conn.connect(str(self.path))
+            conn.send(json.dumps({"op": "mirror"}).encode())
+        except OSError:
+            conn.close()
+            return None
+        return conn
+
+    def _receive(self, conn: socket.socket) -> None:
+        """Every copy sent until the keeper closes the connection (its death)."""
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, MAX_FDS)
+            except OSError:
+                return
+            if not data:
+                return
+            try:
+                self._keep(json.loads(data), fds)
+            except (ValueError, KeyError, TypeError) as exc:
+                log_line("logkeeper", f"standby: a message it cannot read: {exc}")
+                for fd in fds:
+                    os.close(fd)
+
+    def _keep(self, message: dict[str, Any], fds: list[int]) -> None:
+        op = message.get("op")
+        if op == "put":
+            if len(message["pipes"]) != len(fds):
+                raise ValueError(f"{len(message['pipes'])} pipes named, {len(fds)} fds")
+            for pipe, fd in zip(message["pipes"], fds, strict=True):
+                self._close(pipe["key"])
+                self.copies[pipe["key"]] = (fd, {"op": "put", **pipe})
+        elif op == "drop":
+            self._close(message["key"])
+        else:  # the reply to `mirror`
+            for fd in fds:
+                os.close(fd)
+
+    def _take(self, lock: IO[str], bound: float) -> bool:
+        deadline = time.monotonic() + bound
+        while not take_lock(lock):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def _close(self, key: str) -> None:
+        old = self.copies.pop(key, None)
+        if old is not None:
+            os.close(old[0])
+
+    def _let_go(self) -> None:
+        for key in list(self.copies):
+            self._close(key)
+
+
 def run(state_dir: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # ends when idle, not with a session's signals
+    mirror = Mirror(state_dir)
 
     def setup(loop: Loop):  # type: ignore[no-untyped-def]
-        keeper = Keeper(loop.sel)
+        keeper = Keeper(loop)
+        keeper.take(mirror.copies)  # a standby taking over: every pipe it kept a copy of
         return keeper.handle, lambda: bool(keeper.pipes)
 
-    return serve(state_dir, KEEPER_LOCK, KEEPER_SOCKET, "logkeeper", setup)
+    return serve(state_dir, KEEPER_LOCK, KEEPER_SOCKET, "logkeeper", setup, follow=mirror.follow)
 
 
 class LogPipes:
     """The agent's side: a pipe per generation, its read end handed to the keeper (started
-    when none runs) and a copy kept here until the generation is proven gone, so a keeper
-    that dies is started again and given every read end (`peer`: runners/agent/helpers.py
-    starts it the moment it exits). A connection per exchange: nothing open between them."""
+    when none runs). The agent keeps a copy only until the keeper says its standby has one
+    (`mirrored`, in each reply: Mirror), so an app costs the agent one fd (its pidfd), not
+    two; without a standby (none started yet, or it died) the copies stay here until the
+    generation is proven gone, and a keeper that dies is started again and given every one
+    (`peer`: runners/agent/helpers.py starts it the moment it exits, and a standby beside
+    it while it holds anything). A connection per exchange: nothing open between them."""
 
     def __init__(self, state_dir: Path, on_start: Callable[[], None] = lambda: None) -> None:
         self.state_dir = state_dir.absolute()
         self.ends: dict[str, tuple[int, dict[str, Any]]] = {}  # key -> (read end, its put)
+        self.held = True  # the keeper holds pipes (as its last reply said; unknown: asked)
+        self.mirrored: int | None = None  # the keeper whose standby has a copy of each pipe
+        self.lent: set[int] = set()  # keepers given pipes this agent then let go of its copy
         self.peer = Peer(self.state_dir, module="runners.keepers.logkeeper",
                          socket_name=KEEPER_SOCKET, lock_name=KEEPER_LOCK,
                          log_name="logs/logkeeper.log", what="log keeper", on_start=on_start,
-                         everything=lambda: ((req, [fd]) for fd, req in self.ends.values()))
+                         everything=lambda: ((req, [fd]) for fd, req in self.ends.values()),
+                         holds=lambda: self.held, on_reply=self._heard,
+                         replaceable=self._replaceable)
+
+    def _heard(self, pid: int, reply: dict[str, Any]) -> None:
+        """A keeper's reply (under peer.lock): once its standby has a copy of every pipe it
+        holds (every one this agent holds too: it was given them), this agent's go."""
+        self.held = bool(reply.get("held"))  # a keeper of before the mirror says nothing
+        if not reply.get("mirrored"):
+            self.mirrored = None if self.mirrored == pid else self.mirrored
+            return
+        self.mirrored = pid
+        if self.ends and pid == self.peer.told:
+            self.lent.add(pid)
+            for fd, _ in self.ends.values():
+                os.close(fd)
+            self.ends.clear()
+
+    def _replaceable(self, pid: int) -> bool:
+        """Killing this keeper (it does not answer) loses nothing: its standby has a copy
+        of all it holds, or this agent has."""
+        if pid == self.mirrored:
+            return True
+        return pid not in self.lent and (pid in self.peer.started or pid == self.peer.complete)
 
     def open(self, key: str, path: str, max_bytes: int, files: int) -> int:
         """The write end the app gets. The file is created 0600 (an app's output may hold
@@ -194,8 +398,12 @@ class LogPipes:
                    "files": files}
         try:
             with self.peer.lock:  # every exchange, and every change of `ends`
-                self.peer.ask(request, [r])
-                self.ends[key] = (r, request)
+                reply = self.peer.ask(request, [r])
+                if reply is not None and reply[0].get("mirrored"):
+                    self.lent.add(self.peer.told or 0)
+                    os.close(r)  # the standby has its copy: none here
+                else:
+                    self.ends[key] = (r, request)
         except BaseException:
             os.close(r)
             os.close(w)
@@ -224,6 +432,8 @@ class LogPipes:
         nothing to take). Returns how many."""
         with self.peer.lock:
             try:
+                if self._mirrored_now():
+                    return 0  # its standby has a copy of each: none needed here
                 known: dict[str, dict[str, Any]] = {}
                 while True:
                     reply = self.peer.ask({"op": "list", "after": max(known, default="")},
@@ -249,6 +459,11 @@ class LogPipes:
                 return taken
             except (OSError, ValueError, KeyError):  # a keeper it cannot read: none taken
                 return 0
+
+    def _mirrored_now(self) -> bool:
+        """Whether the running keeper's standby has a copy of each pipe it reads (asked)."""
+        reply = self.peer.ask({"op": "get", "keys": []}, start=False)
+        return reply is not None and bool(reply[0].get("mirrored"))
 
 
 if __name__ == "__main__":

@@ -124,6 +124,8 @@ class Loop:
         self.sel = selectors.DefaultSelector()
         self.sel.register(server, selectors.EVENT_READ)
         self.clients: set[socket.socket] = set()
+        self.quiet: set[socket.socket] = set()  # clients that never ask (a standby's mirror)
+        self.serving: socket.socket | None = None  # the client whose request is handled now
         self.leaving = False  # asked to leave (shutdown): exit once idle, not IDLE seconds after
 
     def watch(self, fd: int, on_ready: Callable[[], None]) -> None:
@@ -137,10 +139,10 @@ class Loop:
         IDLE seconds (none once asked to `leave`)."""
         last = time.monotonic()
         while True:
-            idle = not holding() and not self.clients
+            idle = not holding() and not self.clients - self.quiet
             wait = 0.0 if self.leaving else max(0.0, IDLE - (time.monotonic() - last))
             ready = self.sel.select(wait if idle else None)
-            if not ready and not holding() and not self.clients:
+            if not ready and not holding() and not self.clients - self.quiet:
                 log_line(self.name, "nothing held, asked to leave: exiting" if self.leaving
                          else "nothing held: exiting")
                 return 0
@@ -167,9 +169,12 @@ class Loop:
         self.sel.register(client, selectors.EVENT_READ)
         self.clients.add(client)
 
-    def _drop(self, conn: socket.socket) -> None:
+    def drop(self, conn: socket.socket) -> None:
+        if conn not in self.clients:
+            return  # dropped already
         self.sel.unregister(conn)
         self.clients.discard(conn)
+        self.quiet.discard(conn)
         conn.close()
 
     def _serve(self, conn: socket.socket, handle: Handler) -> None:
@@ -180,23 +185,27 @@ class Loop:
         if not data:
             for fd in fds:
                 os.close(fd)
-            self._drop(conn)
+            self.drop(conn)
             return
         try:
             request = parse(data)
             # `leave` (shutdown, once nothing is left to hold): exit when idle; any other
             # request (a new agent) keeps the helper as before.
             self.leaving = request.get("op") == "leave"
+            self.serving = conn
             reply, out = ({"ok": True}, []) if self.leaving else handle(request, fds)
         except Exception as exc:  # one bad request never ends the helper
             reply, out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, []
         finally:
+            self.serving = None
             for fd in fds:  # what a request carried and the helper did not keep
                 os.close(fd)
+        if conn not in self.clients:
+            return  # dropped while its request was handled
         try:
             socket.send_fds(conn, [json.dumps(reply).encode()], out)
         except OSError:
-            self._drop(conn)
+            self.drop(conn)
 
 
 def standby_of(lock_path: Path) -> Path:
@@ -204,17 +213,23 @@ def standby_of(lock_path: Path) -> Path:
 
 
 def serve(state_dir: Path, lock_name: str, socket_name: str, name: str,
-          setup: Callable[[Loop], tuple[Handler, Callable[[], bool]]]) -> int:
+          setup: Callable[[Loop], tuple[Handler, Callable[[], bool]]],
+          follow: Callable[[IO[str]], None] | None = None) -> int:
     """A helper's whole life: its lock, its socket, its loop (`setup` makes the handler and
     says whether anything is held). With `--standby` (argv) it first waits, already
     started, for the running one's lock: the moment that one dies it takes over, so the
-    agent's re-hand does not wait for a Python to start (one standby per kind)."""
+    agent's re-hand does not wait for a Python to start (one standby per kind). `follow`:
+    how a standby waits (the log keeper's keeps copies of the running one's pipes); it
+    returns once it holds the lock file it is given."""
     if "--standby" in sys.argv[2:]:
         standby = claim(standby_of(state_dir / lock_name))
         if standby is None:
             return 0  # another standby waits already
         taken = open(state_dir / lock_name, "a+")
-        fcntl.flock(taken, fcntl.LOCK_EX)  # blocks until the running helper is gone
+        if follow is not None:
+            follow(taken)
+        else:
+            fcntl.flock(taken, fcntl.LOCK_EX)  # blocks until the running helper is gone
         taken.seek(0)
         taken.truncate()
         taken.write(f"{os.getpid()}\n")
@@ -244,12 +259,21 @@ class Peer:
     def __init__(self, state_dir: Path, *, module: str, socket_name: str, lock_name: str,
                  log_name: str, what: str,
                  everything: Callable[[], Iterable[tuple[dict[str, Any], list[int]]]],
-                 on_start: Callable[[], None] = lambda: None) -> None:
+                 on_start: Callable[[], None] = lambda: None,
+                 holds: Callable[[], bool] = lambda: False,
+                 on_reply: Callable[[int, dict[str, Any]], None] = lambda pid, reply: None,
+                 replaceable: Callable[[int], bool] | None = None) -> None:
         self.state_dir = state_dir.absolute()
         self.module, self.what, self.log_name = module, what, log_name
         self.path = self.state_dir / socket_name
         self.lock_path = self.state_dir / lock_name
         self.everything, self.on_start = everything, on_start
+        # The log keeper's client: `holds` says the helper holds things this agent has no
+        # copy of (its standby has them), `on_reply` hears each reply with the helper's pid,
+        # `replaceable` whether killing a helper loses nothing (default: the agent has a
+        # copy of everything it holds).
+        self.holds, self.on_reply = holds, on_reply
+        self.replaceable = replaceable or (lambda pid: pid in self.started or pid == self.complete)
         self.lock = threading.Lock()
         self.told: int | None = None  # the helper that has been given everything held here
         self.complete: int | None = None  # a helper whose every fd this agent has a copy of
@@ -274,8 +298,12 @@ class Peer:
         that does not answer is killed when that loses nothing), a standby beside it so
         the next death's re-hand needs no Python start. OSError."""
         with self.lock:
-            if any(True for _ in self.everything()):
-                self.ask({"op": "get", "keys": []}, start=False)
+            if not any(True for _ in self.everything()) and not self.holds():
+                return
+            if (self.ask({"op": "get", "keys": []}, start=False) is None
+                    and not any(True for _ in self.everything())):
+                return  # none runs, and nothing here to give one
+            if any(True for _ in self.everything()) or self.holds():
                 self.standby()
 
     def _connect(self, start: bool) -> tuple[socket.socket, int] | None:
@@ -357,7 +385,9 @@ class Peer:
                 if tried:
                     raise
                 continue
-            return self._reply(data, got)
+            reply = self._reply(data, got)
+            self.on_reply(pid, reply[0])
+            return reply
         return None
 
     def _reply(self, data: bytes, got: list[int]) -> tuple[dict[str, Any], list[int]]:
@@ -380,7 +410,7 @@ class Peer:
         ctime = start_time(pid)
         if ctime is None:
             return  # gone already
-        if pid not in self.started and pid != self.complete:
+        if not self.replaceable(pid):
             raise OSError(errno.ETIMEDOUT, f"the {self.what} (pid {pid}) does not answer within "
                           f"{BOUND:g}s and holds what this agent has no copy of, so it is left "
                           f"running; `kill -CONT {pid}` if it is stopped, or kill it to lose them")

@@ -309,3 +309,67 @@ def test_a_stopped_keeper_or_holder_does_not_freeze_the_agent(vigil: Vigil) -> N
         for pid in stopped:
             if pid and not pid_dead(pid):
                 os.kill(pid, signal.SIGCONT)
+
+
+def _read_ends(inodes: set[str]) -> int:
+    """How many read ends of these pipes this process holds (its fds' links and modes)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            with open(f"/proc/self/fdinfo/{fd}") as f:
+                flags = next(int(x.split()[1], 8) for x in f if x.startswith("flags:"))
+        except (OSError, StopIteration):
+            continue
+        count += link in inodes and flags & os.O_ACCMODE == os.O_RDONLY
+    return count
+
+
+def _mirrored(logs: LogPipes) -> bool:
+    with logs.peer.lock:
+        got = logs.peer.ask({"op": "get", "keys": []}, start=False)
+    return got is not None and bool(got[0].get("mirrored"))
+
+
+def test_the_standby_keeps_each_pipe_so_the_agent_keeps_none(short_tmp: Path) -> None:
+    """One fd an app in the agent (issue 42 item 5): once the keeper's standby has a copy
+    of every pipe, the agent closes its own; the keeper killed twice, each pipe is still
+    read by the standby that took over (then by the next), no line lost, and the agent
+    never takes a copy back."""
+    state = short_tmp / "state"
+    (state / "logs").mkdir(parents=True)
+    bell = PipeBell()
+    logs = LogPipes(state, bell.ring)
+    writes = []
+    for i in range(SOCKETS):
+        (state / "logs" / f"h{i}").mkdir()
+        writes.append(logs.open(f"g{i}", str(log_of(state, f"g{i}")), 1 << 20, 2))
+    inodes = {os.readlink(f"/proc/self/fd/{w}") for w in writes}
+    watch = KeeperWatch([logs.peer], bell, tick=0.2)
+    watch.start()
+    try:
+        wait_for(lambda: not logs.ends and _read_ends(inodes) == 0, 30,
+                 what="the agent's copies closed once the standby has each")
+        for round_ in range(2):
+            wait_for(lambda: _mirrored(logs), 30, what="a standby with a copy of every pipe")
+            old = keeper_pid(state)
+            assert old
+            os.kill(old, signal.SIGKILL)
+            wait_for(lambda old=old: keeper_pid(state) not in (None, old), 30,
+                     what="the standby took over")
+            for i, w in enumerate(writes):
+                os.write(w, f"round {round_} pipe {i}\n".encode())
+            wait_for(lambda r=round_: all(f"round {r} pipe {i}\n".encode()
+                                          in log_of(state, f"g{i}").read_bytes()
+                                          for i in range(SOCKETS)), 30,
+                     what="every pipe's line read by the keeper that took over")
+            assert not logs.ends and _read_ends(inodes) == 0
+    finally:
+        watch.close()
+        for w in writes:
+            os.close(w)
+        for pid in logs.peer.started:  # this process's children
+            if not pid_dead(pid):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        end_holder(state)

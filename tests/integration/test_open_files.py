@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.conftest import HELLO, ROOT, Vigil
 
-HOSTS = 60  # more than a hard limit of 128 holds: (128 - open - 64) / 2 fds an app
+HOSTS = 60  # more than a hard limit of 128 holds: 128 - open - 64, one fd an app
 
 
 def agent_with_limit(v: Vigil, soft: int, hard: int) -> subprocess.Popen[bytes]:
