@@ -84,7 +84,13 @@ SCHEMAS: dict[str, Any] = {
              "properties": {"host": {"type": "string"}, "kind": {"type": "string"},
                             "state": {"type": "string"}, "desired": {"type": "string"},
                             "generation": INT_OR_NULL, "pid": INT_OR_NULL,
-                            "build_digest": TEXT_OR_NULL}},
+                            "build_digest": TEXT_OR_NULL,
+                            # a job's (docs/guides/jobs.md, heard and seen)
+                            "next_run": TEXT_OR_NULL, "last_success": TEXT_OR_NULL,
+                            "last_run": {"type": ["object", "null"], "description":
+                                         "a job's newest run done, failed or interrupted"},
+                            "run": {"type": ["object", "null"],
+                                    "description": "a job's run in flight"}}},
     "Obligation": {"type": "object", "description": "a row of the pending_obligations view",
                    "required": ["kind", "host", "since", "attempts"], "properties": {
                        "kind": {"type": "string"}, "host": TEXT_OR_NULL,

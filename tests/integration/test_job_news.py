@@ -107,9 +107,12 @@ def test_the_pages_state_shows_a_job_as_top_does(vigil: Vigil, short_tmp: Path) 
     ui, url = serve(vigil, "--listen", "127.0.0.1:0")
     try:
         status, body = get(url + "api/state")
+        api, host = get(url + "api/v1/hosts/report")  # the HTTP API's row: status's
     finally:
         ended(ui)
-    assert status == 200
+    assert status == 200 and api == 200
+    row = json.loads(host)
+    assert row["state"] == "scheduled" and row["next_run"] and row["last_run"]["id"] == 1, row
     (cells,) = [c for c in json.loads(body)["hosts"] if c[0] == "report"]
     assert cells[1] == "scheduled", cells
     assert "next in " in cells[-1] and "last #1 done" in cells[-1], cells
