@@ -14,7 +14,7 @@ from models.statedir import prepare_state_dir, refuse_link, state_dir_exists
 from models.store import Store, normalize_url, sqlite_url
 from models.urls import listen_url_for
 from runners.backend.credentials import Credentials
-from runners.backend.files import LocalFiles
+from runners.backend.files import LocalFiles, claim_dropper
 from runners.backend.health import HttpHealth
 from runners.backend.limits import CgroupMemoryLimit
 from runners.backend.listen import Listeners
@@ -24,6 +24,7 @@ from runners.backend.readysignal import Readiness
 from runners.backend.sockets import SocketAccess
 from runners.keepers.logkeeper import LogPipes
 from workflows.base.context import Context
+from workflows.base.paths import CLAIMS
 
 CLI_LOCK_WAIT = 15.0  # seconds a command's write waits for SQLite's write lock (the agent: 60)
 
@@ -68,7 +69,9 @@ def make_context(state_dir: Path, store: Store, agent_id: str, *,
     proc = ProcessBackend(containment=os.environ.get("VIGIL_CONTAINMENT", "auto"),
                           log_max_bytes=log_max_bytes, log_files=log_files,
                           logs=LogPipes(state_dir, keeper_started), box=agent_id,
-                          credentials=credentials, on_release=[ready.forget, credentials.forget])
+                          credentials=credentials,
+                          on_release=[ready.forget, credentials.forget,
+                                      claim_dropper(state_dir.absolute() / CLAIMS)])
     settle = parse_seconds(os.environ.get("VIGIL_SETTLE_SECONDS", "10"), "VIGIL_SETTLE_SECONDS")
     kw.setdefault("sockets", SocketAccess(state_dir))  # per-host groups; no agent-wide one
     kw.setdefault("ready", ready)

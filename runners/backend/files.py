@@ -7,10 +7,25 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from models.errors import BadInput
 from models.statedir import private_dirs
+
+
+def claim_dropper(claims: Path) -> Callable[[str], None]:
+    """The release hook that drops a proven generation's exec claim (a shim's directory
+    or a reaper's symlink): the evidence is in the store by then (workflows/lifecycle/jobs.py)."""
+
+    def drop(generation_uuid: str) -> None:
+        path = claims / generation_uuid
+        try:
+            (os.rmdir if path.is_dir() and not path.is_symlink() else os.unlink)(path)
+        except OSError:
+            pass  # none (not a run), or already dropped
+
+    return drop
 
 
 class LocalFiles:
@@ -37,6 +52,15 @@ class LocalFiles:
             return os.readlink(link)
         except OSError:
             return None
+
+    def void_claim(self, path: str) -> bool:
+        # A symlink, created or not in one call: the shim's mkdir and this never both win.
+        private_dirs(os.path.dirname(path))
+        try:
+            os.symlink("void", path)
+            return True
+        except FileExistsError:
+            return os.path.islink(path)  # ours (an earlier try), or the shim's directory
 
     def digest(self, path: str) -> str:
         h = hashlib.sha256()

@@ -20,6 +20,9 @@ LISTEN_SHIM = ('{ [ -z "$1" ] || echo $$ > "$1/cgroup.procs"; } && { [ -z "$2" ]
                '&& shift 2 && LISTEN_PID=$$ && export LISTEN_PID && exec "$@"')
 # A host with a watchdog: WATCHDOG_PID is the leader's pid, which every shim's exec keeps.
 WATCHDOG_SHIM = 'WATCHDOG_PID=$$ && export WATCHDOG_PID && exec "$@"'
+# A job run's exec claim, taken (mkdir: exclusive) right before the build's exec: a reaper
+# that voids it first (Files.void_claim) knows the build never ran and never will.
+CLAIM_SHIM = 'mkdir -- "$1" 2>/dev/null || exit 125; shift && exec "$@"'
 BASE_ENV = ("PATH", "HOME", "LANG")
 
 
@@ -51,6 +54,8 @@ def command(spec: SpawnSpec, cg: str | None, target: list[str]) -> list[str]:
     """The argv to start: `target` (the build's, behind the limits' and user's shims),
     behind the shim that joins cgroup `cg` and, on shared listeners, sets LISTEN_PID."""
     argv = list(target)
+    if spec.exec_claim:  # the innermost shim: in the cgroup, right before the build
+        target = argv = ["/bin/sh", "-c", CLAIM_SHIM, "vigil-shim", spec.exec_claim, *target]
     if cg:
         argv = ["/bin/sh", "-c", SHIM, "vigil-shim", cg, *target]
     if spec.listen_fds:

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 from models.store import Store
+from workflows.base.paths import CLAIMS
 from workflows.base.ports import (
     Files,
     HealthPort,
@@ -103,6 +104,10 @@ class Context:
     def log_for(self, host: str, n: int) -> str:
         """Generation n's output (rotated beside it: .1, .2, ...; runners/keepers/logkeeper.py)."""
         return str(self.state_dir / "logs" / host / f"g{n}.log")
+
+    def claim_for(self, generation_uuid: str) -> str:
+        """A job run's exec claim (SpawnSpec.exec_claim): its execution evidence."""
+        return str(self.state_dir / CLAIMS / generation_uuid)
 
     def wait_until(self, cond, timeout: float, interval: float = 0.02) -> bool:  # type: ignore[no-untyped-def]
         """Poll cond() until it holds or timeout seconds pass."""

@@ -7,3 +7,4 @@ LOCK = "agent.lock"  # flock held by the running agent; holds its pid
 AGENT_ID = "agent-id"  # the box's name, written once
 AGENT_LOG = "agent.log"  # where `vigil agent start` sends the detached agent's log
 HALTED = "agent.halted"  # the agent's one line when it stopped acting, for status and check
+CLAIMS = "claims"  # a job run's exec claims, one per generation uuid (SpawnSpec.exec_claim)

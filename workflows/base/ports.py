@@ -41,6 +41,9 @@ class SpawnSpec:
     limits: dict[str, int] = field(default_factory=dict)
     credentials: tuple[tuple[str, str], ...] = ()  # (NAME, PATH): copied in at this start
     memory_tier_mb: int | None = None  # its host's parent limit (LimitPort), if it has one
+    # A job run's execution evidence: a path its shim mkdirs (exclusively) right before the
+    # build's exec; a reaper that voids it first proves the build never ran (Files.void_claim).
+    exec_claim: str | None = None
 
 
 class SpawnError(Exception):
@@ -157,6 +160,11 @@ class Files(Protocol):
 
     def digest(self, path: str) -> str:
         """sha256 of the file, hex. Raises OSError when it cannot be read."""
+
+    def void_claim(self, path: str) -> bool:
+        """Take a start's exec claim (SpawnSpec.exec_claim) before its shim does: True when
+        it is voided here (now or by an earlier call): that build never exec'd and never
+        can; False when the shim took it first (the build may have run)."""
 
 
 class LimitPort(Protocol):

@@ -60,6 +60,9 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation,
     the spawn's own intent (one transaction fewer before the exec)."""
     try:
         private_dirs(os.path.dirname(ctx.log_for(host.name, gen.id)))
+        claim = ctx.claim_for(gen.uuid) if _is_run(host) else None  # its execution evidence
+        if claim is not None:
+            private_dirs(os.path.dirname(claim))
         if gen.socket:
             prepare_socket_dir(ctx, host, gen.socket)
         fds, names = (fds_for(ctx, host, gen.fence, listeners) if host.kind is HostKind.instance
@@ -81,7 +84,8 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation,
                          limits={k: v for k in LIMITS if (v := getattr(host, k)) is not None},
                          credentials=tuple(json.loads(host.credentials or "{}").items()),
                          memory_tier_mb=host.memory_tier_mb,
-                         watchdog_usec=int(host.watchdog * 1e6) if host.watchdog else None)
+                         watchdog_usec=int(host.watchdog * 1e6) if host.watchdog else None,
+                         exec_claim=claim)
         return ctx.proc.spawn(spec)
     except ValueError as exc:  # the host's args or env: no retry can succeed
         raise SpawnError(f"spawn {build.path}: {exc}") from exc
@@ -89,11 +93,16 @@ def launch(ctx: Context, host: Host, build: Build, gen: Generation,
         raise SpawnError(f"spawn {build.path}: {exc}", build_fault=False) from exc
 
 
+def _is_run(host: Host) -> bool:
+    """A job's host: its generations are runs (workflows/lifecycle/jobs.py is_job)."""
+    return host.every is not None or host.schedule is not None
+
+
 def _env(ctx: Context, host: Host, gen: Generation) -> dict[str, str]:
     """The host's environment; a job's run also gets its scheduled instant (ISO 8601, UTC),
     read from the run's row, which names this generation (workflows/lifecycle/jobs.py)."""
     env: dict[str, str] = json.loads(host.env)
-    if host.every is not None or host.schedule is not None:
+    if _is_run(host):
         at = ctx.store.read(lambda s: s.execute(select(JobRun.scheduled_at).where(
             JobRun.generation_id == gen.id)).scalar())
         if at is not None:
