@@ -82,13 +82,12 @@ def file_order(specs: list[Any]) -> Any:
 
 def check_running(env: Env, specs: list[Any]) -> None:
     """Each `running` the file asks for can be done (reads only): refused otherwise."""
-    from workflows.config.running import run_change
+    from workflows.config.running import check_running as check
 
     order = file_order(specs)
-    for spec in specs:
-        if spec.running is not None:
-            env.store().read(partial(run_change, name=spec.name, running=spec.running,
-                                     order=order))
+    running = {spec.name: spec.running for spec in specs if spec.running is not None}
+    if running:
+        env.store().read(partial(check, running=running, order=order))
 
 
 def apply_running(env: Env, specs: list[Any]) -> list[Any]:

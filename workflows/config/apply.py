@@ -109,6 +109,8 @@ def diff(s: Session, w: Wanted) -> Change:
         changed.append("listen")
         details.append(f"listen {[a.address for a in have]} -> {[a.address for a in w.listens]}")
     build = s.get(Build, h.build_id)
+    if not changed and build is not None and build.path == w.build_path:
+        return Change("keep", w.name)  # its state is not read: nothing it gates changes
     state = host_state(s, w.name)
     if state not in RUNS and open_attempt(s, w.name) is not None:
         state = "deploying"  # a queued attempt would set its own build: supersede it
@@ -126,8 +128,6 @@ def diff(s: Session, w: Wanted) -> Change:
         if state in RUNS:
             return Change("deploy", w.name, details, "a deploy attempt, cause config")
         return Change("update", w.name, details, "the build runs at its next wake")
-    if not changed:
-        return Change("keep", w.name)
     note = "takes effect at its next start" if state in RUNS else ""
     return Change("update", w.name, details, note)
 

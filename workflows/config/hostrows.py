@@ -131,8 +131,14 @@ def state_of(f: Facts, h: Host) -> str:
 
 
 def host_state(s: Session, name: str) -> str:
-    f = Facts(s, [name])
-    return state_of(f, f.hosts[0]) if f.hosts else "asleep"  # removed meanwhile: nothing runs
+    return host_states(s, [name]).get(name, "asleep")  # removed meanwhile: nothing runs
+
+
+def host_states(s: Session, names: list[str]) -> dict[str, str]:
+    """The one word of each host named and stored, read at once (a file of 1,000 hosts
+    read a host at a time cost 15 queries each)."""
+    f = Facts(s, names)
+    return {h.name: state_of(f, h) for h in f.hosts}
 
 
 def status(s: Session, name: str | None = None) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from models.states import Desired
 from models.tables import Host
 from workflows.config.apply import Change
-from workflows.config.hostrows import host_state
+from workflows.config.hostrows import host_state, host_states
 from workflows.lifecycle.order import stop_refusal
 from workflows.lifecycle.stop import request_stop
 from workflows.lifecycle.wake import refuse_if_unproven, request_wake
@@ -47,11 +47,13 @@ class FileOrder:
                                f"{name} running")
 
 
-def run_change(s: Session, name: str, running: bool,
-               order: FileOrder | None = None) -> Change | None:
+def run_change(s: Session, name: str, running: bool, order: FileOrder | None = None,
+               state: str | None = None) -> Change | None:
     """What `running` asks of the host now: a wake, a stop, or nothing (reads only).
-    A host not stored yet is one this apply adds: asleep."""
-    state = host_state(s, name) if s.get(Host, name) is not None else "asleep"
+    A host not stored yet is one this apply adds: asleep. `state`: the host's, read by
+    the caller for many hosts at once."""
+    if state is None:
+        state = host_state(s, name) if s.get(Host, name) is not None else "asleep"
     if running and state == "unproven":
         refuse_if_unproven(s, name)
     if running and state in WAKE_FROM:
@@ -61,6 +63,14 @@ def run_change(s: Session, name: str, running: bool,
             order.refuse_stop(s, name)
         return Change("stop", name, note="running = false")
     return None
+
+
+def check_running(s: Session, running: dict[str, bool], order: FileOrder) -> None:
+    """Each `running` a file asks for can be done now (reads only; raises the first
+    refusal): the hosts' states read at once."""
+    states = host_states(s, list(running))
+    for name, up in running.items():
+        run_change(s, name, up, order, states.get(name, "asleep"))
 
 
 def apply_running(s: Session, name: str, running: bool) -> Change | None:
