@@ -106,6 +106,7 @@ class ExitWatcher:
         self._poll = select.epoll()
         self._fd_of: dict[int, int] = {}  # generation id -> pidfd
         self._gen_of: dict[int, int] = {}  # pidfd -> generation id
+        self._unwatched: set[int] = set()  # leaders it could not open a pidfd for (EMFILE, say)
         self._lock = threading.Lock()
         self._bell = PipeBell()
         self._poll.register(self._bell.r, select.EPOLLIN)
@@ -122,6 +123,19 @@ class ExitWatcher:
     def watched(self) -> set[int]:
         with self._lock:
             return set(self._fd_of)
+
+    def unwatched(self) -> set[int]:
+        """The current generations it was asked to watch and could not: the backstop's."""
+        with self._lock:
+            return set(self._unwatched)
+
+    def count(self) -> int:
+        """How many current generations it was last given, watched or not."""
+        with self._lock:
+            return len(self._fd_of) + len(self._unwatched)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def close(self) -> None:
         self._bell.stop()
@@ -185,6 +199,7 @@ class ExitWatcher:
         leaders, close the ones no longer wanted. Returns the new ones already gone."""
         with self._lock:
             have = dict(self._fd_of)
+            self._unwatched.clear()  # tried again below
         for gen, fd in have.items():
             if gen not in wanted:
                 self._forget_fd(fd)
@@ -198,8 +213,10 @@ class ExitWatcher:
             except ProcessLookupError:
                 gone.add(gen)
                 continue
-            except OSError as exc:  # out of fds, say: the backstop scan still covers it
+            except OSError as exc:  # out of fds, say: the backstop still checks it
                 log.warning("cannot watch g%d (pid %d): %s", gen, pid, exc)
+                with self._lock:
+                    self._unwatched.add(gen)
                 continue
             # The fd names whatever holds the pid now; only the same start time is our leader.
             st = pid_status(pid)

@@ -25,8 +25,9 @@ from workflows.base.context import Context
 from workflows.base.crash import crashpoint
 from workflows.engine.history import Keep, prune, prune_rings
 from workflows.engine.recovery import release_leftovers
+from workflows.generations.known import note
 from workflows.leases import box
-from workflows.lifecycle.members import retire_dead_currents
+from workflows.lifecycle.members import count_current_leaders, leaders_after, retire_dead_currents
 from workflows.lifecycle.probe import Prober
 from workflows.lifecycle.takeover import take_over
 from workflows.lifecycle.workers import any_to_sweep
@@ -34,7 +35,8 @@ from workflows.lifecycle.workers import sweep as sweep_workers
 
 log = logging.getLogger("vigil.agent")
 
-BACKSTOP = 30.0  # seconds between full liveness checks when exits arrive by pidfd
+BACKSTOP = 30.0  # seconds between liveness backstops when exits arrive by pidfd
+WALK_SLICE = 200  # leaders whose descendants one backstop walks (docs/internals/idle.md)
 HEARTBEAT_EVERY = 3.0  # seconds between heartbeats written (a command looks 10 s back)
 PRUNE_FIRST, PRUNE_EVERY = 5.0, 600.0  # seconds: the history prune after start, then between
 PRUNE_BATCHES = 20  # batches per table per prune run (workflows/engine/history.py BATCH rows each)
@@ -89,6 +91,47 @@ class Heartbeat:
         self.chores.tick()  # every TTL/6 at most: one row the whole fleet shares
 
 
+def forks_since_boot() -> int | None:
+    """The kernel's count of forks (and clones) since boot, /proc/stat `processes`: no
+    process has a new descendant while it does not move. None: not readable."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"processes "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+class Walks:
+    """The backstop's walk of the leaders' descendants (workflows/generations/known.py), a
+    slice of WALK_SLICE leaders a turn, by generation id, so an idle backstop's cost does
+    not grow with the hosts; a cycle over all of them is skipped when nothing on the box
+    forked since the last whole cycle began (docs/internals/idle.md: why nothing is missed)."""
+
+    def __init__(self, ctx: Context, size: int = WALK_SLICE) -> None:
+        self.ctx, self.size = ctx, size
+        self.after = 0  # the last generation id walked in this cycle (0: a new cycle)
+        self.cycle_forks: int | None = None  # the fork count when this cycle began
+        self.done_forks: int | None = None  # ... when the last whole cycle began
+        self.walked = 0  # leaders walked, all turns (for tests and the bench)
+
+    def turn(self) -> None:
+        if self.after == 0:
+            forks = forks_since_boot()
+            if forks is not None and forks == self.done_forks:
+                return  # nothing forked since a whole cycle began: no new descendant anywhere
+            self.cycle_forks = forks
+        refs = leaders_after(self.ctx, self.after, self.size)
+        if len(refs) < self.size:
+            self.after, self.done_forks = 0, self.cycle_forks  # the cycle is whole
+        else:
+            self.after = max(refs)
+        self.walked += len(refs)
+        note(self.ctx, refs)
+
+
 @dataclass
 class Sweeper:
     """The agent's part that runs on a clock (runners/agent/daemon.py builds it)."""
@@ -104,6 +147,7 @@ class Sweeper:
     logs: Any  # the log keeper's client (runners/keepers/logkeeper.py), if any
     interval: float  # the short sweep's: --sweep-interval
     converge_budget: int  # worker converges per sweep, box-wide
+    walks: Walks | None = None  # the backstop's slices (made at the first backstop)
     sweeps: int = 0
     _rounds_seen: int = -1
     _workers_to_sweep: bool = True
@@ -150,16 +194,27 @@ class Sweeper:
                 self.sweep()
 
     def backstop(self) -> None:
-        """With exits as events: a full liveness check now and then, for what no pidfd
-        reported (a leader this agent could not watch). A leader whose pidfd is open is not
-        checked again: its exit is an event (1,000 pid reads every 30 s were most of an idle
-        agent's cost)."""
+        """With exits as events, now and then, for what no pidfd reports: the leaders the
+        watcher could not open one for are checked; the watcher re-reads what to watch
+        only when the store's count of current leaders is not its own; a slice of the
+        leaders' descendants is walked. Nothing here reads every leader while nothing
+        happens (docs/internals/idle.md says why nothing is missed)."""
         # A scheduler job: a failure is said here, not as APScheduler's traceback.
         with self.trust.guarded(log, "the liveness backstop failed; the next one retries"):
-            liveness(self.ctx, self.trust, self.reconciler.kick,
-                     skip=self.watcher.watched() if self.watcher else None)
-            if self.watcher is not None:
-                self.watcher.refresh()
+            watcher = self.watcher
+            reap = getattr(self.ctx.proc, "reap", None)
+            if reap is not None:
+                reap()  # children that exited and were not reported (their zombies)
+            if watcher is None or not watcher.alive():  # no events: the whole check
+                liveness(self.ctx, self.trust, self.reconciler.kick)
+            elif self.trust.may_act():
+                unwatched = watcher.unwatched()
+                if unwatched:
+                    liveness(self.ctx, self.trust, self.reconciler.kick, only=unwatched)
+                if count_current_leaders(self.ctx) != watcher.count():
+                    watcher.refresh()
+                self.walks = self.walks or Walks(self.ctx)
+                self.walks.turn()
             if self.logs is not None:
                 try:
                     self.logs.peer.revive()  # a keeper that died meanwhile: started again

@@ -1,5 +1,6 @@
-"""The liveness backstop (the 30 s full check when exits arrive by pidfd): a leader whose
-exit the watcher reports is not read again; any other dead leader still is."""
+"""The liveness backstop (every 30 s when exits arrive by pidfd): a leader whose exit the
+watcher reports is not read again; any other dead leader still is; the leaders'
+descendants are walked a slice a turn."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from runners.agent import sweep
 from tests.conftest import pid_dead, wait_for
 from tests.model.apps import write_app
 from tests.model.box import Box
-from workflows.lifecycle.members import retire_dead_currents
+from workflows.lifecycle.members import count_current_leaders, leaders_after, retire_dead_currents
 from workflows.lifecycle.wake import request_wake
 
 
@@ -43,3 +45,33 @@ def test_backstop_skips_watched_leaders_and_retires_the_others(box: Box, short_t
     assert set(box.currents()) == {"watched"}
     assert retire_dead_currents(box.ctx) == 1  # once not watched, the backstop finds it
     assert box.currents() == {}
+
+
+def test_the_backstop_walks_a_slice_a_turn_and_skips_a_cycle_when_nothing_forked(
+        box: Box, short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 42 item 1: an idle backstop's walk of the leaders' descendants costs a slice,
+    not every leader; every leader is walked once a cycle; a cycle is skipped only when the
+    box's fork count has not moved since the last whole cycle began."""
+    src = short_tmp / "src"
+    src.mkdir()
+    app = write_app(src, "good", "good")
+    for h in ("a", "b", "c"):
+        box.add_host(h, app)
+        box.store.write(lambda s, h=h: request_wake(s, h))
+    box.quiesce()
+    ids = sorted(g.id for g in box.currents().values())
+    assert count_current_leaders(box.ctx) == 3
+    assert list(leaders_after(box.ctx, ids[0], 5)) == ids[1:]
+    forks = [100]
+    monkeypatch.setattr(sweep, "forks_since_boot", lambda: forks[0])
+    walks = sweep.Walks(box.ctx, size=2)
+    walks.turn()
+    assert (walks.walked, walks.after) == (2, ids[1])  # a slice of two
+    walks.turn()
+    assert (walks.walked, walks.after) == (3, 0)  # the third: the cycle is whole
+    walks.turn()
+    assert walks.walked == 3  # nothing forked since the cycle began: skipped
+    forks[0] += 1
+    walks.turn()
+    walks.turn()
+    assert walks.walked == 6  # something forked: a whole cycle again

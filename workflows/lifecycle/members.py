@@ -11,7 +11,7 @@ from contextlib import suppress
 from datetime import UTC
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from models.errors import BrokenInvariant, LostRace
@@ -69,11 +69,32 @@ def retire(s: Session, ctx: Context, gen: Generation, why: str, *, restart: bool
 def current_leaders(ctx: Context) -> dict[int, tuple[int, float]]:
     """Every current generation this agent owns: id -> (leader pid, create time)."""
     rows = ctx.store.read(lambda s: s.connection().execute(
-        select(Generation.id, Generation.pid, Generation.create_time)
-        .join(Lease, Lease.host == Generation.host)
-        .where(Generation.state == GenState.current, Lease.holder == ctx.agent_id,
-               Generation.pid.is_not(None), Generation.create_time.is_not(None))).all())
+        _currents_here(ctx, Generation.id, Generation.pid, Generation.create_time)).all())
     return {r.id: (r.pid, r.create_time) for r in rows}
+
+
+def _currents_here(ctx: Context, *cols: Any) -> Any:
+    return (select(*cols).join(Lease, Lease.host == Generation.host)
+            .where(Generation.state == GenState.current, Lease.holder == ctx.agent_id,
+                   Generation.pid.is_not(None), Generation.create_time.is_not(None)))
+
+
+def count_current_leaders(ctx: Context) -> int:
+    """How many current generations this agent owns (what current_leaders would return),
+    counted in the store: the backstop's check that the exit watcher watches them all."""
+    return ctx.store.read(lambda s: s.connection().execute(
+        _currents_here(ctx, func.count(Generation.id))).scalar_one())
+
+
+def leaders_after(ctx: Context, after: int, limit: int) -> dict[int, ProcRef]:
+    """The next `limit` current generations this agent owns after id `after`, by id: one
+    slice of the backstop's walk of the leaders' descendants."""
+    G = Generation.__table__.c
+    rows = ctx.store.read(lambda s: s.connection().execute(
+        _currents_here(ctx, G.id, G.uuid, G.pid, G.create_time, G.cgroup)
+        .where(G.id > after).order_by(G.id).limit(limit)).all())
+    return {r.id: ProcRef(generation_uuid=r.uuid, pid=r.pid, create_time=r.create_time,
+                          cgroup=r.cgroup) for r in rows}
 
 
 def retire_dead_currents(ctx: Context, only: Collection[int] | None = None,
