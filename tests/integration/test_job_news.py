@@ -41,6 +41,8 @@ def agent(v: Vigil, *extra: str) -> Any:
     return p
 
 
+@pytest.mark.backend("the jobs' grouped reads (newest run per host, last success) and the "
+                     "metrics' counts, per dialect")
 def test_status_show_top_and_metrics_say_next_run_and_last_result(vigil: Vigil,
                                                                   short_tmp: Path) -> None:
     out = short_tmp / "ran.txt"
@@ -68,8 +70,9 @@ def test_status_show_top_and_metrics_say_next_run_and_last_result(vigil: Vigil,
     assert all(len(line) <= 80 for line in table), table
     at = next(i for i, line in enumerate(table) if line.startswith("paym"))
     assert table[at].split()[2] in ("scheduled", "running", "waking"), table  # whole, never cut
-    news = " ".join(line.strip() for line in table[at + 1:] if line.startswith(" "))
-    assert "next " in news and "last #" in news, table  # the last column, under its row
+    rest = [line for line in table[at + 1:] if line.startswith(" ")]  # wrapped or under
+    news = " ".join(" ".join([table[at], *rest]).split())
+    assert "next " in news and "last #" in news, table
     assert "disabled, no run yet" in vigil.run("status", "off", env={"COLUMNS": "200"}).stdout
 
     shown = vigil.json("host", "show", name)
@@ -182,3 +185,22 @@ def test_status_at_80_columns_never_cuts_a_jobs_state(vigil: Vigil) -> None:
     st = vigil.json("status", long)[0]
     nxt = datetime.fromisoformat(st["next_run"].removesuffix("Z"))
     assert nxt.minute % 5 == 0 and nxt.second == 0 and nxt > utcnow(), st
+
+
+def test_a_hosts_files_running_key_enables_and_disables_a_job(vigil: Vigil, short_tmp: Path) -> None:
+    """`running = true` wakes a job once: scheduled, a second apply keeps it (it read
+    `asleep` between runs before, and woke it again); `running = false` stops it."""
+    f = short_tmp / "hosts.toml"
+    text = (f'[hosts.report]\nbuild = "{SCHEDULED_RUN}"\nkind = "job"\nevery = "1h"\n'
+            f'args = ["{short_tmp / "ran.txt"}"]\nrunning = true\n')
+    f.write_text(text)
+    out = vigil.run("apply", str(f)).stdout
+    assert "wake report (running = true" in out, out
+    assert vigil.json("status", "report")[0]["state"] == "scheduled"
+    again = vigil.run("apply", str(f)).stdout
+    assert "wake" not in again and "keep report" in again, again
+    f.write_text(text.replace("running = true", "running = false"))
+    out = vigil.run("apply", str(f)).stdout
+    assert "stop report (running = false" in out, out
+    st = vigil.json("status", "report")[0]  # no agent: the stop is owed, the schedule off
+    assert (st["state"], st["desired"], st["next_run"]) == ("stopping", "down", None), st
