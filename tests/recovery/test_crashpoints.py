@@ -482,12 +482,32 @@ def disable_job(v: Vigil) -> None:
 
 def runs_once(v: Vigil) -> None:
     """Every run ended, none started twice: one generation at most per run, and every
-    generation of the job is a run's."""
+    generation of the job is a run's, but a start proven never exec'd (no pid; its exec
+    claim voided), whose run was started again; no claim is left once all are proven."""
     runs = rows(v, JobRun, JobRun.host == TARGET)
     assert runs and all(r.state.value in ("done", "failed", "skipped", "interrupted") for r in runs), runs
-    gens = [g.id for g in generations(v, TARGET)]
+    gens = {g.id: g for g in generations(v, TARGET)}
     named = [r.generation_id for r in runs if r.generation_id is not None]
-    assert sorted(named) == sorted(gens) and len(set(named)) == len(named), (named, gens)
+    assert len(set(named)) == len(named) and set(named) <= set(gens), (named, gens)
+    for g in set(gens) - set(named):
+        assert gens[g].pid is None and "never exec'd" in (gens[g].end_reason or ""), gens[g]
+    claims = v.state_dir / "claims"
+    assert not claims.exists() or not list(claims.iterdir()), list(claims.iterdir())
+
+
+def ran_again(v: Vigil) -> None:
+    """The start interrupted before its exec: its run started again and done, once."""
+    runs_once(v)
+    (run,) = rows(v, JobRun, JobRun.host == TARGET)
+    assert run.state.value == "done" and run.exit_status == 0, run.reason
+    assert len(generations(v, TARGET)) == 2  # the voided start's (runs_once) and the run's
+
+
+def claim_taken(v: Vigil) -> None:
+    """The start interrupted after its exec: recorded with its evidence, not run again."""
+    runs_once(v)
+    (run,) = rows(v, JobRun, JobRun.host == TARGET)
+    assert run.state.value == "interrupted" and "claim was taken" in (run.reason or ""), run.reason
 
 
 _JOB = dict(kind=HostKind.worker, build=JOB, between=disable_job, verify=runs_once, end="asleep",
@@ -755,6 +775,9 @@ SCENARIOS: dict[str, Scenario] = {
     "job.started": Scenario(JOB_RUN),
     "job.skipped": Scenario(JOB_SKIP),
     "job.ended": Scenario(JOB_RUN, ("wake.spawned", "job.ended")),
+    # ... a start interrupted before its exec (the claim voided: the run started again,
+    # once) or after it (the claim taken by its shim: recorded interrupted, not rerun)
+    "job.evidence": Scenario(JOB_RUN, ("wake.intent", "job.evidence")),
     # the first wake of a host on a listener: the socket is opened and handed to the holder
     "listen.opening": Scenario(LISTEN_WAKE),
     "listen.bound": Scenario(LISTEN_WAKE),
@@ -804,6 +827,9 @@ VARIANTS: dict[str, Scenario] = {
     "worker-recover.adopted": Scenario(ADOPT.but(kind=HostKind.worker, build=WORKER),
                                        ("recover.adopted",)),
     "worker-wake.intent": Scenario(WAKE.but(kind=HostKind.worker, build=WORKER), ("wake.intent",)),
+    # a job's run interrupted before its exec: started again (same row), once
+    "job-wake.intent": Scenario(JOB_RUN.but(verify=ran_again), ("wake.intent",)),
+    "job-wake.spawned": Scenario(JOB_RUN.but(verify=claim_taken), ("wake.spawned", "job.evidence")),
     # the parent limit on a real memory controller (v1 here): raised, then restored
     "tier-swap.raised": Scenario(OVERLAP_RESUMED.but(
         host={**_DEPLOY["host"], "memory_tier_mb": TIER_MB}, verify=at_tier,  # type: ignore[dict-item]
