@@ -243,9 +243,10 @@ def _settle(s: Session, ctx: Context, hosts: list[str], old_holder: str, loss: s
 
 
 def _wake_wanted(s: Session, hosts: list[str]) -> None:
-    """A fresh wake of each host wanted up with no queued wake or stop of its own."""
+    """A fresh wake of each host wanted up with no queued wake or stop of its own; not of a
+    job: its runs are its own wakes, written by its schedule (workflows/lifecycle/jobs.py)."""
     up = s.execute(select(_H.name).where(
-        _H.name.in_(hosts), _H.desired == Desired.up,
+        _H.name.in_(hosts), _H.desired == Desired.up, _H.every.is_(None), _H.schedule.is_(None),
         ~exists().where(Wake.host == _H.name, Wake.state == WakeState.queued),
         ~exists().where(Stop.host == _H.name, Stop.state == StopState.queued),
         # failed at its start limit: it stays down until an operator asks (`vigil retry`)
