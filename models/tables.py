@@ -1,7 +1,9 @@
 """The schema, as typed SQLAlchemy models. They describe tables and serve reads; state
-changes go through guarded UPDATEs (see models/store.py), never load-mutate-flush."""
+changes go through guarded UPDATEs (see models/store.py), never load-mutate-flush.
 
-from __future__ import annotations
+No `from __future__ import annotations` here: SQLAlchemy reads each `Mapped[...]` annotation
+as an object, not a string it must evaluate (about a tenth of this module's import, which
+every process that opens the store pays)."""
 
 import enum
 from datetime import datetime
