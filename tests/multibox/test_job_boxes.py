@@ -21,14 +21,7 @@ from tests.conftest import FIXTURES, wait_for
 from tests.multibox.conftest import LEASE_TTL, Box
 
 pytestmark = [pytest.mark.timeout(240),
-              pytest.mark.postgresql_only("several boxes share one PostgreSQL store"),
-              # Found by this test (12:40 UTC 2026-12-05): the survivor refuses every run,
-              # "staged build <a's state>/builds/... is outside the staging root <b's>/builds/"
-              # (workflows/lifecycle/wake.py: a worker's build must lie in this box's root,
-              # and a job is stored as a worker). Unskip once a job's build is staged on
-              # every box it is placed on, or jobs are exempt from in_root.
-              pytest.mark.skip(reason="a job's build is staged on one box only: the other "
-                                      "box refuses its runs (outside its staging root)")]
+              pytest.mark.postgresql_only("several boxes share one PostgreSQL store")]
 
 SCHEDULED_RUN = FIXTURES / "scheduled_run.py"  # appends "<pid> <VIGIL_SCHEDULED_AT>" to argv[1]
 
@@ -55,6 +48,7 @@ def test_a_job_on_two_boxes_one_killed_runs_each_instant_once(boxes, tmp_path: P
     out = tmp_path / "ran.txt"
     a.run("host", "add", "tick", "--build", str(SCHEDULED_RUN), "--kind", "job", "--every", "1",
           "--catch-up", "all", "--overlap", "allow", "--arg", str(out), "--box", "a", "--box", "b")
+    (b.state_dir / "builds").symlink_to(a.state_dir / "builds")  # one staging root (a fleet's)
     agents = {"a": a.start(), "b": b.start()}
     a.run("wake", "tick")
     wait_for(lambda: len(lines(out)) >= 3, 60, what="three runs")
@@ -63,11 +57,16 @@ def test_a_job_on_two_boxes_one_killed_runs_each_instant_once(boxes, tmp_path: P
     victim, survivor = (a, b) if holder == "a" else (b, a)
     agents[victim.name].send_signal(signal.SIGKILL)
     agents[victim.name].wait(10)
-    killed = time.monotonic()
-    wait_for(lambda: survivor.name in run_boxes(a).values() and
-             sum(1 for g, x in run_boxes(a).items() if x == survivor.name) >= 4,
-             LEASE_TTL * 4 + 30, interval=0.5, what=f"box {survivor.name} running the job")
+    killed, killed_at = time.monotonic(), datetime.now(UTC)
+    def by_survivor() -> int:
+        return sum(1 for x in run_boxes(a).values() if x == survivor.name)
+
+    wait_for(lambda: by_survivor() > 0, LEASE_TTL * 4 + 30, interval=0.5,
+             what=f"box {survivor.name} running the job")
     print(f"{survivor.name} ran it {time.monotonic() - killed:.1f}s after {victim.name}'s kill")
+    later = (datetime.now(UTC) + timedelta(seconds=4)).isoformat()  # past its catch-up
+    wait_for(lambda: any(r["scheduled_at"] >= later and r["state"] == "done" for r in runs(a)),
+             60, interval=0.5, what="runs on time after the takeover")
     stop_at = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
     survivor.run("stop", "tick", "--wait", "--timeout", "60")
     wait_for(lambda: not [o for o in survivor.obligations() if o["kind"] == "job_run"], 30,
@@ -83,6 +82,8 @@ def test_a_job_on_two_boxes_one_killed_runs_each_instant_once(boxes, tmp_path: P
     window = [(first + timedelta(seconds=k)).isoformat()
               for k in range(int((stop_at - first).total_seconds()) + 1)]
     assert not set(window) - set(by_instant), f"no row: {set(window) - set(by_instant)}"
+    assert first < killed_at and killed_at + timedelta(seconds=LEASE_TTL) < stop_at, \
+        f"the outage is not in the window {first}..{stop_at}"
     for at in window:
         r = by_instant[at]
         # failed with no status: exited while no agent of its box ran, or fenced by the
