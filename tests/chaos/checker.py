@@ -10,11 +10,12 @@ import hashlib
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import text
 
-from tests.chaos.world import HostSpec, Proc, generation_procs, get, listening_inodes
+from tests.chaos.world import JOB, HostSpec, Proc, generation_procs, get, listening_inodes
 from tests.conftest import Vigil
 
 TICK = re.compile(r"tick (\d+)$")
@@ -37,6 +38,7 @@ class Checker:
     logs: bool  # check that no log line is lost
     inodes: dict[str, int] = field(default_factory=dict)  # host -> its listener's inode
     first_event: int = 0  # events before it are the set-up's
+    job_ran: Path | None = None  # the job's file: "<pid> <scheduled instant>" a run (world.JOB)
 
     def baseline(self) -> None:
         """The listeners' inodes once every host is up, and where the events of the run begin."""
@@ -54,7 +56,40 @@ class Checker:
         found += self.dropped()
         if self.logs:
             found += self.lost_lines()
+        if self.job_ran is not None:
+            found += self.job_runs(procs)
         return found
+
+    def job_runs(self, procs: list[Proc]) -> list[str]:
+        """The job (stopped before the checks): no instant started twice (its file), every
+        run row closed or owed, every instant that ran has its row naming a generation,
+        every generation of it proven and none of its processes left."""
+        out = []
+        ran = [ln.split() for ln in self.job_ran.read_text().splitlines()] \
+            if self.job_ran is not None and self.job_ran.exists() else []
+        seen: dict[str, int] = defaultdict(int)
+        for _, at in ran:
+            seen[at] += 1
+        out += [f"{JOB}: instant {at} ran {n} times" for at, n in seen.items() if n > 1]
+        runs = {_instant(r["scheduled_at"]): r for r in rows(
+            self.v, "SELECT scheduled_at, state, generation_id FROM job_runs WHERE host = :h",
+            h=JOB)}
+        open_runs = [at for at, r in runs.items() if r["state"] in ("due", "running", "queued")]
+        owed = rows(self.v, "SELECT host FROM pending_obligations WHERE kind = 'job_run' "
+                            "AND host = :h", h=JOB)
+        if len(open_runs) != len(owed):
+            out.append(f"{JOB}: {len(open_runs)} open runs {open_runs}, {len(owed)} owed")
+        for at in seen:
+            r = runs.get(_instant(at))
+            if r is None or r["generation_id"] is None:
+                out.append(f"{JOB}: {at} ran with no run row naming its generation ({r})")
+        live = rows(self.v, "SELECT id, state FROM generations WHERE host = :h AND "
+                            "state <> 'proven'", h=JOB)
+        out += [f"{JOB}: generation g{g['id']} is {g['state']}, not proven" for g in live]
+        left = [p.pid for p in procs if p.host == JOB]
+        if left:
+            out.append(f"{JOB}: processes left after its stop: {left}")
+        return out
 
     def processes(self, procs: list[Proc], meant_up: dict[str, bool]) -> list[str]:
         """No leaked or doubled generation: a host meant up has exactly one generation with
@@ -155,6 +190,13 @@ class Checker:
                 parts.sort(key=lambda f: -int(f.suffix[1:]) if f.suffix != ".log" else 0)
                 out += _gaps(f"{d.name} {gen}", parts)
         return out
+
+
+def _instant(at: object) -> datetime:
+    """A scheduled instant as naive UTC, whether the store's (a datetime, or SQLite's text)
+    or the run's VIGIL_SCHEDULED_AT (ISO 8601 with +00:00)."""
+    t = at if isinstance(at, datetime) else datetime.fromisoformat(str(at).replace(" ", "T"))
+    return t.replace(tzinfo=None)
 
 
 def _gaps(label: str, parts: list[Path]) -> list[str]:

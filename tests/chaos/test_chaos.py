@@ -2,7 +2,8 @@
 rollouts and `kill -9` of one vigil process at a time (the agent, the fd holder, the log
 keeper, the fence keeper, an app's leader or its child) at random instants, on hosts that
 serve their own unix socket and hosts on held TCP listeners, with a client on every TCP
-port every ~20 ms. Then, after quiescence, an independent checker (tests/chaos/checker.py)
+port every ~20 ms, and a job every second running through it all (issue 40: no instant
+started twice, every run closed or owed, its processes proven gone). Then, after quiescence, an independent checker (tests/chaos/checker.py)
 that trusts neither `vigil status` nor `vigil check`.
 
 CI runs 2 seeds of 20 actions. `VIGIL_LONG=1`: 20 seeds of 60 actions.
@@ -29,12 +30,15 @@ import pytest
 from tests.chaos.checker import Checker, digest_labels
 from tests.chaos.driver import Driver, plan
 from tests.chaos.world import (
+    JOB,
     Prober,
     add_hosts,
+    add_job,
     env_flag,
     host_specs,
     kill_dead,
     make_builds,
+    make_job,
     same_process,
 )
 from tests.conftest import Vigil, wait_for
@@ -136,7 +140,9 @@ def test_chaos(vigil: Vigil, short_tmp: Path, seed: int) -> None:
     add_hosts(vigil, hosts, builds["a"])
     staged = {label: str(p) for label, p in builds.items()}
     d = Driver(vigil, hosts, staged, meant_up={h.name: True for h in hosts})
-    checker = Checker(vigil, hosts, digest_labels(builds), LOGS)
+    job, job_ran = make_job(short_tmp)
+    add_job(vigil, job)
+    checker = Checker(vigil, hosts, digest_labels(builds), LOGS, job_ran=job_ran)
     try:
         d.start_agent()
         d.agent_ready()
@@ -149,13 +155,18 @@ def test_chaos(vigil: Vigil, short_tmp: Path, seed: int) -> None:
             keep(vigil, seed)
             raise
         checker.baseline()
+        vigil.run("wake", JOB)  # the job runs through every action; stopped before the checks
         actions = plan(seed, ACTIONS, hosts)
         started = time.monotonic()
         with Prober(vigil, hosts) as prober:
             d.run(actions)
+            d.agent_ready()
+            vigil.run("stop", JOB, "--wait", "--timeout", "60")
             found = settle(d, checker)
         took = time.monotonic() - started
         text = report(seed, d, prober, took, found)
+        ran = job_ran.read_text().splitlines() if job_ran.exists() else []
+        text += f"\n  job {JOB}: {len(ran)} runs, {len({ln.split()[1] for ln in ran})} instants"
         TOTALS["kills"].update(d.kills)
         TOTALS["not running"].update(d.skipped)
         TOTALS["seeds"]["failed" if found else "passed"] += 1

@@ -44,6 +44,28 @@ def make_builds(tmp: Path) -> dict[str, Path]:
     return out
 
 
+JOB = "j0"  # the job host: every second, each instant at most once (caught up: once)
+
+
+def make_job(tmp: Path) -> tuple[Path, Path]:
+    """The job's build and the file each run appends "<pid> <VIGIL_SCHEDULED_AT>" to. A run
+    forks a child and waits for it (0.3 s): a run's generation is two processes, both of
+    which must be proven gone."""
+    build, out = tmp / "chaos-job", tmp / "job-ran.txt"
+    build.write_text("#!/bin/sh\n"
+                     f"echo \"$$ $VIGIL_SCHEDULED_AT\" >> '{out}'\n"
+                     "sleep 0.3 &\nwait\n")
+    build.chmod(0o755)
+    return build, out
+
+
+def add_job(v: Vigil, build: Path) -> None:
+    """Every second, the instants passed while no agent ran run too (catch-up all), and a
+    run due while one runs runs beside it (overlap allow): each instant runs once."""
+    v.run("host", "add", JOB, "--build", str(build), "--kind", "job", "--every", "1",
+          "--catch-up", "all", "--overlap", "allow")
+
+
 @dataclass(frozen=True)
 class HostSpec:
     name: str
