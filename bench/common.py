@@ -127,6 +127,22 @@ def memory_mb(pids: Iterable[int]) -> tuple[float, float]:
     return rss / 2**20, pss / 2**20
 
 
+# Each vigil process by the lock file it holds (vigil_processes' keys), as a table names it.
+PROCESS_NAMES = {"agent.lock": "agent", "listeners.lock": "fd holder", "logs.lock": "log keeper",
+                 "fence.lock": "fence keeper", "listeners.standby": "fd holder's standby",
+                 "logs.standby": "log keeper's standby", "fence.standby": "fence keeper's standby"}
+
+
+def memory_by_process(named: dict[str, int]) -> dict[str, tuple[float, float]]:
+    """{process name: (RSS, PSS) in MB} of vigil_processes' answer; a process gone is left out."""
+    out = {}
+    for lock, pid in named.items():
+        rss, pss = memory_mb([pid])
+        if rss:
+            out[PROCESS_NAMES.get(lock, lock)] = (rss, pss)
+    return out
+
+
 def get_ok(sock: str, timeout: float = 1.0) -> bool:
     """One `GET /` on a new connection; True when it answered 200."""
     s = socket.socket(socket.AF_UNIX)

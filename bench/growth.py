@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import agent_memory  # noqa: E402
 from common import loadavg, no_store, summary  # noqa: E402
 from recovery import one_run, room_for  # noqa: E402
 
@@ -48,6 +49,7 @@ def measure(n: int, runs: int, idle: float, peer: bool) -> dict[str, Any]:
         if all(k in r for r in rows):
             out[k] = [r[k] for r in rows]
     out["modes"] = rows[-1]["modes"]
+    out["by_process"] = [r["by_process"] for r in rows]
     return out
 
 
@@ -70,6 +72,9 @@ def goals(by_n: dict[int, dict[str, Any]], pass_s: float) -> list[str]:
                          f"(goal: below): {goal(med(m['cpu']) < med(m['sup_cpu']))}")
             lines.append(f"1,000: RSS {med(m['rss']):.1f} MB vs supervisord {med(m['sup_rss']):.1f} MB "
                          f"(goal: below): {goal(med(m['rss']) < med(m['sup_rss']))}")
+            lines.append(f"1,000: PSS of every vigil process {med(m['pss']):.1f} MB vs 1.5x supervisord's "
+                         f"RSS {1.5 * med(m['sup_rss']):.1f} MB (issue 42 goal): "
+                         f"{goal(med(m['pss']) <= 1.5 * med(m['sup_rss']))}")
     if (m := by_n.get(10000)) is not None:
         lines.append(f"{m['n']:,}: wake {med(m['woken']):.1f} s (goal <= 60 s): {goal(med(m['woken']) <= 60)}")
         lines.append(f"{m['n']:,}: idle CPU {med(m['cpu']):.2%} (goal <= 1 %): {goal(med(m['cpu']) <= 0.01)}")
@@ -95,6 +100,21 @@ def table(by_n: dict[int, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def by_process(by_n: dict[int, dict[str, Any]]) -> list[str]:
+    """PSS of each vigil process (RSS beside it), MB, the median over the runs at each N."""
+    names = sorted({k for m in by_n.values() for r in m["by_process"] for k in r},
+                   key=lambda k: (k != "agent", k))
+    lines = ["| hosts | " + " | ".join(f"{k}: PSS (RSS)" for k in names) + " |",
+             "| " + " | ".join(["---"] * (len(names) + 1)) + " |"]
+    for _, m in sorted(by_n.items()):
+        cells = []
+        for k in names:
+            got = [r[k] for r in m["by_process"] if k in r]
+            cells.append(f"{med(g[1] for g in got):.1f} ({med(g[0] for g in got):.1f})" if got else "-")
+        lines.append(f"| {m['n']:,} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hosts", default="1,100,1000,10000", help="the Ns, comma-separated")
@@ -114,6 +134,10 @@ def main() -> None:
     pass_s = med([pass_s, python_pass(9)])  # before and after, the same interpreter
     print(f"\nloadavg start {load0}, end {loadavg()}; python -c pass {pass_s * 1000:.1f} ms (median)")
     print("\n".join(table(by_n)))
+    print("\nMemory of each vigil process at the end of the idle window, MB (median):")
+    print("\n".join(by_process(by_n)))
+    print("\nThe agent's memory by imported package (bench/agent_memory.py):")
+    print("\n".join(agent_memory.lines(agent_memory.measure(), 12 if args.quick else 25)))
     print("\n".join(goals(by_n, pass_s)))
     last = by_n[ns[-1]]
     fields = [f"vigil.wake_s.{m['n']}={med(m['woken']):.2f}" for m in by_n.values()]

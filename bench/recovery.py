@@ -51,6 +51,7 @@ from common import (  # noqa: E402
     drop_cgroups,
     end,
     loadavg,
+    memory_by_process,
     memory_mb,
     no_store,
     ratios,
@@ -142,6 +143,7 @@ def idle_both(home: Path, sup: int | None, seconds: float) -> dict[str, Any]:
     wall = time.monotonic() - w0
     out: dict[str, Any] = {"cpu": c1 / wall, "procs": len(now), "names": ",".join(sorted(named))}
     out["rss"], out["pss"] = memory_mb(now)
+    out["by_process"] = memory_by_process(named)  # {name: (RSS, PSS)}
     agent = lock_holder(home / LOCK)
     with open(f"/proc/{agent}/status") as f:
         out["hwm"] = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
