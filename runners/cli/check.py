@@ -184,8 +184,13 @@ def rollout_targets(seen: Seen) -> Iterator[Violation]:
 
 
 def one_current(seen: Seen) -> Iterator[Violation]:
-    """At most one current generation per host and slot, and no more than its instances."""
-    instances = {h.name: h.instances for h in seen.hosts}
+    """At most one current generation per host and slot, and no more than its instances
+    (a job whose overlap is allow: no more than MAX_AT_ONCE runs, each in its slot)."""
+    from workflows.lifecycle.job_overlap import MAX_AT_ONCE
+    from workflows.lifecycle.jobs import is_job
+
+    instances = {h.name: MAX_AT_ONCE if is_job(h) and h.overlap == "allow" else h.instances
+                 for h in seen.hosts}
     for host, cur in seen.currents.items():
         if len(cur) > 1 and (len({g.slot for g in cur}) < len(cur)
                              or len(cur) > instances.get(host, 1)):

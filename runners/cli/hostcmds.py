@@ -60,16 +60,22 @@ job_options = options(
                  help="Job: a run at each instant of a five-field cron line."),
     click.option("--timezone", default=None, metavar="TZ",
                  help="Job: the zone its --schedule is read in (an IANA name; default UTC)."),
+    click.option("--overlap", default=None, metavar="skip|queue|replace|allow",
+                 help="Job: a run due while the last one runs is skipped, queued (one at "
+                      "most, run after it), replaces it (stopped, proven gone, then the new "
+                      "one), or runs beside it (default skip)."),
 )
 
 
 def _job_of(kind: str, opts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The kind stored and the job's columns, checked; takes its options out of `opts`."""
+    from workflows.lifecycle.job_overlap import check_overlap
     from workflows.lifecycle.jobs import check_job, parse_every
 
     every = opts.pop("every")
     job = check_job(kind, None if every is None else parse_every(every),
                     *(opts.pop(k) for k in ("schedule", "timezone")))
+    job.update(check_overlap(kind, opts.pop("overlap")))  # workflows/lifecycle/job_overlap.py
     return ("worker" if job else kind), job
 
 

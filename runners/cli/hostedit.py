@@ -25,7 +25,7 @@ UNSETTABLE = ("reload-signal", "on-reload-fail", "args", "env", "cwd", "socket-g
               "health-interval", "unhealthy-after", "unhealthy-restart", "health", "max-run",
               "restart-floor", "restart-cap", "restart-reset", "start-limit", "converge-grace", "one-shot",
               "drain-timeout", "health-timeout", "after", "on-store-loss", "env-file", "watchdog",
-              "credential", "stop-signal", "stop-command")
+              "credential", "stop-signal", "stop-command", "overlap")
 KEY_OF = {"credential": "credentials"}  # an option whose hosts-file key is named otherwise
 
 
@@ -194,6 +194,9 @@ SET_OPTIONS = [
                  help="The signal `vigil reload` sends (HUP)."),
     click.option("--on-reload-fail", type=click.Choice(["restart", "keep"]), default=None,
                  help="A reload not back ready in time: restart (overlap, same build) or keep."),
+    click.option("--overlap", default=None, metavar="skip|queue|replace|allow",
+                 help="Job: a run due while the last one runs is skipped, queued, replaces "
+                      "it, or runs beside it (skip)."),
     click.option("--unset", "unsets", multiple=True, type=click.Choice(UNSETTABLE),
                   help="Give this option back its default (repeatable)."),
     click.option("--dry-run", is_flag=True, help="Print the change; write nothing."),

@@ -9,14 +9,14 @@
 KEYS below is the one mapping from a TOML key to a host column and its validator; a key
 left out gets the column's default. Every error names the file, the line, the key, and the
 fix, and is raised before anything is written (tomllib gives no line numbers for keys, so
-`line_of` finds them in the text: the key inside its host's table, else the table's header).
+`line_of`, runners/cli/tomltext.py, finds them in the text: the key inside its host's table,
+else the table's header).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +35,7 @@ from runners.cli.hostvalues import (
     _kind,
     _megabytes,
     _mode,
+    _overlap,
     _ready,
     _reload_fail,
     _reload_signal,
@@ -63,6 +64,7 @@ from runners.cli.runopts import (
     parse_percent,
     parse_size,
 )
+from runners.cli.tomltext import line_of, nested, too_deep
 from workflows.config.hosts import NAME
 from workflows.generations.listeners import (
     Listen,
@@ -135,6 +137,8 @@ KEYS: dict[str, Key] = {
     "every": Key("every", _every, None),
     "schedule": Key("schedule", _text, None),
     "timezone": Key("timezone", _text, None),
+    # A run due while the last one runs (workflows/lifecycle/job_overlap.py), with kind = "job".
+    "overlap": Key("overlap", _overlap, "skip"),
 }
 JOB_KEYS = ("every", "schedule", "timezone")
 WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
@@ -151,34 +155,6 @@ class HostSpec:
     fields: dict[str, Any]  # every KEYS field, defaults filled in
     listens: list[Listen] = field(default_factory=list)
     running: bool | None = None  # left out: apply neither wakes nor stops it
-
-
-def line_of(text: str, host: str | None, key: str | None) -> int:
-    """1-based line of `key` in the table of `host` (or of the top-level `key`); the
-    table's header when the key is not found; 1 when nothing is."""
-    lines = text.splitlines()
-    start, end = 0, len(lines)
-    if host is not None:
-        quoted = rf'(?:{re.escape(host)}|"{re.escape(host)}"|\'{re.escape(host)}\')'
-        header = re.compile(rf"^\s*\[\s*hosts\s*\.\s*{quoted}\s*\]")
-        inline = re.compile(rf"^\s*(?:hosts\s*\.\s*)?{quoted}\s*[=.]")
-        found = next((i for i, ln in enumerate(lines) if header.match(ln)), None)
-        if found is None:
-            found = next((i for i, ln in enumerate(lines) if inline.match(ln)), None)
-        if found is None:
-            return 1
-        start = found
-        end = next((i for i in range(found + 1, len(lines)) if lines[i].lstrip().startswith("[")),
-                   len(lines))
-        if key is None:
-            return start + 1
-    if key is None:
-        return 1
-    pattern = re.compile(rf'(?:^|[{{,.\s]){re.escape(key)}\s*=|(?:^|[{{,\s])"{re.escape(key)}"\s*=')
-    for i in range(start, end):
-        if pattern.search(lines[i].split("#", 1)[0]):
-            return i + 1
-    return start + 1
 
 
 @dataclass(frozen=True)
@@ -206,44 +182,16 @@ def _read(path: str) -> tuple[_File, dict[str, Any]]:
         raise BadInput(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
                        f"{exc.start})", "save the file as UTF-8: TOML files are UTF-8 "
                        "(e.g. `iconv -f latin1 -t utf-8`)") from None
-    deep = _too_deep(text)
+    deep = too_deep(text)
     if deep is not None:
-        raise _nested(path, deep)
+        raise nested(path, deep)
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise BadInput(f"{path}: invalid TOML: {exc}", "correct the syntax at that line") from None
     except RecursionError:  # the scan above missed a nesting (it skips what it takes for strings)
-        raise _nested(path, None) from None
+        raise nested(path, None) from None
     return _File(path, text, file.absolute().parent), doc
-
-
-MAX_NESTING = 32  # arrays and inline tables inside each other: no key needs more than 2
-# Strings and comments (where a bracket is text), else one bracket or brace.
-_TOKEN = re.compile(r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*'
-                    r"|[\[\]{}]", re.DOTALL)
-
-
-def _too_deep(text: str) -> int | None:
-    """The line where arrays and inline tables first nest deeper than MAX_NESTING, else
-    None: tomllib reads them by recursion, and a file nested 100,000 deep would end in a
-    RecursionError's traceback."""
-    depth = 0
-    for m in _TOKEN.finditer(text):
-        c = m.group()
-        if c in "[{":
-            depth += 1
-            if depth > MAX_NESTING:
-                return text.count("\n", 0, m.start()) + 1
-        elif c in "]}":
-            depth = max(0, depth - 1)
-    return None
-
-
-def _nested(path: str, line: int | None) -> BadInput:
-    return BadInput(f"{path}{f':{line}' if line else ''}: arrays or inline tables nested more "
-                    f"than {MAX_NESTING} deep", "no key of a hosts file nests more than 2: "
-                    "correct the brackets")
 
 
 def load(path: str) -> list[HostSpec]:
@@ -367,6 +315,9 @@ def _job(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any]) -> 
     if kind == "job" and fields["one_shot"]:
         raise f.bad(name, "one_shot", "a job is not one_shot: each of its runs is one",
                     "drop one_shot")
+    if "overlap" in table and kind != "job":
+        raise f.bad(name, "overlap", f"overlap is for a job; this host is a {kind}",
+                    'add kind = "job", or drop overlap')
 
 
 def _listens(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any]) -> list[Any]:

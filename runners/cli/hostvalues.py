@@ -139,6 +139,15 @@ def _reload_fail(v: Any, _: Path) -> str:
     return str(v)
 
 
+def _overlap(v: Any, _: Path) -> str:
+    from workflows.lifecycle.job_overlap import OVERLAPS
+
+    if v not in OVERLAPS:
+        raise Invalid(f"must be one of {', '.join(OVERLAPS)}, not {json.dumps(v)}",
+                      'write overlap = "queue" (skip, queue, replace or allow)')
+    return str(v)
+
+
 def _health(v: Any, _: Path) -> str | None:
     """The health probe's kind; plain "http" (GET / below 500) is stored as NULL."""
     from workflows.generations.probes import HEALTH_KINDS, parse_probe

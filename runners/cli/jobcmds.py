@@ -39,7 +39,7 @@ def runs(env: Env, name: str, as_json: bool, limit: int) -> None:
 @click.argument("name")
 @click.pass_obj
 def run(env: Env, name: str) -> None:
-    """Start a run of a job now, outside its schedule (skipped while one runs)."""
+    """Start a run of a job now, outside its schedule (while one runs: by its --overlap)."""
     from workflows.lifecycle.jobs import request_run
 
     state, rid, instant = env.store().write(lambda s: (lambda r: (r.state.value, r.id, r.scheduled_at))(

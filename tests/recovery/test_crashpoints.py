@@ -515,6 +515,22 @@ _JOB = dict(kind=HostKind.worker, build=JOB, between=disable_job, verify=runs_on
 JOB_RUN = Flow("job-run", enable_job(86400.0, timedelta(0)), args=("3", "0"), **_JOB)  # type: ignore[arg-type]
 JOB_SKIP = Flow("job-skip", enable_job(1.0, timedelta(seconds=0.5)), args=("3", "0"), **_JOB)  # type: ignore[arg-type]
 
+# Overlap policies (workflows/lifecycle/job_overlap.py): JOB_SKIP's runs of 3 s every second,
+# the policy written first. queue: the next instant waits queued, made due when the run ends;
+# replace: it waits while the run is stopped by the stop path (stop written, then proven).
+def enable_overlap_job(policy: str) -> Callable[[Vigil], None]:
+    def drive(v: Vigil) -> None:
+        v.store.write(lambda s: s.execute(update(Host).where(Host.name == TARGET).values(
+            overlap=policy)))
+        enable_job(1.0, timedelta(seconds=0.5))(v)
+
+    return drive
+
+
+JOB_QUEUE = JOB_SKIP.but(name="job-queue", drive=enable_overlap_job("queue"))
+JOB_REPLACE = JOB_SKIP.but(name="job-replace", drive=enable_overlap_job("replace"),
+                           host={"drain_timeout": 1.0})
+
 LISTEN_WAKE = WAKE.but(name="listen-wake", listen=True)
 
 
@@ -774,6 +790,11 @@ SCENARIOS: dict[str, Scenario] = {
     "job.due": Scenario(JOB_RUN),
     "job.started": Scenario(JOB_RUN),
     "job.skipped": Scenario(JOB_SKIP),
+    # overlap queue: the next instant queued, then made due once the run ended; replace:
+    # the stop of the run it replaces written (then the stop path's own points)
+    "job.queued": Scenario(JOB_QUEUE),
+    "job.dequeued": Scenario(JOB_QUEUE),
+    "job.replacing": Scenario(JOB_REPLACE),
     "job.ended": Scenario(JOB_RUN, ("wake.spawned", "job.ended")),
     # ... a start interrupted before its exec (the claim voided: the run started again,
     # once) or after it (the claim taken by its shim: recorded interrupted, not rerun)
@@ -872,6 +893,7 @@ STORE_POINTS = {
     "boxlease.taken", "chores.taken", "takeover.done", "release.done", "obligation.waiting",
     "notify.begun", "notify.recorded", "notify.sent", "member.proven", "swap.switched",
     "rollout.wave_admitted", "wake.intent", "stop.intent", "reload.intent", "job.due",
+    "job.queued",  # the overlap's decision under the host's row lock (FOR UPDATE on PostgreSQL)
 }
 ON_BOTH = pytest.mark.backend("a step of the store's protocol: leases, claims, intents")
 

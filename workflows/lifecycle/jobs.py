@@ -6,7 +6,7 @@ anything of it runs; the row is unique per (host, scheduled instant), so no inst
 started twice, whoever writes it. Which instant is due is derived from the schedule and the
 last instant recorded (not from a timer's memory): an agent that died finds the same answer.
 While no agent ran, the instants missed are not all run: only the last one, once. A run due
-while the last one still runs is recorded `skipped` (overlap policy skip).
+while the last one still runs meets its overlap policy (workflows/lifecycle/job_overlap.py).
 
 The run itself is the host's wake (cause `run`), a worker's start: its generation is current
 while it runs (adopted after an agent's death like any other), ended by its exit or the stop
@@ -36,10 +36,10 @@ from models.tables import Generation, Host, JobRun, Wake
 from models.transition import Unfenced, move
 from workflows.base.context import Context
 from workflows.base.crash import crashpoint, define
-from workflows.base.queue import enqueue_wake
 from workflows.leases.placement import may_hold
+from workflows.lifecycle.job_overlap import QUEUED, follow_queued, replaced_reason, write_run
+from workflows.lifecycle.job_overlap import RUN as RUN  # the cause of a run's wake, said here too
 
-RUN = "run"  # the cause of a job run's wake
 SCHEDULED = "schedule"  # a run's cause: its schedule (or `vigil run`: MANUAL)
 MANUAL = "manual"
 ENV_INSTANT = "VIGIL_SCHEDULED_AT"  # the run's scheduled instant, ISO 8601 UTC, in its env
@@ -168,32 +168,8 @@ def enable(s: Session, host: Host) -> None:
     emit(s, "job_enabled", host.name, every=host.every, schedule=host.schedule)
 
 
-def write_run(s: Session, host: str, instant: datetime, cause: str) -> JobRun:
-    """The run of `instant`: due with its wake (one commit, before anything runs), or
-    skipped when a run of the host is still open. Raises IntegrityError when that instant
-    already has its row (another writer got there first)."""
-    now = utcnow()
-    last = s.execute(select(JobRun).where(JobRun.host == host, JobRun.state.in_(OPEN_RUN))
-                     .order_by(JobRun.id.desc()).limit(1)).scalar_one_or_none()
-    row = dict(host=host, scheduled_at=instant, cause=cause, since=now, next_attempt_at=now)
-    if last is not None:
-        run = JobRun(state=RunState.skipped, ended_at=now, **row,
-                     reason=f"run #{last.id} (of {last.scheduled_at.isoformat()}) still runs: overlap skip")
-        s.add(run)
-        s.flush()
-        emit(s, "run_skipped", host, run=run.id, scheduled_at=instant.isoformat(), running=last.id)
-        return run
-    wake = enqueue_wake(s, host, RUN)
-    s.flush()
-    run = JobRun(state=RunState.due, wake_id=wake.id, **row)
-    s.add(run)
-    s.flush()
-    emit(s, "run_due", host, run=run.id, wake=wake.id, scheduled_at=instant.isoformat(), cause=cause)
-    return run
-
-
 def request_run(s: Session, host: str) -> JobRun:
-    """`vigil run NAME`: a run now, outside the schedule (skipped while one runs)."""
+    """`vigil run NAME`: a run now, outside the schedule (while one runs: by its overlap)."""
     h = s.get(Host, host)
     if h is None:
         raise NotFound(f"no host named {host!r}", "see `vigil host list`")
@@ -224,6 +200,9 @@ def _end(s: Session, run: JobRun, gen: Generation | None, code: int | None, why:
     now = utcnow()
     started = run.started_at or (gen.current_at if gen is not None else None)
     state = RunState.done if code == 0 else RunState.failed
+    replaced = replaced_reason(run, gen)  # ended by its replacement's stop: failed, saying so
+    if replaced is not None:
+        state, why = RunState.failed, replaced
     move(s, JobRun, {"id": run.id},
          {"state": state, "ended_at": now, "exit_status": code, "started_at": started,
           "duration": (now - started).total_seconds() if started else None, "reason": why},
@@ -253,8 +232,9 @@ def tick(ctx: Context) -> datetime | None:
             state = ctx.store.write(partial(_write_scheduled, due))
         except IntegrityError:
             continue  # that instant has its row already: never twice
-        crashpoint(DUE if state is RunState.due else SKIPPED)
+        crashpoint({RunState.due: DUE, RunState.queued: QUEUED}.get(state, SKIPPED))
     close_runs(ctx)
+    follow_queued(ctx)  # a queued run goes on once the one before it ended (job_overlap.py)
     later = utcnow()
     return min((t for h in hosts if (t := next_instant(h, max(later, h.last or later)))
                 is not None), default=None)
