@@ -1,23 +1,26 @@
 """Sending a notification: a shell command given the event on its stdin, killed (its whole
 session, by pid) past its timeout; or a POST of the event to a webhook with the standard
 library's urllib, bounded by the same timeout for the whole try (not per socket read), its
-redirects never followed (a 3xx is a failed try)."""
+redirects never followed (a 3xx is a failed try). urllib and http.client are imported at
+the first POST: an agent with no webhook never loads them."""
 
 from __future__ import annotations
 
-import http.client
+import functools
 import os
 import signal
 import socket
 import subprocess
 import tempfile
 import threading
-import urllib.error
-import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from models.states import TryOutcome
 from workflows.base.ports import Sent
+
+if TYPE_CHECKING:
+    import http.client
+    import urllib.error
 
 TAIL = 300  # bytes of a failed command's stderr, or of a refusing webhook's answer, kept
 
@@ -56,10 +59,15 @@ class Notices:
             return Sent(TryOutcome.failed, code, how + (f": {said}" if said else ""))
 
     def post(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> Sent:
+        import http.client
+        import urllib.error
+        import urllib.request
+
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         deadline = _Deadline(timeout)
         # Its own opener: redirects not followed, each socket cut at the try's deadline.
-        opener = urllib.request.build_opener(_NoRedirect(), _Http(deadline), _Https(deadline))
+        no_redirect, plain, tls = _handlers()
+        opener = urllib.request.build_opener(no_redirect(), plain(deadline), tls(deadline))
         try:
             with opener.open(request, timeout=timeout) as answer:
                 status = int(answer.status)
@@ -83,6 +91,8 @@ class Notices:
 
 def _refused(exc: urllib.error.HTTPError) -> Sent:
     """A non-2xx answer (a 3xx among them: never followed) as a failed try."""
+    import http.client
+
     try:
         said = _tail(exc.read() or b"")
     except (http.client.HTTPException, OSError):
@@ -134,11 +144,6 @@ def _shut(sock: socket.socket) -> None:
         pass  # closed already
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *_: Any, **__: Any) -> None:
-        return None  # the 3xx is raised as an HTTPError: a failed try
-
-
 def _watched(cls: type[http.client.HTTPConnection], deadline: _Deadline) -> Any:
     def connection(host: str, **kw: Any) -> http.client.HTTPConnection:
         conn = cls(host, **kw)
@@ -154,20 +159,32 @@ def _watched(cls: type[http.client.HTTPConnection], deadline: _Deadline) -> Any:
     return connection
 
 
-class _Http(urllib.request.HTTPHandler):
-    def __init__(self, deadline: _Deadline) -> None:
-        super().__init__()
-        self.deadline = deadline
+@functools.cache
+def _handlers() -> tuple[Any, Any, Any]:
+    """urllib's handlers of a try (no redirect; HTTP and HTTPS, their sockets cut at the
+    deadline), made once at the first POST."""
+    import http.client
+    import urllib.request
 
-    def http_open(self, req: urllib.request.Request) -> Any:
-        return self.do_open(_watched(http.client.HTTPConnection, self.deadline), req)
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *_: Any, **__: Any) -> None:
+            return None  # the 3xx is raised as an HTTPError: a failed try
 
+    class Http(urllib.request.HTTPHandler):
+        def __init__(self, deadline: _Deadline) -> None:
+            super().__init__()
+            self.deadline = deadline
 
-class _Https(urllib.request.HTTPSHandler):
-    def __init__(self, deadline: _Deadline) -> None:
-        super().__init__()
-        self.deadline = deadline
+        def http_open(self, req: urllib.request.Request) -> Any:
+            return self.do_open(_watched(http.client.HTTPConnection, self.deadline), req)
 
-    def https_open(self, req: urllib.request.Request) -> Any:
-        return self.do_open(_watched(http.client.HTTPSConnection, self.deadline), req,
-                            context=self._context)  # type: ignore[attr-defined]
+    class Https(urllib.request.HTTPSHandler):
+        def __init__(self, deadline: _Deadline) -> None:
+            super().__init__()
+            self.deadline = deadline
+
+        def https_open(self, req: urllib.request.Request) -> Any:
+            return self.do_open(_watched(http.client.HTTPSConnection, self.deadline), req,
+                                context=self._context)  # type: ignore[attr-defined]
+
+    return NoRedirect, Http, Https

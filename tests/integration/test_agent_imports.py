@@ -9,7 +9,8 @@ is needed when the store is at head).
 Before ready (its start-up, issue 42): only what recovery and the running agent need. Of the
 CLI, click and `vigil agent`'s own module (runners/cli COMMANDS loads a command's module when
 it is asked for); never rich (tables of other commands), the HTTP API and the page (`vigil
-ui`), the importers (`vigil import`), prometheus_client (only with --metrics-listen).
+ui`), the importers (`vigil import`), prometheus_client (only with --metrics-listen), the
+webhooks' urllib and http.client (at the first POST).
 
 The agent runs as `python -m runners.cli agent` would, with a handler on its log writing the
 names of the modules loaded at its `ready` line, and an atexit hook those loaded at its exit."""
@@ -73,6 +74,6 @@ def test_what_an_agent_on_sqlite_imports(vigil: Vigil, tmp_path: Path) -> None:
 CLI_AT_READY = {"runners.cli.agent", "runners.cli.common", "runners.cli.completion",
                 "runners.cli.output", "runners.cli.retention"}
 # Never loaded before ready: tables of other commands, the metrics server (no --metrics-listen
-# here), the page's HTTP server, the importers.
+# here), the page's HTTP server, the importers, the webhooks' HTTP client (no notifier here).
 NOT_AT_READY = ("rich", "prometheus_client", "runners.agent.metrics", "http.server",
-                "runners.imports")
+                "runners.imports", "http.client", "urllib.request")
