@@ -5,6 +5,7 @@ does with a queued run once the open one ended or the job was stopped. Real stor
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from functools import partial
@@ -20,7 +21,7 @@ from models.statedir import prepare_state_dir
 from models.states import Desired, HostKind, RunState
 from models.store import Store, utcnow
 from models.tables import Build, Host, JobRun, Wake
-from tests.conftest import drop_db, new_db
+from tests.conftest import drop_db, new_db, wait_for
 from workflows.lifecycle.job_overlap import DEQUEUED, check_overlap, follow_one, write_run
 from workflows.lifecycle.jobs import SCHEDULED
 
@@ -120,3 +121,32 @@ def test_overlap_is_a_jobs_only() -> None:
         check_overlap("worker", "queue")
     with pytest.raises(BadInput, match="not a policy"):
         check_overlap("job", "twice")
+
+
+@pytest.mark.postgresql_only("SQLite serializes its writers: no read can race a commit")
+def test_two_writers_of_one_job_decide_one_after_the_other(store: Store) -> None:
+    """READ COMMITTED: without the host's row lock the second writer, started while the
+    first's run is not committed, would see no open run and write a second due run (two
+    wakes of slot 0). With it, it waits for the first's commit and queues behind it."""
+    policy(store, "queue")
+    holding = threading.Event()
+    second: list[JobRun] = []
+
+    def first(s: Session) -> None:
+        write_run(s, "tick", T0, SCHEDULED)
+        holding.set()
+        wait_for(lambda: waiting_on_a_lock(store), 5, what="the second writer waiting on the lock")
+
+    other = threading.Thread(target=lambda: (holding.wait(20), second.append(run_at(store, 1))))
+    other.start()
+    store.write(first)
+    other.join(30)
+    assert [r.state for r in second] == [RunState.queued], second
+    assert [r.state for r in rows(store)] == [RunState.due, RunState.queued]
+
+
+def waiting_on_a_lock(store: Store) -> bool:
+    with store.engine.connect() as conn:
+        return bool(conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'").scalar())
