@@ -8,6 +8,7 @@ output."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from datetime import datetime, timedelta
@@ -15,9 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from models.store import utcnow
+from models.tables import Delivery, Event
 from tests.conftest import FIXTURES, ROOT, Vigil, wait_for
+from tests.integration.test_notifications import receiver
 from tests.integration.test_operator import scrape, value
 from tests.integration.test_ui import browser, ended, get, serve  # noqa: F401 (a fixture)
 from tests.listening import free_port
@@ -39,6 +43,81 @@ def agent(v: Vigil, *extra: str) -> Any:
     p = v.start_agent(None, "--sweep-interval", "0.2", *extra)
     v.wait_ready(p)
     return p
+
+
+def events(v: Vigil, kind: str) -> list[dict[str, Any]]:
+    return v.store.read(lambda s: [{"host": e.host, **json.loads(e.detail)} for e in s.execute(
+        select(Event).where(Event.kind == kind).order_by(Event.id)).scalars()])
+
+
+def received(got: Path) -> list[str]:
+    return [line.split()[1] for line in got.read_text().splitlines()] if got.exists() else []
+
+
+def test_a_failed_run_and_a_late_one_are_notified_a_done_one_is_not(vigil: Vigil,
+                                                                     short_tmp: Path) -> None:
+    command, got = receiver(short_tmp)
+    vigil.run("notify", "add", "pager", "--on", "run_failed,run_late", "--exec", command)
+    out = short_tmp / "ran.txt"
+    vigil.add_host("flaky", SCHEDULED_RUN, "--kind", "job", "--every", "1d", "--arg", str(out),
+                   "--arg", "0", "--arg", "3")
+    vigil.add_host("fine", SCHEDULED_RUN, "--kind", "job", "--every", "1d", "--arg", str(out))
+    vigil.add_host("tick", SCHEDULED_RUN, "--kind", "job", "--every", "5", "--arg", str(out))
+    # The agent dies right after a run of tick is written due: the next one starts it late.
+    crashing = vigil.start_agent("job.due", "--sweep-interval", "0.2")
+    vigil.wait_ready(crashing)
+    vigil.run("wake", "tick")
+    crashing.wait(60)
+    assert crashing.returncode == -signal.SIGKILL
+    (due,) = runs(vigil, "tick")
+    assert due["state"] == "due", due
+    instant = datetime.fromisoformat(due["scheduled_at"]).replace(tzinfo=None)
+    wait_for(lambda: (utcnow() - instant).total_seconds() > 1.5, 10,
+             what="the due run past its late bound (1 s for --every 5)")
+    agent(vigil)
+    vigil.run("run", "flaky")
+    vigil.run("run", "fine")
+    wait_for(lambda: runs(vigil, "fine")[0]["state"] == "done"
+             and runs(vigil, "flaky")[0]["state"] == "failed", 30, what="both runs' ends")
+    wait_for(lambda: [r for r in runs(vigil, "tick") if r["id"] == due["id"]
+                      and r["state"] in ("done", "failed")], 30, what="the late run's end")
+    vigil.run("stop", "tick", "--wait", "--timeout", "60")
+    (late,) = [e for e in events(vigil, "run_late") if e["run"] == due["id"]]
+    assert late["host"] == "tick" and late["late_by"] > 1.5 and late["bound"] == 1.0, late
+    (failed,) = [e for e in events(vigil, "run_ended") if e["host"] == "flaky"]
+    assert failed["result"] == "failed" and failed["exit_code"] == 3, failed
+    wait_for(lambda: {"run_ended", "run_late"} <= set(received(got)), 30,
+             what="run_failed and run_late delivered")
+    owed = vigil.store.read(lambda s: {(d.host, d.word) for d in s.execute(select(Delivery))
+                                       .scalars()})
+    assert {("flaky", "run_failed"), ("tick", "run_late")} <= owed, owed
+    assert not [h for h, _ in owed if h == "fine"], owed  # a run done tells nobody
+    vigil.quiesce(30)
+    vigil.check()
+
+
+def test_a_run_interrupted_by_the_agents_death_is_a_run_failed(vigil: Vigil,
+                                                                short_tmp: Path) -> None:
+    """The agent killed after the run's spawn, before its pid was written: the next agent
+    records the run interrupted (not run again) and `--on run_failed` is told."""
+    command, got = receiver(short_tmp)
+    vigil.run("notify", "add", "pager", "--on", "run_failed", "--exec", command)
+    vigil.add_host("cut", SCHEDULED_RUN, "--kind", "job", "--every", "1d", "--arg",
+                   str(short_tmp / "ran.txt"), "--arg", "30")
+    crashing = vigil.start_agent("wake.spawned", "--sweep-interval", "0.2")
+    vigil.wait_ready(crashing)
+    vigil.run("run", "cut")
+    crashing.wait(60)
+    assert crashing.returncode == -signal.SIGKILL
+    agent(vigil)
+    wait_for(lambda: runs(vigil, "cut")[0]["state"] == "interrupted", 30,
+             what="the run recorded interrupted")
+    (ended_,) = [e for e in events(vigil, "run_ended") if e["host"] == "cut"]
+    assert ended_["result"] == "interrupted" and ended_["exit_code"] is None, ended_
+    wait_for(lambda: received(got) == ["run_ended"], 30, what="run_failed delivered")
+    assert len(runs(vigil, "cut")) == 1  # not run again
+    vigil.quiesce(30)
+    vigil.check()
 
 
 @pytest.mark.backend("the jobs' grouped reads (newest run per host, last success) and the "

@@ -158,6 +158,31 @@ def latest_due(host: Any, last: datetime | None, now: datetime) -> datetime | No
     return due
 
 
+LATE_FLOOR, LATE_SHARE, LATE_CAP = 1.0, 0.10, 60.0  # run_late: see late_bound
+
+
+def late_bound(host: Any, instant: datetime) -> float:
+    """Seconds a run may start after its instant before it is late (`--on run_late`):
+    a tenth of its period (the gap to the next instant), at least 1 s (vigil's own start
+    takes a fraction of it) and at most 60 s (an hour's delay of a daily job is news)."""
+    nxt = next_instant(host, instant)
+    period = (nxt - instant).total_seconds() if nxt is not None else LATE_CAP / LATE_SHARE
+    return max(LATE_FLOOR, min(LATE_SHARE * period, LATE_CAP))
+
+
+def heard_start(s: Session, run: JobRun, started: datetime | None, gen_id: int | None) -> None:
+    """A run of its schedule that started past its late bound: a `run_late` event, in the
+    commit that records its start (a manual run's instant is its asking, a retry's start
+    its backoff: never late)."""
+    host = s.get(Host, run.host)
+    if started is None or run.cause == MANUAL or run.tries or host is None or not is_job(host):
+        return
+    late, bound = (started - run.scheduled_at).total_seconds(), late_bound(host, run.scheduled_at)
+    if late > bound:
+        emit(s, "run_late", run.host, gen_id, run=run.id, scheduled_at=run.scheduled_at.isoformat(),
+             late_by=round(late, 3), bound=bound)
+
+
 # -- the runs' rows ---------------------------------------------------------------------------
 
 
@@ -203,6 +228,8 @@ def _end(s: Session, run: JobRun, gen: Generation | None, code: int | None, why:
     replaced = replaced_reason(run, gen)  # ended by its replacement's stop: failed, saying so
     if replaced is not None:
         state, why = RunState.failed, replaced
+    if run.started_at is None:  # ended before a tick saw it running: its start is heard here
+        heard_start(s, run, started, run.generation_id)
     move(s, JobRun, {"id": run.id},
          {"state": state, "ended_at": now, "exit_status": code, "started_at": started,
           "duration": (now - started).total_seconds() if started else None, "reason": why},
@@ -295,6 +322,7 @@ def _close_one(s: Session, run: JobRun, wake: Wake | None, gen: Generation | Non
              f"run #{run.id} due -> running", fence=BY_RUN, col="state", frm=RunState.due)
         emit(s, "run_started", run.host, gen.id, run=run.id, pid=gen.pid,
              scheduled_at=run.scheduled_at.isoformat())
+        heard_start(s, run, gen.current_at, gen.id)
         return STARTED
     if ended and wake is not None and wake.state is WakeState.done:
         _end(s, run, gen, None, f"ended: {gen.end_reason}" if gen else "ended")  # type: ignore[union-attr]
@@ -303,6 +331,8 @@ def _close_one(s: Session, run: JobRun, wake: Wake | None, gen: Generation | Non
         move(s, JobRun, {"id": run.id}, {"state": RunState.failed, "ended_at": utcnow(),
                                          "reason": wake.reason if wake else "its wake is gone"},
              f"run #{run.id} -> failed", fence=BY_RUN, col="state", frm=run.state)
+        emit(s, "run_ended", run.host, run.generation_id, run=run.id, exit_code=None,
+             result=RunState.failed.value, scheduled_at=run.scheduled_at.isoformat())
         return ENDED
     if wake.state is WakeState.cancelled:
         executed = "unknown" if gen is not None else "no"
@@ -311,6 +341,8 @@ def _close_one(s: Session, run: JobRun, wake: Wake | None, gen: Generation | Non
             "reason": f"{wake.reason or 'its start was cancelled'} (executed: {executed}); "
                       "not run again"},
              f"run #{run.id} due -> interrupted", fence=BY_RUN, col="state", frm=RunState.due)
+        emit(s, "run_ended", run.host, run.generation_id, run=run.id, exit_code=None,
+             result=RunState.interrupted.value, scheduled_at=run.scheduled_at.isoformat())
         return ENDED
     return None
 
