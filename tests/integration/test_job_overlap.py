@@ -168,6 +168,9 @@ def test_allow_runs_overlap(vigil: Vigil, tmp_path: Path) -> None:
     out = overlapping_job(vigil, tmp_path, "allow")
     wait_for(lambda: sum(alive for *_, alive in starts(out)) >= 2 and ends(out) >= 2, 40,
              what="two runs each started beside the one before, two run to their end")
+    wait_for(lambda: len(vigil.obligations()) >= 2, 10, what="two runs open at once")
+    vigil.run("status", "slow")  # a job with runs in two slots is shown (table and JSON)
+    assert vigil.json("status", "slow")
     rows = stop_all(vigil)
     assert not [r for r in rows if r["state"] == "skipped"], rows
     spans = sorted((at(r["started_at"]), at(r["ended_at"])) for r in rows
