@@ -2,9 +2,9 @@
 (runners/keepers/) each through a pidfd, in one poll loop of their own. The moment one
 exits, the agent starts a new one and hands it everything it held (every listening socket:
 the agent keeps a copy of each; the log keeper's standby takes over its pipes, of which it
-kept a copy, the agent keeping copies only while no standby has them), so no single death
-loses a socket or a pipe; only a second death inside that re-hand window can
-(bench/keepers.py measures it). Every TICK the running ones are checked with one bounded exchange (the fence
+kept a copy, as the agent does while its fd limit has room), so no single death loses a
+socket or a pipe; only a second death inside that re-hand window can (bench/keepers.py
+measures it). Every TICK the running ones are checked with one bounded exchange (the fence
 keeper, which has no socket, by its process state): one that does not answer is treated as
 dead (runners/keepers/wire.py says how), and its exit then restarts it like any other.
 

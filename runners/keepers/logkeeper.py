@@ -6,10 +6,11 @@ are deleted when a new one starts.
 The agent hands each app's pipe read end to the keeper over `<state>/logs.sock`
 (SOCK_SEQPACKET, SCM_RIGHTS). The keeper runs in its own session and outlives the agent;
 its standby (Mirror) holds a copy of every read end, sent before the agent hears `ok`, and
-takes over the moment the keeper dies, so a pipe has a reader while either runs and the
-agent keeps no copy (one fd an app in the agent: 10,000 apps under a limit of 20,000).
-While no standby has them (none started yet, or it died) the agent keeps copies as before:
-a keeper that died is then restarted with every read end.
+takes over the moment the keeper dies, so a pipe has a reader while either runs. The agent
+keeps a copy too while its fd limit has room (LogPipes), and none under a tight one once
+the standby has each (one fd an app in the agent: 10,000 apps under a limit of 20,000);
+while no standby has them it keeps copies, and a keeper that died is then restarted with
+every read end.
 
 One process for the box (a python process per generation cost 3.8 MB and 12 ms of CPU a
 spawn). It holds one fd per app and the files of the OPEN_FILES pipes that wrote last (a
@@ -272,13 +273,40 @@ class Mirror:
             # The keeper's lock is let go as it exits, a moment after its sockets close.
             if self._take(lock, BOUND if conn is not None else 0.0):
                 return
-            self._let_go()  # it runs but dropped this standby (or did not answer): again
+            # A keeper runs: the one followed (it dropped this standby), or another that
+            # took the lock first (started by the agent meanwhile): each copy is put to it
+            # (a pipe it has already is kept as it is), then followed afresh.
+            self._hand_over()
+            self._let_go()
             time.sleep(0.05)
 
-    def _attach(self) -> socket.socket | None:
+    def _hand_over(self) -> None:
+        for key, (fd, request) in list(self.copies.items()):
+            conn = self._connect()
+            if conn is None:
+                return  # none answers: the copies are let go only once a keeper has them
+            with conn:
+                try:
+                    socket.send_fds(conn, [json.dumps(request).encode()], [fd])
+                    conn.recv(MAX_MESSAGE)
+                except OSError:
+                    return
+            self._close(key)
+
+    def _connect(self) -> socket.socket | None:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             conn.connect(str(self.path))
+        except OSError:
+            conn.close()
+            return None
+        return conn
+
+    def _attach(self) -> socket.socket | None:
+        conn = self._connect()
+        if conn is None:
+            return None
+        try:
             conn.send(json.dumps({"op": "mirror"}).encode())
         except OSError:
             conn.close()
@@ -346,37 +374,54 @@ def run(state_dir: Path) -> int:
     return serve(state_dir, KEEPER_LOCK, KEEPER_SOCKET, "logkeeper", setup, follow=mirror.follow)
 
 
+def room_for_copies() -> int:
+    """How many more fds this process may open, with SPARE_FDS kept for everything else."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(0, soft - len(os.listdir("/proc/self/fd")) - 2 * SPARE_FDS)
+
+
+def copies_fit(held: int) -> bool:
+    """Whether a copy of each of `held` pipes fits this process's fd limit beside a pidfd
+    for each app (and room to spare): then the agent keeps them."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft == resource.RLIM_INFINITY or 2 * held + 4 * SPARE_FDS <= soft
+
+
 class LogPipes:
     """The agent's side: a pipe per generation, its read end handed to the keeper (started
-    when none runs). The agent keeps a copy only until the keeper says its standby has one
-    (`mirrored`, in each reply: Mirror), so an app costs the agent one fd (its pidfd), not
-    two; without a standby (none started yet, or it died) the copies stay here until the
-    generation is proven gone, and a keeper that dies is started again and given every one
-    (`peer`: runners/agent/helpers.py starts it the moment it exits, and a standby beside
-    it while it holds anything). A connection per exchange: nothing open between them."""
+    when none runs) and a copy kept here while its fd limit has room for a copy and a pidfd
+    an app (copies_fit: most boxes, whose hard limit is far above), so a keeper that dies
+    is started again and given every one (`peer`: runners/agent/helpers.py starts it the
+    moment it exits, and a standby beside it while it holds anything). Under a tighter
+    limit the copies are let go once the keeper says its standby has one of each
+    (`mirrored`, in each reply: Mirror), so an app costs the agent one fd, its pidfd (10,000
+    apps under 20,000); taken back while no standby has them (it took over, or died). A
+    connection per exchange: nothing open between them."""
 
     def __init__(self, state_dir: Path, on_start: Callable[[], None] = lambda: None) -> None:
         self.state_dir = state_dir.absolute()
         self.ends: dict[str, tuple[int, dict[str, Any]]] = {}  # key -> (read end, its put)
-        self.held = True  # the keeper holds pipes (as its last reply said; unknown: asked)
+        self.held = 1  # pipes the keeper holds, as its last reply said (unknown: asked)
         self.mirrored: int | None = None  # the keeper whose standby has a copy of each pipe
         self.lent: set[int] = set()  # keepers given pipes this agent then let go of its copy
         self.peer = Peer(self.state_dir, module="runners.keepers.logkeeper",
                          socket_name=KEEPER_SOCKET, lock_name=KEEPER_LOCK,
                          log_name="logs/logkeeper.log", what="log keeper", on_start=on_start,
                          everything=lambda: ((req, [fd]) for fd, req in self.ends.values()),
-                         holds=lambda: self.held, on_reply=self._heard,
-                         replaceable=self._replaceable)
+                         holds=lambda: self.held > 0, on_reply=self._heard,
+                         replaceable=self._replaceable, cover=self._cover)
 
     def _heard(self, pid: int, reply: dict[str, Any]) -> None:
         """A keeper's reply (under peer.lock): once its standby has a copy of every pipe it
         holds (every one this agent holds too: it was given them), this agent's go."""
-        self.held = bool(reply.get("held"))  # a keeper of before the mirror says nothing
+        self.held = int(reply.get("held") or 0)  # a keeper of before the mirror says nothing
         if not reply.get("mirrored"):
-            self.mirrored = None if self.mirrored == pid else self.mirrored
+            self.mirrored = None  # of the keeper that answers now (another may have died)
             return
         self.mirrored = pid
-        if self.ends and pid == self.peer.told:
+        if self.ends and pid == self.peer.told and not copies_fit(self.held):
             self.lent.add(pid)
             for fd, _ in self.ends.values():
                 os.close(fd)
@@ -399,7 +444,7 @@ class LogPipes:
         try:
             with self.peer.lock:  # every exchange, and every change of `ends`
                 reply = self.peer.ask(request, [r])
-                if reply is not None and reply[0].get("mirrored"):
+                if reply is not None and reply[0].get("mirrored") and not copies_fit(self.held):
                     self.lent.add(self.peer.told or 0)
                     os.close(r)  # the standby has its copy: none here
                 else:
@@ -428,37 +473,50 @@ class LogPipes:
         os.close(end[0])
 
     def adopt(self) -> int:
-        """On agent start: copies of the read ends a running keeper writes for (none runs:
-        nothing to take). Returns how many."""
+        """On agent start: copies of the read ends a running keeper writes for (none runs,
+        or its standby has a copy of each: nothing to take). Returns how many."""
         with self.peer.lock:
-            try:
-                if self._mirrored_now():
-                    return 0  # its standby has a copy of each: none needed here
-                known: dict[str, dict[str, Any]] = {}
-                while True:
-                    reply = self.peer.ask({"op": "list", "after": max(known, default="")},
-                                          start=False)
-                    if reply is None:
-                        return 0
-                    known.update(reply[0]["keys"])
-                    if not reply[0].get("more") or not reply[0]["keys"]:
-                        break
-                pid = self.peer.told
-                keys = [k for k in known if k not in self.ends]
-                taken = 0
-                for i in range(0, len(keys), MAX_FDS):
-                    got = self.peer.ask({"op": "get", "keys": keys[i:i + MAX_FDS]}, start=False,
-                                        maxfds=MAX_FDS)
-                    if got is None:
-                        break
-                    for k, fd in zip(got[0]["keys"], got[1], strict=True):
-                        self.ends[k] = (fd, {"op": "put", "key": k, **known[k]})
-                        taken += 1
-                if taken == len(keys) and pid == self.peer.told:
-                    self.peer.complete = pid  # every pipe it reads, this agent has too
-                return taken
-            except (OSError, ValueError, KeyError):  # a keeper it cannot read: none taken
-                return 0
+            return self._copy_all()
+
+    def _cover(self) -> None:
+        """After each check (under peer.lock): the keeper holds pipes no standby has a copy
+        of (its standby just took over, or died) and this agent has none of: copies taken
+        back until a new standby has them, so a second death meanwhile loses nothing."""
+        if self.mirrored is None and len(self.ends) < self.held:
+            self._copy_all()
+
+    def _copy_all(self) -> int:
+        """Copies of the read ends the running keeper holds and this agent does not, as
+        many as its fd limit has room for (under peer.lock). Returns how many."""
+        try:
+            if self._mirrored_now() and not copies_fit(self.held):
+                return 0  # its standby has a copy of each, and the limit is tight: none here
+            known: dict[str, dict[str, Any]] = {}
+            while True:
+                reply = self.peer.ask({"op": "list", "after": max(known, default="")},
+                                      start=False)
+                if reply is None:
+                    return 0
+                known.update(reply[0]["keys"])
+                if not reply[0].get("more") or not reply[0]["keys"]:
+                    break
+            pid = self.peer.told
+            keys = [k for k in known if k not in self.ends][:room_for_copies()]
+            taken = 0
+            for i in range(0, len(keys), MAX_FDS):
+                got = self.peer.ask({"op": "get", "keys": keys[i:i + MAX_FDS]}, start=False,
+                                    maxfds=MAX_FDS)
+                if got is None:
+                    break
+                for k, fd in zip(got[0]["keys"], got[1], strict=True):
+                    self.ends[k] = (fd, {"op": "put", "key": k, **known[k]})
+                    taken += 1
+            if all(k in self.ends for k in known) and pid == self.peer.told:
+                self.peer.complete = pid  # every pipe it reads, this agent has too
+                self.lent.discard(pid)
+            return taken
+        except (OSError, ValueError, KeyError):  # a keeper it cannot read: none taken
+            return 0
 
     def _mirrored_now(self) -> bool:
         """Whether the running keeper's standby has a copy of each pipe it reads (asked)."""

@@ -262,7 +262,8 @@ class Peer:
                  on_start: Callable[[], None] = lambda: None,
                  holds: Callable[[], bool] = lambda: False,
                  on_reply: Callable[[int, dict[str, Any]], None] = lambda pid, reply: None,
-                 replaceable: Callable[[int], bool] | None = None) -> None:
+                 replaceable: Callable[[int], bool] | None = None,
+                 cover: Callable[[], None] = lambda: None) -> None:
         self.state_dir = state_dir.absolute()
         self.module, self.what, self.log_name = module, what, log_name
         self.path = self.state_dir / socket_name
@@ -272,7 +273,7 @@ class Peer:
         # copy of (its standby has them), `on_reply` hears each reply with the helper's pid,
         # `replaceable` whether killing a helper loses nothing (default: the agent has a
         # copy of everything it holds).
-        self.holds, self.on_reply = holds, on_reply
+        self.holds, self.on_reply, self.cover = holds, on_reply, cover
         self.replaceable = replaceable or (lambda pid: pid in self.started or pid == self.complete)
         self.lock = threading.Lock()
         self.told: int | None = None  # the helper that has been given everything held here
@@ -305,6 +306,7 @@ class Peer:
                 return  # none runs, and nothing here to give one
             if any(True for _ in self.everything()) or self.holds():
                 self.standby()
+                self.cover()  # `cover`: the log keeper's client takes copies while no standby has them
 
     def _connect(self, start: bool) -> tuple[socket.socket, int] | None:
         """A connection to the helper (one started if none runs and `start`) and its pid."""
@@ -321,9 +323,12 @@ class Peer:
                     return s, pid
                 except OSError:
                     s.close()
-            if not start:
-                return None
+            # One that holds the lock but does not answer yet is waited for (a standby that
+            # takes over binds its socket a moment after it takes the lock), and a standby
+            # about to take over (the one in service just died) for a second.
             waiting = lock_holder(standby_of(self.lock_path)) is not None
+            if not start and pid is None and not (waiting and time.monotonic() < soon):
+                return None
             if pid is None and child is not None:
                 reap(self.started)
                 if child not in self.started:
