@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
-from models.tables import Generation, Lease
+from models.tables import Event, Generation, JobRun, Lease
 from tests.conftest import FIXTURES, wait_for
 from tests.multibox.conftest import LEASE_TTL, Box
 
@@ -47,7 +47,8 @@ def test_a_job_on_two_boxes_one_killed_runs_each_instant_once(boxes, tmp_path: P
     a, b = boxes("a"), boxes("b")
     out = tmp_path / "ran.txt"
     a.run("host", "add", "tick", "--build", str(SCHEDULED_RUN), "--kind", "job", "--every", "1",
-          "--catch-up", "all", "--overlap", "allow", "--arg", str(out), "--box", "a", "--box", "b")
+          "--catch-up", "all", "--overlap", "allow", "--arg", str(out), "--arg", "2.5",
+          "--box", "a", "--box", "b")  # runs of 2.5 s: always one in flight, the lease held
     (b.state_dir / "builds").symlink_to(a.state_dir / "builds")  # one staging root (a fleet's)
     agents = {"a": a.start(), "b": b.start()}
     a.run("wake", "tick")
@@ -58,8 +59,12 @@ def test_a_job_on_two_boxes_one_killed_runs_each_instant_once(boxes, tmp_path: P
     agents[victim.name].send_signal(signal.SIGKILL)
     agents[victim.name].wait(10)
     killed, killed_at = time.monotonic(), datetime.now(UTC)
-    def by_survivor() -> int:
-        return sum(1 for x in run_boxes(a).values() if x == survivor.name)
+    def by_survivor() -> int:  # runs of instants after the kill started by the survivor
+        since = killed_at.replace(tzinfo=None)
+        return int(a.store.read(lambda s: s.execute(
+            select(func.count()).select_from(JobRun).join(
+                Generation, Generation.id == JobRun.generation_id).where(
+                Generation.agent_id == survivor.name, JobRun.scheduled_at > since)).scalar_one()))
 
     wait_for(lambda: by_survivor() > 0, LEASE_TTL * 4 + 30, interval=0.5,
              what=f"box {survivor.name} running the job")
@@ -92,5 +97,7 @@ def test_a_job_on_two_boxes_one_killed_runs_each_instant_once(boxes, tmp_path: P
             r["state"] == "failed" and r["exit_status"] is None), (at, r["state"], r["reason"])
         if r["state"] != "failed" or "fenced" not in (r["reason"] or ""):
             assert at in in_file, f"{at} never ran: {r}"
+    assert a.store.read(lambda s: s.execute(select(func.count()).select_from(Event).where(
+        Event.kind == "taken_over")).scalar_one()) >= 1, "no takeover: the victim held nothing"
     print(f"{len(window)} instants; states {dict(Counter(r['state'] for r in rows))}; "
           f"by box {dict(Counter(run_boxes(a).values()))}")
