@@ -10,8 +10,10 @@ while the last one still runs meets its overlap policy (workflows/lifecycle/job_
 
 The run itself is the host's wake (cause `run`), a worker's start: its generation is current
 while it runs (adopted after an agent's death like any other), ended by its exit or the stop
-path. A wake of a run interrupted before its pid was written is reaped and never tried again
-(workflows/lifecycle/failed_wake.py); the run is recorded `interrupted`. `close_runs` moves
+path. A wake of a run interrupted before its pid was written is reaped; its exec claim decides
+(workflows/lifecycle/failed_wake.py never_ran): voided first, the build never ran and the
+same run is started again; taken by its shim, it may have run: recorded `interrupted`, never
+tried again. `close_runs` moves
 every open run by what its wake and generation say, so no path that ends either one needs
 to know about runs.
 """
