@@ -3,6 +3,7 @@ the transition primitive (compare-and-set, fence, legal transitions) and lock re
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
@@ -45,6 +46,7 @@ from models.store import (
     DB_FILE,
     Store,
     emit,
+    emit_many,
     is_transient,
     normalize_url,
     sqlite_url,
@@ -681,3 +683,20 @@ def test_transient_errors() -> None:
     assert not is_transient(OperationalError("x", {}, sqlite3.OperationalError("disk I/O error")))
     assert not is_transient(DBAPIError("UPDATE", {}, _PgError("23505")))
     assert not is_transient(LostRace("g1"))
+
+
+def test_emit_many_writes_each_event_as_emit_would(store: Store) -> None:
+    """Recovery's 1,000 `adopted` events in one INSERT (issue 42 item 4): the same rows, in
+    order, as one emit each; an event that notifies goes through emit (its deliveries)."""
+    seen: list[Any] = []
+
+    def step(s: Session) -> None:
+        emit_many(s, "adopted", [(None, None, {"pid": 7}), (None, None, {"pid": 8})])
+        emit_many(s, "exited", [(None, None, {"status": "exited 1", "pid": 9})])
+        seen.extend(s.info["events"])
+
+    store.write(step)
+    rows = store.read(lambda s: s.execute(select(Event.kind, Event.detail).order_by(Event.id)).all())
+    assert [(k, json.loads(d)) for k, d in rows] == [
+        ("adopted", {"pid": 7}), ("adopted", {"pid": 8}), ("exited", {"status": "exited 1", "pid": 9})]
+    assert [e[0] for e in seen] == ["adopted", "adopted", "exited"]

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.states import GenState
-from models.store import emit
+from models.store import emit, emit_many
 from models.tables import Generation, Host, Lease
 from workflows.base.context import Context
 from workflows.base.crash import crashpoint, define
@@ -79,8 +79,7 @@ def recover(ctx: Context) -> dict[str, int]:
             drop.append((gen, problem))
 
     def step(s: Session) -> None:
-        for g, extra in adopt:
-            emit(s, "adopted", g.host, g.id, pid=g.pid, **extra)
+        emit_many(s, "adopted", [(g.host, g.id, {"pid": g.pid, **extra}) for g, extra in adopt])
         for g, problem in drop:
             retire(s, ctx, g, f"not adopted on start: {problem}", restart=True)
         rearm(s, [g.id for g, _ in adopt])  # no ping reached a dead agent: a full period
