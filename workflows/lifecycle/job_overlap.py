@@ -185,9 +185,10 @@ def replaced_reason(run: JobRun, gen: Generation | None) -> str | None:
 def follow_queued(ctx: Context) -> None:
     """Each job with a queued run: made due once no run of it is open (ended `interrupted`
     if the job was stopped meanwhile), or (replace) the stop of the run it replaces written.
-    One commit per job; read first, so an agent with no queued run takes no write lock."""
-    hosts = ctx.store.read(lambda s: list(s.execute(select(JobRun.host).where(
-        JobRun.state == RunState.queued).distinct()).scalars()))
+    Decided first in a read (a queued run waiting on a long run costs no write lock each
+    turn), then again under the host's row lock in the commit that acts, one job a commit."""
+    hosts = ctx.store.read(lambda s: [h for h in s.execute(select(JobRun.host).where(
+        JobRun.state == RunState.queued).distinct()).scalars() if _next_step(s, h) is not None])
     for host in sorted(hosts):
         try:
             point = ctx.store.write(partial(follow_one, host=host))
@@ -197,24 +198,51 @@ def follow_queued(ctx: Context) -> None:
             crashpoint(point)
 
 
-def follow_one(s: Session, *, host: str) -> str | None:
-    h = s.execute(select(Host.desired, Host.overlap).where(Host.name == host)
-                  .with_for_update()).first()
+@dataclass(frozen=True)
+class Step:
+    action: str  # due | end (its job stopped) | stop (the run it replaces)
+    queued: JobRun
+    replaced: JobRun | None = None  # stop: the run it replaces
+    gen: Generation | None = None  # ... and that run's generation, current
+
+
+def _next_step(s: Session, host: str) -> Step | None:
+    """What a job's oldest queued run needs now (reads only), None: it waits."""
+    desired = s.execute(select(Host.desired).where(Host.name == host)).scalar()
     queued = s.execute(select(JobRun).where(JobRun.host == host, JobRun.state == RunState.queued)
                        .order_by(JobRun.id).limit(1)).scalar_one_or_none()
-    if h is None or queued is None:
+    if desired is None or queued is None:
         return None
-    if h.desired is not Desired.up:
-        _end_queued(s, queued)
-        return DEQUEUED
+    if desired is not Desired.up:
+        return Step("end", queued)
     last = s.execute(select(JobRun).where(JobRun.host == host, JobRun.state.in_(OPEN_RUN))
                      .order_by(JobRun.id.desc()).limit(1)).scalar_one_or_none()
     if last is None:
-        _make_due(s, queued)
-        return DEQUEUED
-    if last.reason == f"{REPLACED}{queued.id}" and _stop_replaced(s, last, queued.id):
+        return Step("due", queued)
+    if last.reason != f"{REPLACED}{queued.id}" or last.generation_id is None:
+        return None  # it waits behind the run (queue), or for the run it replaces to start
+    gen = s.get(Generation, last.generation_id)
+    if gen is None or gen.state is not GenState.current or s.execute(select(Stop.id).where(
+            Stop.host == host, Stop.state.in_(OPEN_STOP))).first() is not None:
+        return None  # not current yet (a failed start needs no stop), or a stop is under way
+    return Step("stop", queued, last, gen)
+
+
+def follow_one(s: Session, *, host: str) -> str | None:
+    """The job's queued run moved on, under its host's row lock: due, interrupted, or the
+    stop of the run it replaces written; returns the crash point, None: it still waits."""
+    s.execute(select(Host.name).where(Host.name == host).with_for_update())
+    step = _next_step(s, host)
+    if step is None:
+        return None
+    if step.action == "stop" and step.replaced is not None and step.gen is not None:
+        _stop_replaced(s, step.replaced, step.gen, step.queued.id)
         return REPLACING
-    return None
+    if step.action == "due":
+        _make_due(s, step.queued)
+    else:
+        _end_queued(s, step.queued)
+    return DEQUEUED
 
 
 def _make_due(s: Session, run: JobRun) -> None:
@@ -235,18 +263,12 @@ def _end_queued(s: Session, run: JobRun) -> None:
          scheduled_at=run.scheduled_at.isoformat())
 
 
-def _stop_replaced(s: Session, run: JobRun, by: int) -> bool:
+def _stop_replaced(s: Session, run: JobRun, gen: Generation, by: int) -> None:
     """The stop of the replaced run's instance (its slot: the job stays enabled, its wakes
-    are left be), once its generation is current and no stop of the host is open."""
-    gen = s.get(Generation, run.generation_id) if run.generation_id is not None else None
-    if gen is None or gen.state is not GenState.current:
-        return False  # not started yet: written once it is (a failed start needs no stop)
-    if s.execute(select(Stop.id).where(Stop.host == run.host, Stop.state.in_(OPEN_STOP))).first():
-        return False
+    are left be)."""
     now = utcnow()
     st = Stop(host=run.host, state=StopState.queued, since=now, next_attempt_at=now,
               created_at=now, slot=gen.slot, reason=f"{REPLACED}{by}")
     s.add(st)
     s.flush()
     emit(s, "run_replacing", run.host, gen.id, run=run.id, by=by, stop=st.id, pid=gen.pid)
-    return True
