@@ -61,7 +61,7 @@ def check_catch_up(kind: str, catch_up: str | None, window: float | None) -> dic
         raise BadInput(f"--catch-up {catch_up}: not a policy", "give none, one or all")
     if window is not None and not (math.isfinite(window) and 1 <= window <= 366 * 86400):
         raise BadInput(f"--catch-up-window {window:g}: out of range",
-                       "give a period between 1s and 366d (e.g. 1h), or none for no bound")
+                       "give a period between 1s and 366d, e.g. 1h")
     if window is not None and catch_up == "none":
         raise BadInput("--catch-up-window bounds what one or all run; none runs nothing missed",
                        "drop --catch-up-window, or give --catch-up one or all")
