@@ -53,7 +53,7 @@ def peers() -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("script", ["latency", "downtime", "obligations", "recovery", "exits", "keepers",
                                     "history", "cli", "spawn_user", "top", "ui", "growth",
-                                    "startup", "agent_memory"])
+                                    "startup", "agent_memory", "loops"])
 def test_quick(script: str, peers: None, tmp_path: Path) -> None:
     picture = tmp_path / "downtime.svg"  # the docs' picture is drawn in the same run
     extra = ["--plot", str(picture)] if script == "downtime" else []
