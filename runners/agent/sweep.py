@@ -240,7 +240,8 @@ class Sweeper:
         with self.trust.guarded(log, "releasing leftover cgroups failed; the next start retries"):
             released = release_leftovers(self.ctx)
             if released:
-                log.info("released %d leftover cgroup dirs of proven generations", released)
+                log.info("released %d leftovers (cgroup dirs, exec claims) of proven "
+                         "generations", released)
 
     def prune_history(self) -> None:
         """A scheduled job: delete history nothing needs, a batch at a time (at most

@@ -105,3 +105,31 @@ def test_every_instant_exactly_once_across_random_kill_9s(vigil: Vigil, tmp_path
         assert g is not None and pids[g] in (pid, None), (at, pid, by_instant[at])
     print(f"{len(window)} instants, {len(ran)} runs, states "
           f"{dict(Counter(r['state'] for r in rows))}")
+
+
+def test_a_runs_exec_claim_taken_by_its_shim_dropped_at_release_and_after_a_death(
+        vigil: Vigil, tmp_path: Path) -> None:
+    """While a run runs, its exec claim is the directory its shim made; its release drops
+    it; one left by a death between a proof's commit and its release is dropped by the next
+    agent (a claim of a generation this store does not know is left alone)."""
+    out, claims = tmp_path / "ran.txt", vigil.state_dir / "claims"
+    vigil.add_host("once", SCHEDULED_RUN, "--kind", "job", "--every", "1d", "--arg", str(out),
+                   "--arg", "2")
+    p = agent(vigil)
+    vigil.run("run", "once")
+    wait_for(lambda: runs(vigil, "once")[0]["state"] == "running", 30, what="the run running")
+    g = runs(vigil, "once")[0]["generation"]
+    uuid = vigil.store.read(lambda s: s.execute(select(Generation.uuid).where(
+        Generation.id == g)).scalar_one())
+    assert (claims / uuid).is_dir() and not (claims / uuid).is_symlink()
+    wait_for(lambda: runs(vigil, "once")[0]["state"] == "done", 30, what="the run done")
+    wait_for(lambda: not (claims / uuid).exists(), 10, what="its claim dropped at its release")
+    (claims / uuid).mkdir()  # as a death between the proof's commit and the release leaves it
+    stranger = claims / "00000000-0000-4000-8000-000000000000"
+    stranger.mkdir()
+    vigil.stop_agent(p)
+    agent(vigil)
+    wait_for(lambda: not (claims / uuid).exists(), 30, what="the leftover claim released")
+    assert stranger.is_dir()
+    vigil.quiesce(30)
+    vigil.check()

@@ -5,6 +5,7 @@ written step (a wake found mid-spawn is reaped and retried; a stop re-signals an
 
 from __future__ import annotations
 
+import os
 from functools import partial
 
 from sqlalchemy import select
@@ -15,6 +16,7 @@ from models.store import emit, emit_many
 from models.tables import Generation, Host, Lease
 from workflows.base.context import Context
 from workflows.base.crash import crashpoint, define
+from workflows.base.paths import CLAIMS
 from workflows.base.sanity import impossible, impossible_hosts
 from workflows.engine.claim import release_claims
 from workflows.generations.access import reopen_adopted
@@ -37,15 +39,25 @@ def release_leftovers(ctx: Context) -> int:
     """Release the cgroups of proven generations still on disk: every proof commits, then
     releases, and a death in between leaves the (empty) dir. Bounded by the dirs present,
     not by the history; a dir of a generation this store does not know is left alone. Run
-    once after start, beside the work (runners/agent/sweep.py), not before ready."""
+    once after start, beside the work (runners/agent/sweep.py), not before ready. The same
+    for a job run's exec claim (<state>/claims/<uuid>), which its release drops."""
     dirs = ctx.proc.containments()
-    if not dirs:
+    claims = _claims(ctx)
+    if not dirs and not claims:
         return 0
     gens = ctx.store.read(lambda s: s.execute(select(Generation).where(
-        Generation.cgroup.in_(dirs), Generation.state == GenState.proven)).scalars().all())
+        Generation.cgroup.in_(dirs) | Generation.uuid.in_(claims),
+        Generation.state == GenState.proven)).scalars().all())
     for g in gens:
         ctx.proc.release(ref_of(g))
     return len(gens)
+
+
+def _claims(ctx: Context) -> list[str]:
+    try:
+        return os.listdir(ctx.state_dir / CLAIMS)
+    except OSError:  # none yet: no job has run on this box
+        return []
 
 
 def recover(ctx: Context) -> dict[str, int]:
