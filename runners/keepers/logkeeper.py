@@ -106,7 +106,7 @@ class Keeper:
     def handle(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
         reply, out = self._handle(request, fds)
         # Every reply says what is held and whether the standby has a copy of all of it:
-        # then the agent keeps none (runners/keepers/logkeeper.py LogPipes).
+        # then the agent may let its own copies go (LogPipes).
         return {**reply, "held": len(self.pipes), "mirrored": self.mirrored()}, out
 
     def _handle(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
@@ -275,9 +275,9 @@ class Mirror:
                 return
             # A keeper runs: the one followed (it dropped this standby), or another that
             # took the lock first (started by the agent meanwhile): each copy is put to it
-            # (a pipe it has already is kept as it is), then followed afresh.
+            # (a pipe it has already is kept as it is) and let go, then it is followed
+            # afresh; a copy no keeper took stays here.
             self._hand_over()
-            self._let_go()
             time.sleep(0.05)
 
     def _hand_over(self) -> None:
@@ -355,10 +355,6 @@ class Mirror:
         old = self.copies.pop(key, None)
         if old is not None:
             os.close(old[0])
-
-    def _let_go(self) -> None:
-        for key in list(self.copies):
-            self._close(key)
 
 
 def run(state_dir: Path) -> int:
