@@ -26,20 +26,29 @@ keeper's missing record from the file's mtime, and a times file naming more than
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
+import functools
 import os
 import sys
 import termios
 import time
+from collections.abc import Callable
 
 CHUNK = 1 << 16  # at most this much per call: every pipe gets its turn
 GRANULE = 0.01  # seconds of output one times record covers (a line's time is at most this late)
-_libc = ctypes.CDLL(None, use_errno=True)
-_tee = _libc.tee
-_tee.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]
-_tee.restype = ctypes.c_ssize_t
+
+
+@functools.cache
+def _tee() -> Callable[..., int]:
+    """libc's tee(2), loaded at the first peek (a file near its cap): the agent, a standby and a
+    keeper that never rotates do without ctypes (0.4 MB of each process)."""
+    import ctypes
+
+    tee = ctypes.CDLL(None, use_errno=True).tee
+    tee.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]
+    tee.restype = ctypes.c_ssize_t
+    return tee
 
 
 def times_path(log_path: str) -> str:
@@ -71,8 +80,10 @@ def peek(pipe: int, want: int) -> bytes:
     pipe, read from there). BlockingIOError when it is empty."""
     r, w = os.pipe()
     try:
-        n = _tee(pipe, w, want, os.SPLICE_F_NONBLOCK)
+        n = _tee()(pipe, w, want, os.SPLICE_F_NONBLOCK)
         if n < 0:
+            import ctypes
+
             code = ctypes.get_errno()
             raise OSError(code, os.strerror(code))
         out = b""
