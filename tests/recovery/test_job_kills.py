@@ -89,7 +89,9 @@ def test_every_instant_exactly_once_across_random_kill_9s(vigil: Vigil, tmp_path
     window = [(first + timedelta(seconds=k)).isoformat()
               for k in range(int((last - first).total_seconds()) + 1)]
     assert len(window) >= SECONDS - 5, f"only {len(window)} instants in {SECONDS:g} s"
-    assert not set(window) - set(by_instant), f"instants with no row: {set(window) - set(by_instant)}"
+    assert not set(window) - set(by_instant), (
+        f"instants with no row: {sorted(set(window) - set(by_instant))}; rows: "
+        + "; ".join(f"{r['scheduled_at'][11:19]} {r['state']} {r['reason'] or ''}" for r in rows))
     for at in window:
         r = by_instant[at]
         # failed with no status: it exited while no agent ran (only its parent learns it)
