@@ -24,6 +24,7 @@ from runners.wiring import make_context
 from tests.conftest import HELLO, Vigil
 from workflows.base.context import Poke
 from workflows.config.hosts import add_host
+from workflows.leases import box
 from workflows.leases.lease import acquire, renew_held, renew_in
 from workflows.lifecycle.takeover import orphans, take_over
 
@@ -177,3 +178,30 @@ def test_an_idle_box_writes_its_heartbeat_every_few_seconds_not_every_sweep(vigi
     with statements(vigil) as seen:
         agent.beat()
     assert [q.split()[1] for q, _ in writes(seen)] == ["box_leases", "agents"], seen
+
+
+def test_a_transaction_reads_its_box_epoch_once(vigil: Vigil) -> None:
+    """A group of wakes leases each of its hosts in one commit: the box's live epoch is read
+    once in it, again after a hold in it, and afresh in the next transaction (where an
+    expired box lease is taken anew and its new epoch is the one the leases carry)."""
+    names = hosts(vigil, 5, "a")
+    a = ctx(vigil, "a")
+    renew_held(a)
+
+    def epoch_reads(seen: list[tuple[str, int]]) -> int:
+        return sum(q.startswith("SELECT box_leases.epoch, box_leases.expires_at") for q, _ in seen)
+
+    with statements(vigil) as seen:
+        vigil.store.write(lambda s: [acquire(s, a, n) for n in names[:3]])
+    assert epoch_reads(seen) == 1, seen
+
+    with statements(vigil) as seen:
+        vigil.store.write(lambda s: (acquire(s, a, names[3]), box.hold(s, a), acquire(s, a, names[4])))
+    assert epoch_reads(seen) == 2, seen
+
+    expire(vigil, "a")
+    old = vigil.store.read(lambda s: s.get(BoxLease, "a").epoch)
+    vigil.store.write(lambda s: [acquire(s, a, n) for n in names])  # a new epoch, re-taken
+    new = vigil.store.read(lambda s: s.get(BoxLease, "a").epoch)
+    assert new > old
+    assert {epoch for _, epoch in holders(vigil).values()} == {new}

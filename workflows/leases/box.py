@@ -31,6 +31,7 @@ TAKEN = define("boxlease.taken", "this agent took its box lease at a new epoch a
                                  "the host leases no box took meanwhile")
 
 _B, _L, _H = BoxLease.__table__.c, Lease.__table__.c, Host.__table__.c
+_KEPT_EPOCH = "vigil.box_epoch"  # s.info: (transaction, box, epoch, expiry) read live in it
 _LIVE_EPOCH = select(_B.epoch, _B.expires_at).where(_B.box == bindparam("box"))
 
 
@@ -42,13 +43,21 @@ def epoch_of(s: Session, box: str, now: Any) -> tuple[int, Any] | None:
 
 
 def my_epoch(s: Session, ctx: Context, now: Any) -> tuple[int, Any]:
-    """This box's live epoch and its expiry, the box lease taken first when it is not live."""
+    """This box's live epoch and its expiry, the box lease taken first when it is not live.
+    A live one read is kept for the rest of the transaction (a group of wakes leases each
+    of its hosts in one commit: one read, not one a host); hold() forgets it, and one read
+    after a hold is not kept (a savepoint may roll the hold back)."""
+    kept, this = s.info.get(_KEPT_EPOCH), (s.get_transaction(), ctx.agent_id)
+    if kept is not None and kept[0] is this[0] and kept[1] == this[1] and kept[3] > now:
+        return kept[2], kept[3]
     got = epoch_of(s, ctx.agent_id, now)
-    if got is None:
-        hold(s, ctx)
-        got = epoch_of(s, ctx.agent_id, now)
-        if got is None:  # just taken in this transaction: live by construction
-            raise RuntimeError(f"box lease of {ctx.agent_id} not live right after taking it")
+    if got is not None:
+        s.info[_KEPT_EPOCH] = (*this, *got)
+        return got
+    hold(s, ctx)
+    got = epoch_of(s, ctx.agent_id, now)
+    if got is None:  # just taken in this transaction: live by construction
+        raise RuntimeError(f"box lease of {ctx.agent_id} not live right after taking it")
     return got
 
 
@@ -56,6 +65,7 @@ def hold(s: Session, ctx: Context, due_only: bool = False) -> tuple[int, bool]:
     """Renew this box's lease (one UPDATE), or take it anew at the next epoch when it is
     missing or expired, adopting its host leases: (epoch, newly taken). `due_only`: renew
     only past half its length."""
+    s.info.pop(_KEPT_EPOCH, None)  # my_epoch reads it again
     now = store_clock(s)
     epoch, taken = facts.hold_box(s, ctx.agent_id, now, timedelta(seconds=ctx.lease_ttl), due_only)
     if taken:
