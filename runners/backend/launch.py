@@ -12,7 +12,9 @@ from runners.base.pids import MARKER
 from workflows.base.ports import SpawnError, SpawnSpec
 from workflows.generations.listeners import FIRST_FD
 
-SHIM = 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
+SHIM = 'echo $$ > "$1/cgroup.procs" && exec </dev/null && shift && exec "$@"'
+# (Its stdin, the agent's pipe, closed once it joined: the agent's wait for the join ends
+# on that EOF; the build's stdin is /dev/null as ever.)
 # For a generation on shared listeners: join the cgroup (if any), enter its working dir,
 # and set LISTEN_PID to its own pid, which exec keeps: the pid of the process that serves
 # (sd_listen_fds ignores the fds unless LISTEN_PID is its pid; only the shim knows it).

@@ -379,6 +379,34 @@ def test_hello_finishes_in_flight_requests_on_term(h: Harness) -> None:
     assert not os.path.exists(sock)  # hello removed its own socket
 
 
+def test_the_join_is_heard_from_the_shim_not_polled(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shim closes its stdin (a pipe from the backend) once it is in its cgroup: the
+    spawn waits on that, then reads /proc/<pid>/cgroup once and finds it joined; the shim's
+    status is never polled. The build's stdin is /dev/null, as it always was."""
+    if h.b.mode != "cgroup":
+        pytest.skip("the join is a cgroup matter")
+    import runners.backend.process as process
+
+    polled: list[int] = []
+    real = process.pid_status
+
+    def counted(pid: int) -> tuple[float, str] | None:
+        polled.append(pid)
+        return real(pid)
+
+    monkeypatch.setattr(process, "pid_status", counted)
+    build = Path(h.tmp) / "stdin.sh"
+    build.write_text("#!/bin/sh\nreadlink /proc/$$/fd/0\nexec sleep 30\n")
+    build.chmod(0o755)
+    refs = [h.spawn(build, socket=False) for _ in range(5)]
+    assert polled == []
+    for ref in refs:
+        log = Path(h.tmp) / f"{ref.generation_uuid[:8]}.log"
+        assert wait_for(lambda p=log: p.exists() and p.read_text() == "/dev/null\n"), log.read_text()
+        assert str(ref.pid) in Path(ref.cgroup or "", "cgroup.procs").read_text().split()
+
+
 def test_build_that_joins_its_cgroup_and_exits_at_once_counts_as_run(
         h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """The join is polled by reading /proc/<pid>/cgroup, then the shim's status. An agent
