@@ -52,6 +52,14 @@ class Commands(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *COMMANDS})
 
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.NoSuchCommand as exc:  # "Did you mean": from every name
+            raise click.exceptions.NoSuchCommand(exc.command_name, possibilities=COMMANDS,
+                                                 ctx=ctx) from None
+
 
 @click.group(cls=Commands)
 @click.version_option(package_name="vigil", prog_name="vigil", message="%(prog)s %(version)s")

@@ -51,6 +51,13 @@ def test_unknown_hosts_are_named_in_every_command(vigil: Vigil) -> None:
         assert cp.returncode == 3 and "no host named 'nosuch'" in cp.stderr, (args, cp.stderr)
 
 
+def test_a_mistyped_command_is_offered_the_near_names(vigil: Vigil) -> None:
+    # The group loads a command's module only when asked for it: the names offered come from
+    # every command, not only those loaded.
+    cp = vigil.run("stauts", check=False)
+    assert cp.returncode == 2 and "Did you mean one of: 'restart', 'status'?" in cp.stderr, cp.stderr
+
+
 def test_event_lines_name_generations_and_row_ids() -> None:
     line = event_line({"id": 1, "at": "2026-12-01T08:00:00.000000Z", "host": "web",
                        "generation": 18, "kind": "switched",
