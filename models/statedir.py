@@ -13,17 +13,25 @@ from models.errors import StoreNotReady
 
 def private_dirs(path: Path | str) -> None:
     """`mkdir -p` where every directory made is 0700 from its first moment: makedirs gives
-    the ones in between the umask's mode (0777 under umask 000)."""
-    missing = []
-    p = Path(path).absolute()
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
+    the ones in between the umask's mode (0777 under umask 000). The directory itself is
+    tried first (every wake makes its host's log dir, whose parent is there): one mkdir,
+    the parents only when it says one is missing."""
+    p = os.fspath(path)
+    if not os.path.isabs(p):
+        p = os.path.join(os.getcwd(), p)
+    try:
+        os.mkdir(p, 0o700)
+    except FileExistsError:
+        return  # there already (or made meanwhile by another process)
+    except FileNotFoundError:
+        parent = os.path.dirname(p)
+        if parent == p:
+            raise
+        private_dirs(parent)
         try:
-            d.mkdir(mode=0o700)
+            os.mkdir(p, 0o700)
         except FileExistsError:
-            pass  # made meanwhile by another process
+            pass
 
 
 def _unreachable_dir(state_dir: Path, exc: OSError) -> StoreNotReady:

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from models import schema
 from models.errors import BadInput, IllegalTransition, LostRace, StoreNotReady
-from models.statedir import prepare_state_dir
+from models.statedir import prepare_state_dir, private_dirs
 from models.states import (
     TRANSITIONS,
     AttemptStep,
@@ -240,6 +240,27 @@ def test_state_dir_and_db_file_modes(tmp_path: Path, open_umask: None) -> None:
     finally:
         s.dispose()
     assert mode(db) == 0o600
+
+
+def test_private_dirs_is_mkdir_p_at_0700(tmp_path: Path, open_umask: None,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every directory made is 0700 whatever the umask, the missing parents too; one that
+    is there is left as it is; a file in the way is said (NotADirectoryError); a relative
+    path is under the working dir."""
+    private_dirs(tmp_path / "a" / "b" / "c")
+    assert [mode(tmp_path / p) for p in ("a", "a/b", "a/b/c")] == [0o700] * 3
+    (tmp_path / "open").mkdir(mode=0o755)
+    os.chmod(tmp_path / "open", 0o755)
+    private_dirs(tmp_path / "open")
+    private_dirs(str(tmp_path / "open" / "d"))
+    assert mode(tmp_path / "open") == 0o755 and mode(tmp_path / "open" / "d") == 0o700
+    (tmp_path / "f").write_text("")
+    private_dirs(tmp_path / "f")  # there: nothing to make
+    with pytest.raises(NotADirectoryError):
+        private_dirs(tmp_path / "f" / "x")
+    monkeypatch.chdir(tmp_path)
+    private_dirs("r/s")
+    assert mode(tmp_path / "r") == mode(tmp_path / "r" / "s") == 0o700
 
 
 def test_existing_state_dir_is_tightened(tmp_path: Path) -> None:
