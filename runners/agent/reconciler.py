@@ -310,8 +310,10 @@ class Reconciler:
                 if group is None:  # _drives groups only kinds that have a group drive
                     raise BrokenInvariant(f"{work[0].kind} rows grouped, but the kind has no group drive")
                 results = run_group(self.ctx, work, group)
-            for d, (result, error) in zip(work, results, strict=True):
-                self._said(d, result, error)
+            moved = [self._said(d, result, error) for d, (result, error)
+                     in zip(work, results, strict=True)]
+            if any(moved):  # once a drive: a group of 16 wakes is one re-read of the watched
+                self.on_progress()  # (and one turn of the jobs' timer), not 16
         except Exception as exc:
             for d in work:
                 if self._store_failed(exc):  # the spell is said once; which drives it cut short here
@@ -329,12 +331,12 @@ class Reconciler:
                     self.inflight.discard(d.host)
             self.kick(fresh=False)
 
-    def _said(self, d: Due, result: Result, error: str | None) -> None:
-        if result is Result.progress:
-            self.on_progress()
+    def _said(self, d: Due, result: Result, error: str | None) -> bool:
+        """The drive's result logged; whether it moved a row."""
         level = logging.WARNING if result is Result.poked else logging.INFO  # held: ordinary
         log.log(level, "drive kind=%s id=%s host=%s result=%s%s", d.kind, d.id, d.host,
                 result.value, f" error={error!r}" if error else "")
+        return result is Result.progress
 
     def shutdown(self) -> None:
         self.bell.rung.set()  # shutting_down is set: the loop ends

@@ -566,3 +566,22 @@ def test_a_release_given_back_meanwhile_is_gone_not_released_twice(
     released = store.read(lambda s: s.execute(select(Event.id).where(
         Event.kind == "released", Event.host == "raced")).all())
     assert len(released) == 1
+
+
+def test_a_group_drive_tells_its_progress_once(monkeypatch: pytest.MonkeyPatch,
+                                               ctx: Context) -> None:
+    """A group of worker wakes that moved rows is one on_progress (the watched sets re-read
+    and the jobs' timer poked once), not one a wake; a group that moved nothing, none."""
+    import runners.agent.reconciler as reconciler
+
+    told: list[int] = []
+    r = Reconciler(ctx, BackgroundScheduler(), 8, on_progress=lambda: told.append(1))
+    work = [Due("wake", i, f"w{i}", utcnow(), grouped=True) for i in range(16)]
+    moved = [(Result.progress, None)] * 15 + [(Result.waiting, None)]
+    for results, want in ((moved, 1), ([(Result.waiting, None)] * 16, 0)):
+        told.clear()
+        monkeypatch.setattr(reconciler, "run_group", lambda _c, _w, _g, out=results: out)
+        r.drives += 1  # as _hand_out counts the drive it submits
+        r._drive(work)
+        assert len(told) == want, results
+    assert r.drives == 0
