@@ -2,7 +2,7 @@
 """The re-hand window: how long after a helper's death a new one holds everything again.
 
 The agent's own clients and helper watch (runners/backend/listen.py Listeners,
-runners/keepers/logkeeper.py LogPipes, runners/agent/helpers.py KeeperWatch), in this
+runners/keepers/logpipes.py LogPipes, runners/agent/helpers.py KeeperWatch), in this
 process, holding N listening sockets and N log pipes; interleaved runs, each one
 `kill -9` of:
 
@@ -38,8 +38,10 @@ from runners.agent.helpers import KeeperWatch  # noqa: E402
 from runners.backend.listen import Listeners  # noqa: E402
 from runners.base.doorbell import lock_holder  # noqa: E402
 from runners.keepers.fdholder import HOLDER_LOCK, holder_pid  # noqa: E402
-from runners.keepers.logkeeper import KEEPER_LOCK, LogPipes, keeper_pid  # noqa: E402
-from runners.keepers.wire import Peer, standby_of  # noqa: E402
+from runners.keepers.logkeeper import KEEPER_LOCK, keeper_pid  # noqa: E402
+from runners.keepers.logpipes import LogPipes  # noqa: E402
+from runners.keepers.peer import Peer  # noqa: E402
+from runners.keepers.wire import standby_of  # noqa: E402
 
 
 def _state(pid: int) -> str:

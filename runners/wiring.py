@@ -22,7 +22,7 @@ from runners.backend.notifysend import Notices
 from runners.backend.process import LOG_FILES, LOG_MAX_BYTES, ProcessBackend
 from runners.backend.readysignal import Readiness
 from runners.backend.sockets import SocketAccess
-from runners.keepers.logkeeper import LogPipes
+from runners.keepers.logpipes import LogPipes
 from workflows.base.context import Context
 from workflows.base.paths import CLAIMS
 

@@ -48,7 +48,7 @@ from models.tables import Generation, Host, Lease
 from runners.agent.trust import Trouble, guarded
 from runners.base.pids import pid_status
 from runners.keepers.fencekeeper import keeper_pid, write_fence
-from runners.keepers.wire import kill_and_wait, reap, spawn, start_time
+from runners.keepers.spawn import kill_and_wait, reap, spawn, start_time
 from workflows.base.context import Context, Poke
 from workflows.base.ports import ProcRef, Spawned, SpawnSpec
 from workflows.leases import placement

@@ -18,7 +18,7 @@ from workflows.leases.placement import may_hold
 log = logging.getLogger("vigil.agent")
 # The agent's pidfd of each leader: the log pipe's read end is kept by the log keeper and
 # copied by its standby (the agent keeps a copy too only while its limit has room for it:
-# runners/keepers/logkeeper.py copies_fit). The keeper and its standby, started with the
+# runners/keepers/logpipes.py copies_fit). The keeper and its standby, started with the
 # agent's limit, hold one an app too (the keeper's files are opened as they write).
 FDS_PER_APP = 1
 SPARE = 64  # the store, the control socket, the doorbell, the helpers' sockets

@@ -22,7 +22,8 @@ from typing import cast
 
 from runners.backend.addresses import split, unix_in_use, why_unbindable
 from runners.keepers.fdholder import HOLDER_LOCK, HOLDER_SOCKET
-from runners.keepers.wire import MAX_FDS, Peer
+from runners.keepers.peer import Peer
+from runners.keepers.wire import MAX_FDS
 
 BACKLOG = socket.SOMAXCONN  # the kernel caps it at net.core.somaxconn
 _PIDFD_GETFD = 438  # the syscall's number (the same on every architecture)

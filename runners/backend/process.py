@@ -48,7 +48,7 @@ from runners.base.pids import (
     pid_status,
     signal_same,
 )
-from runners.keepers.logkeeper import LogPipes
+from runners.keepers.logpipes import LogPipes
 from workflows.base.ports import ProcRef, Spawned, SpawnError, SpawnSpec
 
 JOIN_TIMEOUT = 2.0  # bound for the shim to join its cgroup

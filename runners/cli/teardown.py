@@ -111,7 +111,7 @@ def _ask_to_leave(state_dir: Path) -> None:
     their last request (what `--wait` waited on: 5 s with nothing running). One that does
     not answer exits by itself all the same."""
     from runners.backend.listen import Listeners
-    from runners.keepers.logkeeper import LogPipes
+    from runners.keepers.logpipes import LogPipes
 
     for peer in (Listeners(state_dir).peer, LogPipes(state_dir).peer):
         try:

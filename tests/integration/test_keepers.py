@@ -22,9 +22,10 @@ import pytest
 from runners.agent.exit_watch import PipeBell
 from runners.agent.helpers import KeeperWatch
 from runners.backend.listen import Listeners
-from runners.keepers import logkeeper
+from runners.keepers import logpipes
 from runners.keepers.fdholder import HOLDER_SOCKET, holder_pid
-from runners.keepers.logkeeper import KEEPER_SOCKET, LogPipes, keeper_pid
+from runners.keepers.logkeeper import KEEPER_SOCKET, keeper_pid
+from runners.keepers.logpipes import LogPipes
 from runners.keepers.wire import MAX_MESSAGE
 from tests.conftest import HELLO, Vigil, end_holder, pid_dead, wait_for
 from tests.listening import free_port, store_inode
@@ -339,7 +340,7 @@ def test_the_standby_keeps_each_pipe_so_the_agent_keeps_none(
     closes its own; the keeper killed twice, each pipe is still read by the standby that
     took over (then by the next), no line lost; the copies the agent takes back while no
     standby has them are let go again once a new one has them."""
-    monkeypatch.setattr(logkeeper, "copies_fit", lambda held: False)
+    monkeypatch.setattr(logpipes, "copies_fit", lambda held: False)
     state = short_tmp / "state"
     (state / "logs").mkdir(parents=True)
     bell = PipeBell()

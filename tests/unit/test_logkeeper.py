@@ -9,7 +9,8 @@ import resource
 import signal
 from pathlib import Path
 
-from runners.keepers.logkeeper import LogPipes, keeper_pid
+from runners.keepers.logkeeper import keeper_pid
+from runners.keepers.logpipes import LogPipes
 from tests.conftest import pid_dead, wait_for
 
 HOSTS = 600

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from runners.keepers.logkeeper import LogPipes, keeper_pid
+from runners.keepers.logkeeper import keeper_pid
+from runners.keepers.logpipes import LogPipes
 from tests.conftest import pid_dead, wait_for
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "numbered.py"
