@@ -168,8 +168,10 @@ class ProcessBackend:
         except OSError as e:
             self._drop_cgroup(cg)
             raise SpawnError(f"spawn: cannot open log {spec.log_path}: {e.strerror}", build_fault=False) from e
-        bell, stdin = os.pipe() if cg and not spec.listen_fds else (None, subprocess.DEVNULL)
+        bell, stdin = None, subprocess.DEVNULL
         try:
+            if cg and not spec.listen_fds:  # in the try: a pipe refused (EMFILE) is a failed spawn
+                bell, stdin = os.pipe()
             if spec.listen_fds:
                 h: subprocess.Popen[bytes] | Child = spawn_with_fds(
                     argv, env, out, spec.listen_fds)
@@ -186,8 +188,11 @@ class ProcessBackend:
             _close(bell)
             self._drop_cgroup(cg)
             raise SpawnError(f"spawn {spec.argv[0]}: {e} (fix the host's args or env)") from e
+        except BaseException:
+            _close(bell)
+            raise
         finally:
-            if bell is not None:
+            if stdin != subprocess.DEVNULL:
                 os.close(stdin)  # the shim's end: EOF once it has closed it (or ended)
             if out != subprocess.DEVNULL:
                 os.close(out)  # the app holds it now; the writer sees EOF once it and its

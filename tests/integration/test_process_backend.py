@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -405,6 +406,42 @@ def test_the_join_is_heard_from_the_shim_not_polled(
         log = Path(h.tmp) / f"{ref.generation_uuid[:8]}.log"
         assert wait_for(lambda p=log: p.exists() and p.read_text() == "/dev/null\n"), log.read_text()
         assert str(ref.pid) in Path(ref.cgroup or "", "cgroup.procs").read_text().split()
+
+
+def test_a_join_bell_refused_is_a_failed_spawn_with_nothing_left(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shim's pipe refused (EMFILE: the agent's open-file limit) fails the spawn in one
+    line: nothing started, its cgroup dropped, no descriptor of this process left open."""
+    if h.b.mode != "cgroup":
+        pytest.skip("the join's pipe is a cgroup matter")
+    import runners.backend.process as process
+
+    real, calls = os.pipe, []
+
+    def second_refused() -> tuple[int, int]:  # the log pipe first, then the shim's
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real()
+
+    build = Path(h.tmp) / "never.sh"
+    build.write_text("#!/bin/sh\nexec sleep 30\n")
+    build.chmod(0o755)
+    h.spawn(build, socket=False)  # the log keeper is up: its own pipes are not counted below
+    def open_fds() -> set[str]:  # (not the listing's own, closed by the time it is read)
+        return {fd for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}")}
+
+    before = open_fds()
+    monkeypatch.setattr(process.os, "pipe", second_refused)
+    with pytest.raises(SpawnError, match="EMFILE"):
+        h.spawn(build, socket=False)
+    monkeypatch.setattr(process.os, "pipe", real)
+    assert len(calls) == 2
+    kept = {str(fd) for fd, _ in h.b.logs.ends.values()} if h.b.logs else set()
+    extra = open_fds() - before - kept  # the log pipe's copy is kept, as ever
+    assert not extra, {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in extra}
+    cg = h.refs[-1].cgroup
+    assert cg is not None and not os.path.exists(cg)
 
 
 def test_build_that_joins_its_cgroup_and_exits_at_once_counts_as_run(
