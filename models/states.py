@@ -154,7 +154,8 @@ TRANSITIONS: dict[type[enum.Enum], dict[enum.Enum, frozenset[enum.Enum]]] = {
     RunState: {
         RunState.due: frozenset({RunState.running, RunState.done, RunState.failed,
                                  RunState.interrupted}),
-        RunState.running: frozenset({RunState.done, RunState.failed}),
+        # running -> due: a failed try started again (--retries), same row, its next wake
+        RunState.running: frozenset({RunState.done, RunState.failed, RunState.due}),
         RunState.done: frozenset(),
         RunState.failed: frozenset(),
         RunState.skipped: frozenset(),

@@ -64,6 +64,12 @@ job_options = options(
                  help="Job: a run due while the last one runs is skipped, queued (one at "
                       "most, run after it), replaces it (stopped, proven gone, then the new "
                       "one), or runs beside it (default skip)."),
+    click.option("--timeout", default=None, metavar="PERIOD",
+                 help="Job: a run still running after PERIOD is ended by the stop path "
+                      "(stop signal, drain timeout, SIGKILL, proof) and failed (none)."),
+    click.option("--retries", type=int, default=None, metavar="N",
+                 help="Job: a run that failed (non-zero exit, failed start) is started again "
+                      "up to N times, with the restart backoff (0)."),
 )
 
 
@@ -71,10 +77,14 @@ def _job_of(kind: str, opts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The kind stored and the job's columns, checked; takes its options out of `opts`."""
     from workflows.lifecycle.job_overlap import check_overlap
     from workflows.lifecycle.jobs import check_job, parse_every
+    from workflows.lifecycle.runpolicy import check_run_policy
 
     every = opts.pop("every")
     job = check_job(kind, None if every is None else parse_every(every),
                     *(opts.pop(k) for k in ("schedule", "timezone")))
+    timeout = opts.pop("timeout")  # a run's bound and second chances (runpolicy.py)
+    job.update(check_run_policy(kind, None if timeout is None else parse_every(
+        timeout, "--timeout "), opts.pop("retries")))
     job.update(check_overlap(kind, opts.pop("overlap")))  # workflows/lifecycle/job_overlap.py
     return ("worker" if job else kind), job
 

@@ -25,7 +25,7 @@ UNSETTABLE = ("reload-signal", "on-reload-fail", "args", "env", "cwd", "socket-g
               "health-interval", "unhealthy-after", "unhealthy-restart", "health", "max-run",
               "restart-floor", "restart-cap", "restart-reset", "start-limit", "converge-grace", "one-shot",
               "drain-timeout", "health-timeout", "after", "on-store-loss", "env-file", "watchdog",
-              "credential", "stop-signal", "stop-command", "overlap")
+              "credential", "stop-signal", "stop-command", "overlap", "timeout", "retries")
 KEY_OF = {"credential": "credentials"}  # an option whose hosts-file key is named otherwise
 
 
@@ -197,6 +197,11 @@ SET_OPTIONS = [
     click.option("--overlap", default=None, metavar="skip|queue|replace|allow",
                  help="Job: a run due while the last one runs is skipped, queued, replaces "
                       "it, or runs beside it (skip)."),
+    click.option("--timeout", default=None, metavar="PERIOD",
+                 help="Job: a run still running after PERIOD is ended by the stop path and "
+                      "failed."),
+    click.option("--retries", type=int, default=None, metavar="N",
+                 help="Job: a failed run is started again up to N times (restart backoff)."),
     click.option("--unset", "unsets", multiple=True, type=click.Choice(UNSETTABLE),
                   help="Give this option back its default (repeatable)."),
     click.option("--dry-run", is_flag=True, help="Print the change; write nothing."),

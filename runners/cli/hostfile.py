@@ -39,6 +39,7 @@ from runners.cli.hostvalues import (
     _ready,
     _reload_fail,
     _reload_signal,
+    _retries,
     _seconds,
     _start_limit,
     _stop_command,
@@ -47,6 +48,7 @@ from runners.cli.hostvalues import (
     _str_list,
     _str_table,
     _text,
+    _timeout,
     _watchdog,
     _whole,
 )
@@ -139,8 +141,12 @@ KEYS: dict[str, Key] = {
     "timezone": Key("timezone", _text, None),
     # A run due while the last one runs (workflows/lifecycle/job_overlap.py), with kind = "job".
     "overlap": Key("overlap", _overlap, "skip"),
+    # A job run's bound and second chances (workflows/lifecycle/runpolicy.py).
+    "timeout": Key("run_timeout", _timeout, None),
+    "retries": Key("run_retries", _retries, 0),
 }
 JOB_KEYS = ("every", "schedule", "timezone")
+RUN_KEYS = ("timeout", "retries")
 WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart", "health")
 BUILD = "build"  # required: the executable, staged like `vigil deploy` does
@@ -305,6 +311,7 @@ def _job(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any]) -> 
     """kind = "job": its schedule checked (every or schedule, timezone); another kind: no
     schedule key."""
     from workflows.lifecycle.jobs import check_job
+    from workflows.lifecycle.runpolicy import check_run_policy
 
     kind = "job" if table.get("kind") == "job" else fields["kind"].value
     try:
@@ -318,6 +325,12 @@ def _job(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any]) -> 
     if "overlap" in table and kind != "job":
         raise f.bad(name, "overlap", f"overlap is for a job; this host is a {kind}",
                     'add kind = "job", or drop overlap')
+    given = [k for k in RUN_KEYS if k in table]
+    try:
+        check_run_policy(kind, *(fields[KEYS[k].field] if k in given else None for k in RUN_KEYS))
+    except BadInput as exc:
+        raise f.bad(name, given[0], exc.cause.replace("--", ""), (exc.fix or "").replace(
+            "--kind job", 'kind = "job"').replace("--", "")) from None
 
 
 def _listens(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any]) -> list[Any]:

@@ -38,6 +38,22 @@ def _every(v: Any, _: Path) -> float:
         raise Invalid(exc.cause, exc.fix or "") from None
 
 
+def _timeout(v: Any, base: Path) -> float:
+    try:
+        return _every(v, base)
+    except Invalid as exc:
+        raise Invalid(exc.cause, 'write e.g. timeout = "30m"') from None
+
+
+def _retries(v: Any, _: Path) -> int:
+    from workflows.lifecycle.runpolicy import MAX_RETRIES
+
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_RETRIES:
+        raise Invalid(f"must be a count from 0 to {MAX_RETRIES}, not {json.dumps(v)}",
+                      "write retries = 2")
+    return v
+
+
 def _text(v: Any, _: Path) -> str:
     if not isinstance(v, str) or not v.strip():
         raise Invalid("must be a non-empty string", 'write e.g. schedule = "30 4 * * *"')

@@ -515,6 +515,43 @@ _JOB = dict(kind=HostKind.worker, build=JOB, between=disable_job, verify=runs_on
 JOB_RUN = Flow("job-run", enable_job(86400.0, timedelta(0)), args=("3", "0"), **_JOB)  # type: ignore[arg-type]
 JOB_SKIP = Flow("job-skip", enable_job(1.0, timedelta(seconds=0.5)), args=("3", "0"), **_JOB)  # type: ignore[arg-type]
 
+
+# A job run's --timeout and --retries (workflows/lifecycle/runpolicy.py): JOB_RUN's instant
+# due at once, with the run policy's columns written first.
+def enable_policy_job(**columns: float) -> Callable[[Vigil], None]:
+    def drive(v: Vigil) -> None:
+        v.store.write(lambda s: s.execute(update(Host).where(Host.name == TARGET).values(**columns)))
+        enable_job(86400.0, timedelta(0))(v)
+
+    return drive
+
+
+def timed_out(v: Vigil) -> None:
+    """The run of 600 s ended by its --timeout 1, once, its generation proven (checked by
+    the harness: no process of it left); never retried."""
+    (run,) = rows(v, JobRun, JobRun.host == TARGET)
+    assert run.state.value == "failed" and "timeout" in (run.reason or ""), run.reason
+    assert run.tries == 0 and [g.id for g in generations(v, TARGET)] == [run.generation_id]
+
+
+def retried_once(v: Vigil) -> None:
+    """Its first try exited 1 and was started again once, same row (tries 1): the second
+    try failed too (two generations), or was interrupted by a second crash before its pid."""
+    (run,) = rows(v, JobRun, JobRun.host == TARGET)
+    every = generations(v, TARGET)
+    assert all(g.state is GenState.proven for g in every), every
+    gens = [g for g in every if g.pid is not None]  # a start never exec'd is started again
+    assert run.tries == 1 and run.state.value in ("failed", "interrupted"), (run.state, run.reason)
+    assert len(gens) <= 2, [(g.id, g.pid, g.end_reason) for g in every]
+    if run.state.value == "failed":
+        assert run.exit_status in (1, None) and len(gens) == 2, (run.exit_status, run.reason, gens)
+
+
+JOB_TIMEOUT = JOB_RUN.but(name="job-timeout", drive=enable_policy_job(run_timeout=1.0),
+                          args=("600", "0"), host={"drain_timeout": 1.0}, verify=timed_out)
+JOB_RETRY = JOB_RUN.but(name="job-retry", drive=enable_policy_job(run_retries=1),
+                        args=("0", "1"), policy={"restart_floor": 0.1}, verify=retried_once)
+
 # Overlap policies (workflows/lifecycle/job_overlap.py): JOB_SKIP's runs of 3 s every second,
 # the policy written first. queue: the next instant waits queued, made due when the run ends;
 # replace: it waits while the run is stopped by the stop path (stop written, then proven).
@@ -796,6 +833,9 @@ SCENARIOS: dict[str, Scenario] = {
     "job.dequeued": Scenario(JOB_QUEUE),
     "job.replacing": Scenario(JOB_REPLACE),
     "job.ended": Scenario(JOB_RUN, ("wake.spawned", "job.ended")),
+    # a run past its --timeout (ended by the stop path), and a failed try started again
+    "job.timeout": Scenario(JOB_TIMEOUT),
+    "job.retried": Scenario(JOB_RETRY),
     # ... a start interrupted before its exec (the claim voided: the run started again,
     # once) or after it (the claim taken by its shim: recorded interrupted, not rerun)
     "job.evidence": Scenario(JOB_RUN, ("wake.intent", "job.evidence")),

@@ -41,6 +41,7 @@ from workflows.base.crash import crashpoint, define
 from workflows.leases.placement import may_hold
 from workflows.lifecycle.job_overlap import QUEUED, follow_queued, replaced_reason, write_run
 from workflows.lifecycle.job_overlap import RUN as RUN  # the cause of a run's wake, said here too
+from workflows.lifecycle.runpolicy import may_retry, note_exit, retry, time_out_runs
 
 SCHEDULED = "schedule"  # a run's cause: its schedule (or `vigil run`: MANUAL)
 MANUAL = "manual"
@@ -220,6 +221,9 @@ def run_exited(s: Session, gen: Generation, code: int | None, why: str) -> None:
     run = s.execute(select(JobRun).where(JobRun.generation_id == gen.id,
                                          JobRun.state.in_(OPEN_RUN))).scalar_one_or_none()
     if run is not None:
+        if code not in (None, 0) and may_retry(s, run):  # retried by close_runs (runpolicy.py)
+            note_exit(s, run, code, why)
+            return
         _end(s, run, gen, code, why)
 
 
@@ -262,11 +266,11 @@ def tick(ctx: Context) -> datetime | None:
         except IntegrityError:
             continue  # that instant has its row already: never twice
         crashpoint({RunState.due: DUE, RunState.queued: QUEUED}.get(state, SKIPPED))
-    close_runs(ctx)
+    deadline = close_runs(ctx)  # a running run's --timeout, the timer woken for it too
     follow_queued(ctx)  # a queued run goes on once the one before it ended (job_overlap.py)
     later = utcnow()
-    return min((t for h in hosts if (t := next_instant(h, max(later, h.last or later)))
-                is not None), default=None)
+    return min((t for t in [deadline, *(next_instant(h, max(later, h.last or later)) for h in hosts)]
+                if t is not None), default=None)
 
 
 def _write_scheduled(due: Due, s: Session) -> RunState:
@@ -295,17 +299,19 @@ def _enabled(s: Session, agent_id: str) -> list[Enabled]:
             for r in rows if may_hold(r.box, agent_id)]
 
 
-def close_runs(ctx: Context) -> None:
+def close_runs(ctx: Context) -> datetime | None:
     """Every open run moved by what its wake and generation say: current -> running; ended
     (exit, stop, death found after a crash) -> its end; a wake failed -> failed; a wake
     cancelled (interrupted before its pid, or by a stop before it ran) -> interrupted.
-    Read first: an agent with no open run takes no write lock for it."""
+    Read first: an agent with no open run takes no write lock for it. Then the runs past
+    their --timeout are ended (runpolicy.py); returns the next such deadline."""
     if ctx.store.read(lambda s: s.execute(select(JobRun.id).where(
             JobRun.state.in_(OPEN_RUN)).limit(1)).first()) is None:
-        return
+        return None
     moved = ctx.store.write(_close_open)
     for point in moved:
         crashpoint(point)
+    return time_out_runs(ctx)
 
 
 def _close_open(s: Session) -> list[str]:
@@ -327,14 +333,21 @@ def _close_one(s: Session, run: JobRun, wake: Wake | None, gen: Generation | Non
         heard_start(s, run, gen.current_at, gen.id)
         return STARTED
     if ended and wake is not None and wake.state is WakeState.done:
-        _end(s, run, gen, None, f"ended: {gen.end_reason}" if gen else "ended")  # type: ignore[union-attr]
+        if run.exit_status not in (None, 0) and may_retry(s, run):  # it failed by itself
+            return retry(s, run, run.reason or f"exited {run.exit_status}", RUN)
+        _end(s, run, gen, run.exit_status, f"ended: {gen.end_reason}" if gen else "ended")  # type: ignore[union-attr]
         return ENDED
+    if wake is not None and wake.state is WakeState.failed and may_retry(s, run):
+        return retry(s, run, f"its start failed: {wake.reason}", RUN)
     if wake is None or wake.state is WakeState.failed:
         move(s, JobRun, {"id": run.id}, {"state": RunState.failed, "ended_at": utcnow(),
                                          "reason": wake.reason if wake else "its wake is gone"},
              f"run #{run.id} -> failed", fence=BY_RUN, col="state", frm=run.state)
         emit(s, "run_ended", run.host, run.generation_id, run=run.id, exit_code=None,
              result=RunState.failed.value, scheduled_at=run.scheduled_at.isoformat())
+        return ENDED
+    if wake.state is WakeState.cancelled and run.tries:  # a retry's wake, before it ran
+        _end(s, run, None, None, f"{run.reason}; {wake.reason or 'cancelled'}: not tried again")
         return ENDED
     if wake.state is WakeState.cancelled:
         executed = "unknown" if gen is not None else "no"
@@ -366,5 +379,5 @@ def _run_view(r: JobRun) -> dict[str, Any]:
     return {"id": r.id, "host": r.host, "scheduled_at": iso(r.scheduled_at), "cause": r.cause,
             "state": r.state.value, "started_at": iso(r.started_at), "ended_at": iso(r.ended_at),
             "exit_status": r.exit_status, "duration": r.duration,
-            "generation": r.generation_id, "reason": r.reason}
+            "generation": r.generation_id, "reason": r.reason, "tries": r.tries}
 
