@@ -225,7 +225,7 @@ class AgentDaemon:
                                 on_progress=progressed,
                                 on_round=parts.observe_round or (lambda _seconds: None))
         watchdogs = Watchdogs(ctx, reconciler.kick)  # refreshed by progressed() from here on
-        job_timer = JobTimer(ctx, scheduler, trust)  # poked by progressed() likewise
+        job_timer = JobTimer(ctx, scheduler, trust, reconciler.kick)  # poked by progressed() likewise
         if watcher is not None:
             watcher.start()
         keepers.start()  # each checked, restored and watched before the first round

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers import SchedulerNotRunningError
 from apscheduler.schedulers.base import BaseScheduler
 
+from models.store import utcnow
 from runners.agent.trust import StoreTrust
 from workflows.base.context import Context
 from workflows.lifecycle.jobs import tick
@@ -26,11 +28,17 @@ BACKSTOP = 2.0  # seconds at most between two turns
 
 
 class JobTimer:
-    def __init__(self, ctx: Context, scheduler: BaseScheduler, trust: StoreTrust) -> None:
+    def __init__(self, ctx: Context, scheduler: BaseScheduler, trust: StoreTrust,
+                 kick: Callable[[], None] = lambda: None) -> None:
         self.ctx, self.scheduler, self.trust = ctx, scheduler, trust
+        self.kick = kick  # the reconciler's round: a run's wake written is started at once
         self.lock = threading.Lock()  # one turn at a time, whoever asks for it
+        # When this agent began writing runs: the instants before it passed with no agent
+        # (their catch-up policy decides them: workflows/lifecycle/catchup.py).
+        self.up_since = utcnow()
 
     def start(self) -> None:
+        self.up_since = utcnow()
         self._at(datetime.now(UTC))
 
     def poke(self) -> None:
@@ -43,7 +51,7 @@ class JobTimer:
             if self.ctx.shutting_down.is_set() or not self.trust.may_act():
                 return
             with self.trust.guarded(log, "jobs tick failed"):
-                nxt = tick(self.ctx)
+                nxt = tick(self.ctx, self.up_since, self.kick)
         soon = datetime.now(UTC) + timedelta(seconds=BACKSTOP)
         self._at(soon if nxt is None else min(soon, nxt.replace(tzinfo=UTC)))
 

@@ -70,11 +70,18 @@ job_options = options(
     click.option("--retries", type=int, default=None, metavar="N",
                  help="Job: a run that failed (non-zero exit, failed start) is started again "
                       "up to N times, with the restart backoff (0)."),
+    click.option("--catch-up", default=None, metavar="none|one|all",
+                 help="Job: the instants missed while no agent ran: none run, the last one "
+                      "runs (one, the default), or each runs, oldest first (all)."),
+    click.option("--catch-up-window", default=None, metavar="PERIOD",
+                 help="Job: only instants missed less than PERIOD ago are caught up "
+                      "(one, all); older ones are recorded missed (no bound)."),
 )
 
 
 def _job_of(kind: str, opts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The kind stored and the job's columns, checked; takes its options out of `opts`."""
+    from workflows.lifecycle.catchup import check_catch_up
     from workflows.lifecycle.job_overlap import check_overlap
     from workflows.lifecycle.jobs import check_job, parse_every
     from workflows.lifecycle.runpolicy import check_run_policy
@@ -86,6 +93,9 @@ def _job_of(kind: str, opts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     job.update(check_run_policy(kind, None if timeout is None else parse_every(
         timeout, "--timeout "), opts.pop("retries")))
     job.update(check_overlap(kind, opts.pop("overlap")))  # workflows/lifecycle/job_overlap.py
+    window = opts.pop("catch_up_window")  # instants missed while no agent ran (catchup.py)
+    job.update(check_catch_up(kind, opts.pop("catch_up"), None if window is None else parse_every(
+        window, "--catch-up-window ")))
     return ("worker" if job else kind), job
 
 

@@ -25,7 +25,8 @@ UNSETTABLE = ("reload-signal", "on-reload-fail", "args", "env", "cwd", "socket-g
               "health-interval", "unhealthy-after", "unhealthy-restart", "health", "max-run",
               "restart-floor", "restart-cap", "restart-reset", "start-limit", "converge-grace", "one-shot",
               "drain-timeout", "health-timeout", "after", "on-store-loss", "env-file", "watchdog",
-              "credential", "stop-signal", "stop-command", "overlap", "timeout", "retries")
+              "credential", "stop-signal", "stop-command", "overlap", "timeout", "retries",
+              "catch-up", "catch-up-window")
 KEY_OF = {"credential": "credentials"}  # an option whose hosts-file key is named otherwise
 
 
@@ -202,6 +203,11 @@ SET_OPTIONS = [
                       "failed."),
     click.option("--retries", type=int, default=None, metavar="N",
                  help="Job: a failed run is started again up to N times (restart backoff)."),
+    click.option("--catch-up", default=None, metavar="none|one|all",
+                 help="Job: the instants missed while no agent ran: none run, the last one "
+                      "(one), or each, oldest first (all)."),
+    click.option("--catch-up-window", default=None, metavar="PERIOD",
+                 help="Job: only instants missed less than PERIOD ago are caught up."),
     click.option("--unset", "unsets", multiple=True, type=click.Choice(UNSETTABLE),
                   help="Give this option back its default (repeatable)."),
     click.option("--dry-run", is_flag=True, help="Print the change; write nothing."),

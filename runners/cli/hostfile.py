@@ -26,6 +26,8 @@ from typing import Any
 from models.errors import BadInput
 from models.states import HostKind
 from runners.cli.hostvalues import (
+    _catch_up,
+    _catch_up_window,
     _count,
     _directory,
     _every,
@@ -144,9 +146,13 @@ KEYS: dict[str, Key] = {
     # A job run's bound and second chances (workflows/lifecycle/runpolicy.py).
     "timeout": Key("run_timeout", _timeout, None),
     "retries": Key("run_retries", _retries, 0),
+    # The instants missed while no agent ran (workflows/lifecycle/catchup.py), with kind = "job".
+    "catch_up": Key("catch_up", _catch_up, "one"),
+    "catch_up_window": Key("catch_up_window", _catch_up_window, None),
 }
 JOB_KEYS = ("every", "schedule", "timezone")
 RUN_KEYS = ("timeout", "retries")
+CATCH_UP_KEYS = ("catch_up", "catch_up_window")
 WORKER_ONLY = ("one_shot", "max_run", "converge_grace")  # the restart policy is every host's
 PROBE = ("health_interval", "unhealthy_after", "unhealthy_restart", "health")
 BUILD = "build"  # required: the executable, staged like `vigil deploy` does
@@ -325,12 +331,27 @@ def _job(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any]) -> 
     if "overlap" in table and kind != "job":
         raise f.bad(name, "overlap", f"overlap is for a job; this host is a {kind}",
                     'add kind = "job", or drop overlap')
+    _catch_up_of(f, name, table, fields, kind)
     given = [k for k in RUN_KEYS if k in table]
     try:
         check_run_policy(kind, *(fields[KEYS[k].field] if k in given else None for k in RUN_KEYS))
     except BadInput as exc:
         raise f.bad(name, given[0], exc.cause.replace("--", ""), (exc.fix or "").replace(
             "--kind job", 'kind = "job"').replace("--", "")) from None
+
+
+def _catch_up_of(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any],
+                 kind: str) -> None:
+    """catch_up and catch_up_window: a job's only, and no window with none."""
+    from workflows.lifecycle.catchup import check_catch_up
+
+    given = [k for k in CATCH_UP_KEYS if k in table]
+    try:
+        check_catch_up(kind, *(fields[k] if k in given else None for k in CATCH_UP_KEYS))
+    except BadInput as exc:
+        raise f.bad(name, given[-1], exc.cause.replace("--", "").replace("-", "_"),
+                    (exc.fix or "").replace("--kind job", 'kind = "job"').replace("--", "")
+                    .replace("-", "_")) from None
 
 
 def _listens(f: _File, name: str, table: dict[str, Any], fields: dict[str, Any]) -> list[Any]:

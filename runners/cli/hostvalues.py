@@ -45,6 +45,22 @@ def _timeout(v: Any, base: Path) -> float:
         raise Invalid(exc.cause, 'write e.g. timeout = "30m"') from None
 
 
+def _catch_up(v: Any, _: Path) -> str:
+    from workflows.lifecycle.catchup import POLICIES
+
+    if v not in POLICIES:
+        raise Invalid(f"must be one of {', '.join(POLICIES)}, not {json.dumps(v)}",
+                      'write catch_up = "all" (none, one or all)')
+    return str(v)
+
+
+def _catch_up_window(v: Any, base: Path) -> float:
+    try:
+        return _every(v, base)
+    except Invalid as exc:
+        raise Invalid(exc.cause, 'write e.g. catch_up_window = "1h"') from None
+
+
 def _retries(v: Any, _: Path) -> int:
     from workflows.lifecycle.runpolicy import MAX_RETRIES
 

@@ -485,7 +485,8 @@ def runs_once(v: Vigil) -> None:
     generation of the job is a run's, but a start proven never exec'd (no pid; its exec
     claim voided), whose run was started again; no claim is left once all are proven."""
     runs = rows(v, JobRun, JobRun.host == TARGET)
-    assert runs and all(r.state.value in ("done", "failed", "skipped", "interrupted") for r in runs), runs
+    assert runs and all(r.state.value in ("done", "failed", "skipped", "interrupted", "missed")
+                        for r in runs), runs
     gens = {g.id: g for g in generations(v, TARGET)}
     named = [r.generation_id for r in runs if r.generation_id is not None]
     assert len(set(named)) == len(named) and set(named) <= set(gens), (named, gens)
@@ -514,6 +515,21 @@ _JOB = dict(kind=HostKind.worker, build=JOB, between=disable_job, verify=runs_on
             target_fate="runs")
 JOB_RUN = Flow("job-run", enable_job(86400.0, timedelta(0)), args=("3", "0"), **_JOB)  # type: ignore[arg-type]
 JOB_SKIP = Flow("job-skip", enable_job(1.0, timedelta(seconds=0.5)), args=("3", "0"), **_JOB)  # type: ignore[arg-type]
+
+
+def missed_once(v: Vigil) -> None:
+    """Enabled 10 s before its agent's first turn (catch-up one): the instants before the
+    last are one row, missed, written once; the last one ran (or was cut) once."""
+    runs_once(v)
+    runs = rows(v, JobRun, JobRun.host == TARGET)
+    (missed,) = [r for r in runs if r.state.value == "missed"]
+    assert "missed" in (missed.reason or "") and missed.wake_id is None, missed.reason
+    assert all(r.scheduled_at > missed.scheduled_at for r in runs if r is not missed), runs
+
+
+# every second, enabled 10 s ago: the first turn writes the missed instants' row, then the run
+JOB_MISSED = Flow("job-missed", enable_job(1.0, timedelta(seconds=10)), args=("3", "0"),
+                  **{**_JOB, "verify": missed_once})  # type: ignore[arg-type]
 
 
 # A job run's --timeout and --retries (workflows/lifecycle/runpolicy.py): JOB_RUN's instant
@@ -551,6 +567,7 @@ JOB_TIMEOUT = JOB_RUN.but(name="job-timeout", drive=enable_policy_job(run_timeou
                           args=("600", "0"), host={"drain_timeout": 1.0}, verify=timed_out)
 JOB_RETRY = JOB_RUN.but(name="job-retry", drive=enable_policy_job(run_retries=1),
                         args=("0", "1"), policy={"restart_floor": 0.1}, verify=retried_once)
+
 
 # Overlap policies (workflows/lifecycle/job_overlap.py): JOB_SKIP's runs of 3 s every second,
 # the policy written first. queue: the next instant waits queued, made due when the run ends;
@@ -832,6 +849,7 @@ SCENARIOS: dict[str, Scenario] = {
     "job.queued": Scenario(JOB_QUEUE),
     "job.dequeued": Scenario(JOB_QUEUE),
     "job.replacing": Scenario(JOB_REPLACE),
+    "job.missed": Scenario(JOB_MISSED),  # catch-up (workflows/lifecycle/catchup.py)
     "job.ended": Scenario(JOB_RUN, ("wake.spawned", "job.ended")),
     # a run past its --timeout (ended by the stop path), and a failed try started again
     "job.timeout": Scenario(JOB_TIMEOUT),
@@ -914,6 +932,7 @@ ADOPTION_ONLY = {
     "swap.drained",  # the attempt is done
     "release.done",  # the lease is given back
     "rollout.ended",  # the rollout and its attempt are done
+    "job.missed",  # a missed row is final, owes nothing; the job is disabled before recovery
 }
 
 ADOPTION_WRONG = ": its point is in ADOPTION_ONLY, but recovery reaches a point past adoption"

@@ -24,7 +24,6 @@ from tests.conftest import drop_db, new_db
 from workflows.lifecycle.jobs import (
     SCHEDULED,
     check_job,
-    latest_due,
     next_instant,
     parse_every,
     write_run,
@@ -47,16 +46,6 @@ def test_a_cron_line_is_read_in_its_timezone() -> None:
     h = job(schedule="30 4 * * *", tz="Europe/Paris")  # 04:30 in Paris is 03:30 UTC in winter
     assert next_instant(h, datetime(2026, 12, 5, 0, 0)) == datetime(2026, 12, 5, 3, 30)
     assert next_instant(h, datetime(2026, 12, 5, 3, 30)) == datetime(2026, 12, 6, 3, 30)
-
-
-def test_the_last_instant_due_is_run_once_and_none_before_the_schedule_was_enabled() -> None:
-    now = datetime(2026, 12, 5, 9, 0, 2, 500000)
-    assert latest_due(job(every=1), None, now) is None  # never enabled: nothing is due
-    h = job(every=1, since=datetime(2026, 12, 5, 8, 0))
-    assert latest_due(h, None, now) == datetime(2026, 12, 5, 9, 0, 2)  # only the last one missed
-    assert latest_due(h, datetime(2026, 12, 5, 9, 0, 2), now) is None  # recorded: not again
-    c = job(schedule="*/5 * * * *", since=datetime(2026, 12, 5, 8, 0))
-    assert latest_due(c, datetime(2026, 12, 5, 8, 50), now) == datetime(2026, 12, 5, 9, 0)
 
 
 def test_a_period_is_seconds_or_a_number_with_a_unit() -> None:

@@ -5,7 +5,8 @@ A run's row and the wake that starts it are written in one commit (the intent) b
 anything of it runs; the row is unique per (host, scheduled instant), so no instant is ever
 started twice, whoever writes it. Which instant is due is derived from the schedule and the
 last instant recorded (not from a timer's memory): an agent that died finds the same answer.
-While no agent ran, the instants missed are not all run: only the last one, once. A run due
+The instants missed while no agent ran are run or recorded `missed` by the job's catch-up
+policy (workflows/lifecycle/catchup.py), oldest first. A run due
 while the last one still runs meets its overlap policy (workflows/lifecycle/job_overlap.py).
 
 The run itself is the host's wake (cause `run`), a worker's start: its generation is current
@@ -21,6 +22,7 @@ to know about runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -32,13 +34,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from models.errors import BadInput, NotFound
-from models.states import OPEN_RUN, Desired, GenState, RunState, WakeState
+from models.states import OPEN_RUN, OWED_RUN, Desired, GenState, RunState, WakeState
 from models.store import emit, utcnow
 from models.tables import Generation, Host, JobRun, Wake
 from models.transition import Unfenced, move
 from workflows.base.context import Context
 from workflows.base.crash import crashpoint, define
 from workflows.leases.placement import may_hold
+from workflows.lifecycle.catchup import CATCH_UP, Plan, plan, write_missed
 from workflows.lifecycle.job_overlap import QUEUED, follow_queued, replaced_reason, write_run
 from workflows.lifecycle.job_overlap import RUN as RUN  # the cause of a run's wake, said here too
 from workflows.lifecycle.runpolicy import may_retry, note_exit, retry, time_out_runs
@@ -55,6 +58,8 @@ DUE = define("job.due", "a run's row and its wake are written (due); nothing of 
 SKIPPED = define("job.skipped", "a run due while the last one runs is written skipped")
 STARTED = define("job.started", "a run's generation is current: the run is written running")
 ENDED = define("job.ended", "a run's end (exit status, duration) is written")
+MISSED = define("job.missed", "the instants missed while no agent ran are written: one row, "
+                "missed, at the last of them (catchup.py)")
 
 
 # -- the schedule ---------------------------------------------------------------------------
@@ -138,27 +143,6 @@ def next_instant(host: Any, after: datetime) -> datetime | None:
     trigger = _cron(host.schedule, _zone(host.timezone))
     nxt = trigger.get_next_fire_time(None, after.replace(tzinfo=UTC) + timedelta(microseconds=1))
     return None if nxt is None else nxt.astimezone(UTC).replace(tzinfo=None)
-
-
-def latest_due(host: Any, last: datetime | None, now: datetime) -> datetime | None:
-    """The instant to run now: the last one due after both the last recorded instant and
-    the enabling of the schedule, at or before `now` (the earlier ones missed: not run)."""
-    anchor = max((t for t in (last, host.runs_from) if t is not None), default=None)
-    if anchor is None:
-        return None
-    due = next_instant(host, anchor)
-    if due is None or due > now:
-        return None
-    if host.every is not None:  # straight to the last one
-        step = round(host.every * 1e6)
-        return EPOCH + timedelta(microseconds=(now - EPOCH) // timedelta(microseconds=1)
-                                 // step * step)
-    for _ in range(10_000):  # a cron line: walk (bounded) to the last instant due
-        nxt = next_instant(host, due)
-        if nxt is None or nxt > now:
-            break
-        due = nxt
-    return due
 
 
 LATE_FLOOR, LATE_SHARE, LATE_CAP = 1.0, 0.10, 60.0  # run_late: see late_bound
@@ -248,33 +232,48 @@ def _end(s: Session, run: JobRun, gen: Generation | None, code: int | None, why:
 # -- the agent's tick ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Due:
-    host: str
-    instant: datetime
-
-
-def tick(ctx: Context) -> datetime | None:
+def tick(ctx: Context, up_since: datetime | None = None,
+         wrote: Callable[[], None] = lambda: None) -> datetime | None:
     """Write the run of every job due now (each host in a commit of its own: a row another
     box wrote first is left to it), move the open runs by their wakes and generations, and
     say when the next instant of any job comes (None: no job is enabled here)."""
-    now = utcnow()
-    hosts = ctx.store.read(lambda s: _enabled(s, ctx.agent_id))
-    for due in [Due(h.name, t) for h in hosts if (t := latest_due(h, h.last, now)) is not None]:
-        try:
-            state = ctx.store.write(partial(_write_scheduled, due))
-        except IntegrityError:
-            continue  # that instant has its row already: never twice
-        crashpoint({RunState.due: DUE, RunState.queued: QUEUED}.get(state, SKIPPED))
     deadline = close_runs(ctx)  # a running run's --timeout, the timer woken for it too
     follow_queued(ctx)  # a queued run goes on once the one before it ended (job_overlap.py)
+    # The instants after the runs' ends are moved: a run that ended while no agent ran no
+    # longer holds back the instants missed behind it (catch-up all).
+    now = utcnow()
+    since = up_since or now
+    hosts = ctx.store.read(lambda s: _enabled(s, ctx.agent_id))
+    for h in hosts:  # read first: a job with nothing to write takes no write lock
+        p = plan(h, partial(next_instant, h), h.last, now, since)
+        # the missed instants' row, then the run: oldest first, a commit each
+        for step in [s for s, due in ((MISSED, p.missed), (DUE, p.run)) if due is not None]:
+            try:
+                point = ctx.store.write(partial(_write_due, h.name, step, now, since))
+            except IntegrityError:
+                break  # an instant has its row already (another box): never twice
+            if point is not None:
+                crashpoint(point)
+            if point == DUE:
+                wrote()  # a wake is owed: a round now, not at the next sweep
     later = utcnow()
     return min((t for t in [deadline, *(next_instant(h, max(later, h.last or later)) for h in hosts)]
                 if t is not None), default=None)
 
 
-def _write_scheduled(due: Due, s: Session) -> RunState:
-    return write_run(s, due.host, due.instant, SCHEDULED).state
+def _write_due(host: str, step: str, now: datetime, up_since: datetime,
+               s: Session) -> str | None:
+    """One step of the plan of `host` (MISSED: the missed instants' row; DUE: the run),
+    the plan made again in its commit (its last instant and runs owed read afresh)."""
+    h = next(iter(_enabled(s, None, host)), None)
+    p = Plan() if h is None else plan(h, partial(next_instant, h), h.last, now, up_since)
+    if step == MISSED and p.missed is not None and h is not None:
+        write_missed(s, host, p.missed, h.catch_up)
+        return MISSED
+    if step == DUE and p.missed is None and p.run is not None:
+        state = write_run(s, host, p.run, p.cause).state
+        return {RunState.due: DUE, RunState.queued: QUEUED}.get(state, SKIPPED)
+    return None
 
 
 @dataclass(frozen=True)
@@ -285,18 +284,27 @@ class Enabled:
     timezone: str | None
     runs_from: datetime | None
     last: datetime | None  # the last instant its schedule recorded
+    catch_up: str = "one"  # none | one | all (catchup.py)
+    catch_up_window: float | None = None
+    owed: tuple[str, ...] = ()  # the causes of its runs owed now
 
 
-def _enabled(s: Session, agent_id: str) -> list[Enabled]:
-    last = (select(func.max(JobRun.scheduled_at)).where(JobRun.host == Host.name,
-                                                       JobRun.cause == SCHEDULED)
-            .scalar_subquery())
+def _enabled(s: Session, agent_id: str | None, only: str | None = None) -> list[Enabled]:
+    """The jobs enabled that this agent may run (agent_id None: any), or the one named."""
+    last = (select(func.max(JobRun.scheduled_at)).where(
+        JobRun.host == Host.name, JobRun.cause.in_((SCHEDULED, CATCH_UP))).scalar_subquery())
     rows = s.execute(select(Host.name, Host.every, Host.schedule, Host.timezone, Host.runs_from,
-                            Host.box, last.label("last")).where(
-        (Host.every.is_not(None)) | (Host.schedule.is_not(None)),
-        Host.desired == Desired.up, Host.runs_from.is_not(None))).all()
-    return [Enabled(r.name, r.every, r.schedule, r.timezone, r.runs_from, r.last)
-            for r in rows if may_hold(r.box, agent_id)]
+                            Host.box, Host.catch_up, Host.catch_up_window, last.label("last"))
+                     .where((Host.every.is_not(None)) | (Host.schedule.is_not(None)),
+                            Host.desired == Desired.up, Host.runs_from.is_not(None),
+                            *([Host.name == only] if only is not None else []))).all()
+    owed: dict[str, list[str]] = {}
+    for host, cause in s.execute(select(JobRun.host, JobRun.cause).where(
+            JobRun.state.in_(OWED_RUN), *([JobRun.host == only] if only is not None else []))):
+        owed.setdefault(host, []).append(cause)
+    return [Enabled(r.name, r.every, r.schedule, r.timezone, r.runs_from, r.last, r.catch_up,
+                    r.catch_up_window, tuple(owed.get(r.name, ())))
+            for r in rows if agent_id is None or may_hold(r.box, agent_id)]
 
 
 def close_runs(ctx: Context) -> datetime | None:
