@@ -3,12 +3,15 @@
 N sleeping workers, a `kill -9` of the agent and its recovery, an idle window counting
 every vigil process) at each N of --hosts (1, 100, 1,000 and 10,000 by default), printed
 as one table so the growth shows, with supervisord beside it at --peer-at (1,000) in the
-same run, and `python -c pass` timed in the same run for the start-up's ratio.
+same run, and `python -c pass` and `python -c "import sqlalchemy.orm"` (the start-up's
+floor) timed in the same run.
 
-Each goal of issue 27 (items 2 and 3) is printed beside its figure: at 1,000 hosts a wake
-<= 5 s, idle CPU and RSS below supervisord's, `kill -9` -> quiescent <= 0.8 s with the
-agent's start-up <= 10x `python -c pass`; at 10,000 a wake <= 60 s, idle <= 1 % of a
-core, RSS of all vigil processes <= 350 MB, `kill -9` -> quiescent <= 3 s.
+Each goal of issue 42 is printed beside its figure: at 1,000 hosts a wake <= 0.8x
+supervisord's, idle CPU at or below supervisord's, PSS of every vigil process <= 1.5x
+supervisord's RSS, `kill -9` -> quiescent <= 0.8 s, the agent's start-up <= 2x the floor;
+at 10,000 a wake <= 60 s, idle <= 1 % of a core, RSS of all vigil processes <= 350 MB,
+`kill -9` -> quiescent <= 3 s (issue 27's goals were these at 10,000, and at 1,000 a wake
+<= 5 s, idle and RSS below supervisord's).
 Every process a run starts is ended by recovery.py's run (by pid)."""
 
 from __future__ import annotations
@@ -29,14 +32,17 @@ from recovery import one_run, room_for  # noqa: E402
 med = statistics.median
 
 
-def python_pass(runs: int) -> float:
-    """The median wall time of `python -c pass` (this interpreter), seconds."""
+def python_pass(runs: int, code: str = "pass") -> float:
+    """The median wall time of `python -c CODE` (this interpreter), seconds."""
     times = []
     for _ in range(runs):
         t0 = time.monotonic()
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        subprocess.run([sys.executable, "-c", code], check=True)
         times.append(time.monotonic() - t0)
     return med(times)
+
+
+FLOOR = "import sqlalchemy.orm"  # the start-up floor of the dependency the design requires
 
 
 def measure(n: int, runs: int, idle: float, peer: bool) -> dict[str, Any]:
@@ -57,19 +63,22 @@ def goal(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
-def goals(by_n: dict[int, dict[str, Any]], pass_s: float) -> list[str]:
+def goals(by_n: dict[int, dict[str, Any]], pass_s: float, floor_s: float) -> list[str]:
     """Each goal beside its figure (medians), for the Ns measured."""
     lines = []
     if (m := by_n.get(1000)) is not None:
-        lines.append(f"1,000: wake {med(m['woken']):.2f} s (goal <= 5 s): {goal(med(m['woken']) <= 5)}")
         lines.append(f"1,000: kill -9 -> quiescent {med(m['total']):.2f} s (goal <= 0.8 s): "
                      f"{goal(med(m['total']) <= 0.8)}")
-        ratio = med(m["startup"]) / pass_s
-        lines.append(f"1,000: agent start-up {med(m['startup']):.3f} s = {ratio:.1f}x python -c pass "
-                     f"({pass_s * 1000:.1f} ms) (goal <= 10x): {goal(ratio <= 10)}")
+        ratio = med(m["startup"]) / floor_s
+        lines.append(f"1,000: agent start-up {med(m['startup']):.3f} s = {ratio:.1f}x python -c "
+                     f"'import sqlalchemy.orm' ({floor_s * 1000:.0f} ms; python -c pass "
+                     f"{pass_s * 1000:.1f} ms) (issue 42 goal <= 2x): {goal(ratio <= 2)}")
         if "sup_cpu" in m:
+            wake = med(m["woken"]) / med(m["sup_woken"])
+            lines.append(f"1,000: wake {med(m['woken']):.2f} s = {wake:.2f}x supervisord's "
+                         f"{med(m['sup_woken']):.2f} s (issue 42 goal <= 0.8x): {goal(wake <= 0.8)}")
             lines.append(f"1,000: idle CPU {med(m['cpu']):.2%} vs supervisord {med(m['sup_cpu']):.2%} "
-                         f"(goal: below): {goal(med(m['cpu']) < med(m['sup_cpu']))}")
+                         f"(goal: at or below): {goal(med(m['cpu']) <= med(m['sup_cpu']))}")
             lines.append(f"1,000: RSS {med(m['rss']):.1f} MB vs supervisord {med(m['sup_rss']):.1f} MB "
                          f"(goal: below): {goal(med(m['rss']) < med(m['sup_rss']))}")
             lines.append(f"1,000: PSS of every vigil process {med(m['pss']):.1f} MB vs 1.5x supervisord's "
@@ -128,17 +137,18 @@ def main() -> None:
         args.hosts, args.runs, args.idle, args.peer_at = "1,20", 1, 2.0, 20
     ns = [int(x) for x in args.hosts.split(",")]
     load0 = loadavg()
-    pass_s = python_pass(9)
+    pass_s, floor_s = python_pass(9), python_pass(5, FLOOR)
     by_n = {n: measure(n, args.big_runs if n >= 10000 else args.runs, args.idle, n == args.peer_at)
             for n in ns}
     pass_s = med([pass_s, python_pass(9)])  # before and after, the same interpreter
+    floor_s = med([floor_s, python_pass(5, FLOOR)])
     print(f"\nloadavg start {load0}, end {loadavg()}; python -c pass {pass_s * 1000:.1f} ms (median)")
     print("\n".join(table(by_n)))
     print("\nMemory of each vigil process at the end of the idle window, MB (median):")
     print("\n".join(by_process(by_n)))
     print("\nThe agent's memory by imported package (bench/agent_memory.py):")
     print("\n".join(agent_memory.lines(agent_memory.measure(), 12 if args.quick else 25)))
-    print("\n".join(goals(by_n, pass_s)))
+    print("\n".join(goals(by_n, pass_s, floor_s)))
     last = by_n[ns[-1]]
     fields = [f"vigil.wake_s.{m['n']}={med(m['woken']):.2f}" for m in by_n.values()]
     fields += [f"vigil.rss_mb.{m['n']}={med(m['rss']):.1f}" for m in by_n.values()]
