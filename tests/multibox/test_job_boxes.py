@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from models.states import GenState
+from models.store import utcnow
 from models.tables import Event, Generation, JobRun, Lease
 from tests.conftest import FIXTURES, wait_for
 from tests.multibox.conftest import LEASE_TTL, Box
@@ -47,14 +49,20 @@ def test_a_job_on_two_boxes_one_killed_runs_each_instant_once(boxes, tmp_path: P
     a, b = boxes("a"), boxes("b")
     out = tmp_path / "ran.txt"
     a.run("host", "add", "tick", "--build", str(SCHEDULED_RUN), "--kind", "job", "--every", "1",
-          "--catch-up", "all", "--overlap", "allow", "--arg", str(out), "--arg", "2.5",
-          "--box", "a", "--box", "b")  # runs of 2.5 s: always one in flight, the lease held
+          "--catch-up", "all", "--overlap", "allow", "--arg", str(out), "--arg", "0.6",
+          "--box", "a", "--box", "b")  # runs of 0.6 s: caught up one at a time, faster than 1/s
     (b.state_dir / "builds").symlink_to(a.state_dir / "builds")  # one staging root (a fleet's)
     agents = {"a": a.start(), "b": b.start()}
     a.run("wake", "tick")
     wait_for(lambda: len(lines(out)) >= 3, 60, what="three runs")
-    holder = a.store.read(lambda s: s.execute(select(Lease.holder).where(
-        Lease.host == "tick")).scalar())
+    # The box of a run started in the last 0.2 s: it holds the job's lease for 0.4 s more
+    # at least (each run takes it and gives it back), so the kill leaves a lease to take over.
+    holder = wait_for(lambda: a.store.read(lambda s: s.execute(
+        select(Generation.agent_id).join(JobRun, JobRun.generation_id == Generation.id).join(
+            Lease, Lease.host == Generation.host).where(
+            Generation.state == GenState.current, Lease.holder == Generation.agent_id,
+            Generation.current_at > utcnow() - timedelta(seconds=0.2))).scalar()),
+        30, interval=0.02, what="a run just started")
     victim, survivor = (a, b) if holder == "a" else (b, a)
     agents[victim.name].send_signal(signal.SIGKILL)
     agents[victim.name].wait(10)
