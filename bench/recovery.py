@@ -219,12 +219,12 @@ def end_workers(home: Path) -> int:
 
 
 def room_for(hosts: int) -> int:
-    """The hosts the agent's open-file limit holds (it needs 2 an app: a pidfd and its copy of
-    the log pipe; the log keeper 1), the hard limit raised first as an operator's LimitNOFILE=
+    """The hosts the agent's open-file limit holds (it needs 1 an app, its pidfd, since issue
+    42: the log keeper and its standby keep the pipes; 2 before), the hard limit raised first as an operator's LimitNOFILE=
     would when it cannot hold `hosts` and this process may (root with CAP_SYS_RESOURCE, up to
     fs.nr_open). Fewer than `hosts` is said in one line: the caller runs that many."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = 2 * hosts + 1024
+    want = hosts + 1024
     if want > hard:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, want))
@@ -232,8 +232,8 @@ def room_for(hosts: int) -> int:
                   "(as LimitNOFILE= would)", flush=True)
             return hosts
         except (ValueError, OSError):
-            fit = (hard - 1024) // 2 // 100 * 100
-            print(f"open files: the hard limit of {hard} holds about {fit} hosts (2 an app), "
+            fit = (hard - 1024) // 100 * 100
+            print(f"open files: the hard limit of {hard} holds about {fit} hosts (1 an app), "
                   f"not {hosts}, and may not be raised here: measuring {fit}", flush=True)
             return fit
     return hosts
