@@ -221,9 +221,14 @@ class AgentDaemon:
             watchdogs.refresh()
             job_timer.poke()
 
+        observe = parts.observe_round or (lambda _seconds: None)
+
+        def rounded(seconds: float) -> None:  # a round ran: a job may have been enabled
+            observe(seconds)
+            job_timer.poke()
+
         reconciler = Reconciler(ctx, scheduler, self.max_hosts, bell=bell, trust=trust,
-                                on_progress=progressed,
-                                on_round=parts.observe_round or (lambda _seconds: None))
+                                on_progress=progressed, on_round=rounded)
         watchdogs = Watchdogs(ctx, reconciler.kick)  # refreshed by progressed() from here on
         job_timer = JobTimer(ctx, scheduler, trust, reconciler.kick)  # poked by progressed() likewise
         if watcher is not None:

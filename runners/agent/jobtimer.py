@@ -1,7 +1,9 @@
 """The jobs' timer: the agent's one APScheduler job that writes the runs of scheduled jobs
 (workflows/lifecycle/jobs.py tick) at each next instant any job has, and moves the open
-runs; never later than BACKSTOP after the last turn (a job just enabled, a run ended by a
-stop), and at once when a drive moved a row (`poke`).
+runs; never later than BACKSTOP after the last turn while a job is enabled here (IDLE_BACKSTOP
+while none is: an idle agent's scheduler need not wake every 2 s), and at once when a drive
+moved a row or a round ran (`poke`: a job just enabled rings the doorbell, so its round pokes
+the timer; a run ended by a stop is a drive's progress).
 
 The instants are derived from the store each turn, not kept here: an agent killed at any
 point finds the same instants due, and the store's unique (host, instant) keeps each one
@@ -24,7 +26,8 @@ from workflows.lifecycle.jobs import tick
 
 log = logging.getLogger("vigil.jobs")
 JOB_ID = "jobs"
-BACKSTOP = 2.0  # seconds at most between two turns
+BACKSTOP = 2.0  # seconds at most between two turns while a job is enabled here
+IDLE_BACKSTOP = 30.0  # ... while none is (a wake of one rings a round, which pokes the timer)
 
 
 class JobTimer:
@@ -42,7 +45,8 @@ class JobTimer:
         self._at(datetime.now(UTC))
 
     def poke(self) -> None:
-        """A turn now (a drive moved a row: a run may have started or ended)."""
+        """A turn now (a drive moved a row: a run may have started or ended; a round ran: a
+        job may have been enabled)."""
         self._at(datetime.now(UTC))
 
     def fire(self) -> None:
@@ -52,8 +56,10 @@ class JobTimer:
                 return
             with self.trust.guarded(log, "jobs tick failed"):
                 nxt = tick(self.ctx, self.up_since, self.kick)
-        soon = datetime.now(UTC) + timedelta(seconds=BACKSTOP)
-        self._at(soon if nxt is None else min(soon, nxt.replace(tzinfo=UTC)))
+        if nxt is None:
+            self._at(datetime.now(UTC) + timedelta(seconds=IDLE_BACKSTOP))
+            return
+        self._at(min(datetime.now(UTC) + timedelta(seconds=BACKSTOP), nxt.replace(tzinfo=UTC)))
 
     def _at(self, when: datetime) -> None:
         if self.ctx.shutting_down.is_set():
