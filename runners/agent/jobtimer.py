@@ -36,6 +36,12 @@ class JobTimer:
         self.ctx, self.scheduler, self.trust = ctx, scheduler, trust
         self.kick = kick  # the reconciler's round: a run's wake written is started at once
         self.lock = threading.Lock()  # one turn at a time, whoever asks for it
+        # A poke while a turn runs asks that turn to go again at its end, rather than
+        # replacing the turn's own job (APScheduler would skip the new one with a warning:
+        # "maximum number of running instances reached").
+        self.state = threading.Lock()
+        self.turning = False
+        self.again = False
         # When this agent began writing runs: the instants before it passed with no agent
         # (their catch-up policy decides them: workflows/lifecycle/catchup.py).
         self.up_since = utcnow()
@@ -47,25 +53,42 @@ class JobTimer:
     def poke(self) -> None:
         """A turn now (a drive moved a row: a run may have started or ended; a round ran: a
         job may have been enabled)."""
-        self._at(datetime.now(UTC))
+        with self.state:
+            if self.turning:
+                self.again = True
+                return
+            self._at(datetime.now(UTC))
 
     def fire(self) -> None:
-        nxt: datetime | None = None
+        with self.state:
+            self.turning, self.again = True, False
+        try:
+            nxt = self._turn()
+        finally:
+            with self.state:
+                self.turning = False
+                now = datetime.now(UTC)
+                if self.again:  # poked meanwhile: what it saw may be after this turn's reads
+                    self._at(now)
+                elif nxt is None:
+                    self._at(now + timedelta(seconds=IDLE_BACKSTOP))
+                else:
+                    self._at(min(now + timedelta(seconds=BACKSTOP), nxt.replace(tzinfo=UTC)))
+
+    def _turn(self) -> datetime | None:
         with self.lock:
             if self.ctx.shutting_down.is_set() or not self.trust.may_act():
-                return
+                return None
             with self.trust.guarded(log, "jobs tick failed"):
-                nxt = tick(self.ctx, self.up_since, self.kick)
-        if nxt is None:
-            self._at(datetime.now(UTC) + timedelta(seconds=IDLE_BACKSTOP))
-            return
-        self._at(min(datetime.now(UTC) + timedelta(seconds=BACKSTOP), nxt.replace(tzinfo=UTC)))
+                return tick(self.ctx, self.up_since, self.kick)
+        return None
 
     def _at(self, when: datetime) -> None:
         if self.ctx.shutting_down.is_set():
             return
         try:
             self.scheduler.add_job(self.fire, "date", run_date=when, id=JOB_ID,
-                                   replace_existing=True, misfire_grace_time=None)
+                                   replace_existing=True, misfire_grace_time=None,
+                                   max_instances=2)  # a rare poke at a turn's start: it waits
         except SchedulerNotRunningError:  # shut down in between: no turn is owed any more
             pass
