@@ -67,7 +67,8 @@ def shutdown(env: Env, wait: bool, timeout: float) -> None:
     if not wait:
         click.echo("the keepers exit by themselves within seconds (`--wait` waits for them)")
         return
-    while running := [what for what, lock in HELPERS if _holder(env.state_dir / lock)]:
+    while running := _running(env.state_dir):
+        _end_standbys(env.state_dir)  # one that took its lock after the first ending
         if time.monotonic() > deadline:
             raise VigilError(f"still running {timeout:g}s after shutdown began: "
                              f"{', '.join(running)}", "see <state>/logs/ for why")
@@ -118,6 +119,15 @@ def _ask_to_leave(state_dir: Path) -> None:
             peer.ask({"op": "leave"}, start=False)
         except OSError:
             pass
+
+
+def _running(state_dir: Path) -> list[str]:
+    """The keepers still running, and their standbys (seen once lingering after a shutdown
+    that said nothing of vigil ran: a standby that took its lock after the first ending)."""
+    from runners.keepers.wire import standby_of
+
+    return [what for what, lock in HELPERS if _holder(state_dir / lock)] + [
+        f"{what}'s standby" for what, lock in HELPERS[:2] if _holder(standby_of(state_dir / lock))]
 
 
 def _end_standbys(state_dir: Path) -> None:

@@ -47,7 +47,7 @@ def on_proc(pid: int) -> bool:
     """The pid still has a /proc entry that is not a zombie (a zombie has exited)."""
     try:
         return " Z " not in Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2][:3]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone between the open and the read
         return False
 
 
