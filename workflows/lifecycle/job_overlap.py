@@ -35,7 +35,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from models.errors import BadInput, LostRace
+from models.errors import BadInput, LostRace, present
 from models.states import (
     LIVE_GEN,
     OPEN_RUN,
@@ -113,7 +113,7 @@ def place(s: Session, host: str) -> Placed:
         return Placed(RunState.skipped, reason=f"run #{waiting.id} already waits "
                       f"({waiting.reason}): overlap {policy} keeps one waiting",
                       other=last.id if last else waiting.id)
-    assert last is not None
+    last = present(last, "an open run read in this commit")
     if policy == "skip":
         return Placed(RunState.skipped, reason=f"run #{last.id} (of "
                       f"{last.scheduled_at.isoformat()}) still runs: overlap skip", other=last.id)

@@ -30,7 +30,7 @@ from functools import partial
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import BadInput, LostRace
+from models.errors import BadInput, LostRace, present
 from models.states import OPEN_STOP, Desired, GenState, MemberRole, RunState
 from models.store import emit, utcnow
 from models.tables import Generation, Host, JobRun, Lease, Stop
@@ -145,8 +145,7 @@ def note_exit(s: Session, run: JobRun, code: int, why: str) -> None:
 def retry(s: Session, run: JobRun, why: str, cause: str) -> str:
     """The row due again with a new wake (of `cause`) after the restart backoff, tries + 1;
     returns the crash point to reach after the commit."""
-    host = s.get(Host, run.host)
-    assert host is not None  # may_retry read it in this transaction
+    host = present(s.get(Host, run.host), f"host {run.host}, read by may_retry in this commit")
     n = run.tries + 1  # the try that failed
     delay = restart_delay(host, run.tries)
     wake = enqueue_wake(s, run.host, cause, delay=delay)
