@@ -8,6 +8,11 @@ app kept as it is when told to keep, and notified (`--on reload_failed`); a sign
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -133,6 +138,42 @@ def test_a_broken_reload_kept_as_it_is_when_told_to_keep(vigil: Vigil, short_tmp
     wait_for(lambda: got.exists() and "reload_failed" in got.read_text(), 20,
              what="the failed reload's notification")
     vigil.quiesce(30)
+
+
+def test_the_broken_reload_app_answers_500_from_the_instant_of_its_signal(
+        short_tmp: Path) -> None:
+    """The fixture the two tests above and tests/recovery's reload.ended rely on: a probe
+    right after the signal must see the breakage, even while a CPU hog delays the app's main
+    thread (a Python handler answered 200 in between, 8 times in 30, and a reload that should
+    fail was judged done)."""
+    app = breaks_on_reload(short_tmp)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        for i in range(30):
+            sock = short_tmp / f"b{i}.sock"
+            p = subprocess.Popen([sys.executable, str(app)], env={**os.environ,
+                                 "VIGIL_SOCKET": str(sock)}, stderr=subprocess.DEVNULL)
+            try:
+                wait_for(lambda: _answer(sock) == 200, 20, what="the app serving")
+                p.send_signal(signal.SIGHUP)
+                assert _answer(sock) == 500, f"try {i}: 200 right after SIGHUP"
+            finally:
+                p.kill()
+                p.wait()
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def _answer(sock: Path) -> int | None:
+    try:
+        with socket.socket(socket.AF_UNIX) as c:
+            c.connect(str(sock))
+            c.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            return int(c.recv(64).split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def test_reload_over_http_readiness_and_a_second_reload_while_one_is_open(
