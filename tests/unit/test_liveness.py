@@ -4,13 +4,17 @@ descendants are walked a slice a turn."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
+from models.store import utcnow
+from models.tables import Event, Watchdog
 from runners.agent import sweep
 from tests.conftest import pid_dead, wait_for
 from tests.model.apps import write_app
@@ -75,3 +79,26 @@ def test_the_backstop_walks_a_slice_a_turn_and_skips_a_cycle_when_nothing_forked
     walks.turn()
     walks.turn()
     assert walks.walked == 6  # something forked: a whole cycle again
+
+
+def test_an_exit_heard_after_a_watchdog_fired_is_recorded_as_the_watchdogs(
+        box: Box, short_tmp: Path) -> None:
+    """The watchdog writes its fire, sends SIGABRT, then retires the generation; the exit
+    of the aborted leader can be heard between the two (the clean-clone .ci/run at 1fbc8aa
+    recorded `leader killed by SIGABRT`). Whichever commits first, the exit's reason is
+    the watchdog's."""
+    src = short_tmp / "src"
+    src.mkdir()
+    box.add_host("pinger", write_app(src, "good", "good"))
+    box.store.write(lambda s: request_wake(s, "pinger"))
+    box.quiesce()
+    gen = box.currents()["pinger"]
+    box.store.write(lambda s: s.add(Watchdog(generation_id=gen.id, host="pinger", period=2.0,
+                                             fired_at=utcnow(),
+                                             reason="no WATCHDOG=1 within 2s")))
+    os.kill(gen.pid, signal.SIGABRT)
+    wait_for(lambda: pid_dead(gen.pid), 10, what=f"leader {gen.pid} gone")
+    assert retire_dead_currents(box.ctx) == 1
+    (exited,) = box.store.read(lambda s: s.execute(select(Event.detail).where(
+        Event.kind == "exited", Event.generation_id == gen.id)).scalars().all())
+    assert json.loads(exited)["reason"].startswith("watchdog: no WATCHDOG=1 within 2s"), exited

@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 from models.errors import BrokenInvariant, LostRace
 from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole
 from models.store import emit, utcnow
-from models.tables import Generation, Host, Lease, Listener, Member, Restore, Wake
+from models.tables import (Generation, Host, Lease, Listener, Member, Restore, Wake,
+                           Watchdog)
 from models.transition import Unfenced, move, move_many
 from workflows.base.context import Context, Held, Poke, Result
 from workflows.base.crash import crashpoint, define
@@ -134,7 +135,7 @@ def retire_dead_currents(ctx: Context, only: Collection[int] | None = None,
             gen = s.get(Generation, gen_id)
             if gen is None:
                 raise LostRace(f"generation g{gen_id} is gone")
-            retire(s, ctx, gen, f"leader {exit_line(code)}", restart=True, code=code,
+            retire(s, ctx, gen, exit_reason(s, gen_id, code), restart=True, code=code,
                    exited=True)
             return gen
 
@@ -147,6 +148,17 @@ def retire_dead_currents(ctx: Context, only: Collection[int] | None = None,
         if gen.socket:
             ctx.files.remove_link(ctx.link_for(gen.host), only_if_target=gen.socket)
     return retired
+
+
+def exit_reason(s: Session, gen_id: int, code: int | None) -> str:
+    """Why a leader that ended is retired: a fired watchdog's words when its fire was
+    written (its SIGABRT's exit can be heard before the watchdog's own retirement commits),
+    else how it ended."""
+    how = f"leader {exit_line(code)}"
+    fired = s.execute(select(Watchdog.reason).where(Watchdog.generation_id == gen_id,
+                                                    Watchdog.fired_at.is_not(None))
+                      ).scalar_one_or_none()
+    return how if fired is None else f"watchdog: {fired} ({how})"
 
 
 def drive_member(ctx: Context, gen_id: int) -> Result:
