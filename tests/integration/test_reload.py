@@ -154,7 +154,7 @@ def test_the_broken_reload_app_answers_500_from_the_instant_of_its_signal(
             p = subprocess.Popen([sys.executable, str(app)], env={**os.environ,
                                  "VIGIL_SOCKET": str(sock)}, stderr=subprocess.DEVNULL)
             try:
-                wait_for(lambda: _answer(sock) == 200, 20, what="the app serving")
+                wait_for(lambda sock=sock: _answer(sock) == 200, 20, what="the app serving")
                 p.send_signal(signal.SIGHUP)
                 assert _answer(sock) == 500, f"try {i}: 200 right after SIGHUP"
             finally:

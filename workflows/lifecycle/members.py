@@ -17,8 +17,7 @@ from sqlalchemy.orm import Session
 from models.errors import BrokenInvariant, LostRace
 from models.states import OPEN_WAKE, Desired, GenState, HostKind, MemberRole
 from models.store import emit, utcnow
-from models.tables import (Generation, Host, Lease, Listener, Member, Restore, Wake,
-                           Watchdog)
+from models.tables import Generation, Host, Lease, Listener, Member, Restore, Wake, Watchdog
 from models.transition import Unfenced, move, move_many
 from workflows.base.context import Context, Held, Poke, Result
 from workflows.base.crash import crashpoint, define
