@@ -356,6 +356,28 @@ def test_stop_of_a_deploy_waiting_on_readiness_ends_it_before_the_health_timeout
     ends_clean(vigil)
 
 
+def test_stop_of_a_wake_waiting_on_readiness_ends_it_before_the_health_timeout(
+        vigil: Vigil, short_tmp: Path) -> None:
+    """The wake's sibling of the test above: a first start that never listens, its health
+    timeout 120 s. Before: the stop was held on the wake until the timeout ran out (`stop
+    --wait` took 120 s); now the wake ends at once, cancelled (no build was judged: no
+    `wake_failed`), its process proven gone."""
+    deaf = variant(FIXTURES / "no_socket.py", short_tmp / "deaf.py", "deaf")
+    vigil.add_host("hello", deaf, "--health-timeout", "120")
+    vigil.wait_ready(vigil.start_agent())
+    vigil.run("wake", "hello")
+    pid = wait_for(lambda: vigil.store.read(lambda s: s.execute(
+        select(Generation.pid).where(Generation.host == "hello", Generation.pid.is_not(None))
+    ).scalar()), 30, what="the start's pid recorded")
+    vigil.run("stop", "hello", "--wait", timeout=60)  # well inside the 120 s health timeout
+    (cancelled,) = events(vigil, "wake_cancelled")
+    assert "stop #" in cancelled["reason"] and "before it was ready" in cancelled["reason"]
+    assert events(vigil, "wake_failed") == []
+    assert pid_dead(pid)
+    assert vigil.status("hello")["state"] == "asleep"
+    ends_clean(vigil)
+
+
 def test_a_newer_deploy_supersedes_one_waiting_on_readiness_at_once(
         vigil: Vigil, short_tmp: Path) -> None:
     old, a = stuck_in_readiness(vigil, short_tmp)

@@ -69,8 +69,9 @@ def refuse_build(ctx: Context, w: Wake, reason: str) -> Result:
 
 
 def fail_start(ctx: Context, w: Wake, gen: Generation, wake_from: WakeState,
-               gen_from: GenState, reason: str) -> Result:
-    """Write the failure first (unproven: keeps the lease, refuses wakes), then kill, prove."""
+               gen_from: GenState, reason: str, kind: str = "wake_failed") -> Result:
+    """Write the failure first (unproven: keeps the lease, refuses wakes), then kill, prove.
+    `kind`: its event (`wake_cancelled` when a stop ended it: no build was judged)."""
 
     def step(s: Session) -> None:
         mark_retiring(s, gen.id, gen_from, reason)
@@ -78,7 +79,7 @@ def fail_start(ctx: Context, w: Wake, gen: Generation, wake_from: WakeState,
              {"state": WakeState.unproven, "reason": reason, "last_error": reason,
               "since": utcnow()},
              f"wake #{w.id} -> unproven", fence=Fence(w.host, ctx.agent_id, w.fence or 0), col="state", frm=wake_from)
-        emit(s, "wake_failed", w.host, gen.id, reason=reason)
+        emit(s, kind, w.host, gen.id, reason=reason)
 
     ctx.store.write(step)
     crashpoint(FAILING)

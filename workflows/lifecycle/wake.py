@@ -344,7 +344,11 @@ def settle(ctx: Context, go: Launch, gen: Generation) -> Result:
     instance's readiness, a one-shot's exit, a worker alive), then current and linked; a
     failed check fails the wake."""
     record(go.steps, go.start, gen, go.ours)
-    found = check(ctx, go.start.host, gen)
+    try:
+        found = check(ctx, go.start.host, gen, watch=functools.partial(_stop_watch, ctx, go.wake))
+    except StoppedMeanwhile as exc:
+        return fail_start(ctx, go.wake, gen, WakeState.checking, GenState.running, str(exc),
+                          kind="wake_cancelled")
     if found.clean:
         clean_wake(ctx, go.wake, gen)
         return Result.progress
@@ -353,3 +357,17 @@ def settle(ctx: Context, go: Launch, gen: Generation) -> Result:
     go.steps.commit(serve(go, gen))
     link(ctx, go.wake.host, gen)
     return Result.progress
+
+
+class StoppedMeanwhile(Exception):
+    """A stop of the host (or of the wake's slot) was asked while the wake waited on its
+    readiness: the wait ends at once rather than after the health timeout, for the stop
+    waits on it."""
+
+
+def _stop_watch(ctx: Context, w: Wake) -> None:
+    stop = ctx.store.read(lambda s: s.execute(select(Stop.id).where(
+        Stop.host == w.host, Stop.state.in_(OPEN_STOP),
+        (Stop.slot.is_(None)) | (Stop.slot == w.slot)).limit(1)).scalar())
+    if stop is not None:
+        raise StoppedMeanwhile(f"cancelled by stop #{stop} before it was ready")
