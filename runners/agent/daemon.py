@@ -230,7 +230,7 @@ class AgentDaemon:
         reconciler = Reconciler(ctx, scheduler, self.max_hosts, bell=bell, trust=trust,
                                 on_progress=progressed, on_round=rounded)
         watchdogs = Watchdogs(ctx, reconciler.kick)  # refreshed by progressed() from here on
-        job_timer = JobTimer(ctx, scheduler, trust, reconciler.kick)  # poked by progressed() likewise
+        job_timer = JobTimer(ctx, trust, self.stop, reconciler.kick)  # poked by progressed() likewise
         if watcher is not None:
             watcher.start()
         keepers.start()  # each checked, restored and watched before the first round

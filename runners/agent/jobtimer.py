@@ -1,9 +1,15 @@
-"""The jobs' timer: the agent's one APScheduler job that writes the runs of scheduled jobs
+"""The jobs' timer: a thread of the agent's that writes the runs of scheduled jobs
 (workflows/lifecycle/jobs.py tick) at each next instant any job has, and moves the open
 runs; never later than BACKSTOP after the last turn while a job is enabled here (IDLE_BACKSTOP
-while none is: an idle agent's scheduler need not wake every 2 s), and at once when a drive
-moved a row or a round ran (`poke`: a job just enabled rings the doorbell, so its round pokes
-the timer; a run ended by a stop is a drive's progress).
+while none is: an idle agent need not wake every 2 s), and at once when a drive moved a row
+or a round ran (`poke`: a job just enabled rings the doorbell, so its round pokes the timer;
+a run ended by a stop is a drive's progress). A poke during a turn makes one more turn
+right after it, never two at once.
+
+It was an APScheduler date job, re-added at each poke: APScheduler counts a job's instances
+from its submission to its return, so a poke at a turn's start or end could find two
+counted and the turn was skipped with a warning in the agent's log (the clean-clone
+.ci/run at 4ae1c0a: a deploy retried against a full disk poked it at every drive).
 
 The instants are derived from the store each turn, not kept here: an agent killed at any
 point finds the same instants due, and the store's unique (host, instant) keeps each one
@@ -14,10 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
-
-from apscheduler.schedulers import SchedulerNotRunningError
-from apscheduler.schedulers.base import BaseScheduler
+from datetime import UTC, datetime
 
 from models.store import utcnow
 from runners.agent.trust import StoreTrust
@@ -25,70 +28,47 @@ from workflows.base.context import Context
 from workflows.lifecycle.jobs import tick
 
 log = logging.getLogger("vigil.jobs")
-JOB_ID = "jobs"
 BACKSTOP = 2.0  # seconds at most between two turns while a job is enabled here
 IDLE_BACKSTOP = 30.0  # ... while none is (a wake of one rings a round, which pokes the timer)
 
 
 class JobTimer:
-    def __init__(self, ctx: Context, scheduler: BaseScheduler, trust: StoreTrust,
+    def __init__(self, ctx: Context, trust: StoreTrust, stop: threading.Event,
                  kick: Callable[[], None] = lambda: None) -> None:
-        self.ctx, self.scheduler, self.trust = ctx, scheduler, trust
+        self.ctx, self.trust, self.stop = ctx, trust, stop
         self.kick = kick  # the reconciler's round: a run's wake written is started at once
-        self.lock = threading.Lock()  # one turn at a time, whoever asks for it
-        # A poke while a turn runs asks that turn to go again at its end, rather than
-        # replacing the turn's own job (APScheduler would skip the new one with a warning:
-        # "maximum number of running instances reached").
-        self.state = threading.Lock()
-        self.turning = False
-        self.again = False
+        self.bell = threading.Event()  # a poke: one turn now (or right after this one)
         # When this agent began writing runs: the instants before it passed with no agent
         # (their catch-up policy decides them: workflows/lifecycle/catchup.py).
         self.up_since = utcnow()
 
     def start(self) -> None:
         self.up_since = utcnow()
-        self._at(datetime.now(UTC))
+        threading.Thread(target=self.loop, name="jobs", daemon=True).start()
 
     def poke(self) -> None:
         """A turn now (a drive moved a row: a run may have started or ended; a round ran: a
         job may have been enabled)."""
-        with self.state:
-            if self.turning:
-                self.again = True
-                return
-            self._at(datetime.now(UTC))
+        self.bell.set()
 
-    def fire(self) -> None:
-        with self.state:
-            self.turning, self.again = True, False
-        try:
+    def close(self) -> None:
+        self.bell.set()  # the loop sees the agent's stop and ends
+
+    def loop(self) -> None:
+        pause = 0.0
+        while True:
+            self.bell.wait(pause)
+            self.bell.clear()  # a poke from here on is after this turn's reads: one more turn
+            if self.stop.is_set() or self.ctx.shutting_down.is_set():
+                return
             nxt = self._turn()
-        finally:
-            with self.state:
-                self.turning = False
-                now = datetime.now(UTC)
-                if self.again:  # poked meanwhile: what it saw may be after this turn's reads
-                    self._at(now)
-                elif nxt is None:
-                    self._at(now + timedelta(seconds=IDLE_BACKSTOP))
-                else:
-                    self._at(min(now + timedelta(seconds=BACKSTOP), nxt.replace(tzinfo=UTC)))
+            now = datetime.now(UTC)
+            pause = IDLE_BACKSTOP if nxt is None else max(0.0, min(
+                BACKSTOP, (nxt.replace(tzinfo=UTC) - now).total_seconds()))
 
     def _turn(self) -> datetime | None:
-        with self.lock:
-            if self.ctx.shutting_down.is_set() or not self.trust.may_act():
-                return None
-            with self.trust.guarded(log, "jobs tick failed"):
-                return tick(self.ctx, self.up_since, self.kick)
+        if not self.trust.may_act():
+            return None
+        with self.trust.guarded(log, "jobs tick failed"):
+            return tick(self.ctx, self.up_since, self.kick)
         return None
-
-    def _at(self, when: datetime) -> None:
-        if self.ctx.shutting_down.is_set():
-            return
-        try:
-            self.scheduler.add_job(self.fire, "date", run_date=when, id=JOB_ID,
-                                   replace_existing=True, misfire_grace_time=None,
-                                   max_instances=2)  # a rare poke at a turn's start: it waits
-        except SchedulerNotRunningError:  # shut down in between: no turn is owed any more
-            pass
