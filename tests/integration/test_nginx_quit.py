@@ -74,11 +74,17 @@ class Load:
     failures: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.t0 = time.monotonic()  # a failure says when it began, to be set beside the deploys'
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(THREADS)]
         self.lock = threading.Lock()
 
     def one(self) -> str | None:
+        began = time.monotonic() - self.t0
+        err = self._get()
+        return None if err is None else f"{err} (sent at {began:.2f}s)"
+
+    def _get(self) -> str | None:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
             conn.request("GET", "/slow")
@@ -141,10 +147,13 @@ def test_nginx_quit_through_hold_deploys_under_load(vigil: Vigil, short_tmp: Pat
     inode = serving_inode(vigil, "edge")
     masters = [vigil.status("edge")["pid"]]
     with Load(port) as load:
+        spans = []
         for i in range(DEPLOYS):
             seen = load.ok
+            began = time.monotonic() - load.t0
             cp = vigil.run("deploy", "edge", str(two[(i + 1) % 2]), "--mode", "hold", "--wait",
                            timeout=120)
+            spans.append(f"deploy {i + 1}: {began:.2f}s-{time.monotonic() - load.t0:.2f}s")
             assert "done (mode hold, executed true" in cp.stdout, cp.stdout
             assert serving_inode(vigil, "edge") == inode  # the same socket, inherited
             masters.append(vigil.status("edge")["pid"])
@@ -152,7 +161,7 @@ def test_nginx_quit_through_hold_deploys_under_load(vigil: Vigil, short_tmp: Pat
             wait_for(lambda: load.ok >= want, 30, what="answers after the deploy")  # noqa: B023
     print(f"\nnginx QUIT: {load.ok} answered through {DEPLOYS} hold deploys, "
           f"{len(load.failures)} failed")
-    assert not load.failures, load.failures[:5]
+    assert not load.failures, (load.failures[:5], spans, vigil.agent_log().decode()[-3000:])
     assert load.ok > DEPLOYS * THREADS
     assert len(set(masters)) == DEPLOYS + 1 and all(pid_dead(p) for p in masters[:-1])
     errors = (short_tmp / "ngx" / "error.log").read_text()
