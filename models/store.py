@@ -177,6 +177,18 @@ class Store:
     def read(self, fn: Callable[[Session], T]) -> T:
         return self._call(fn, True)
 
+    def glance(self, fn: Callable[[Session], T]) -> T:
+        """A read repeated during a wait (is a stop asked?): on PostgreSQL each statement
+        is its own transaction (autocommit), so a process frozen mid-read holds none open.
+        PostgreSQL ends a session idle in a transaction after IDLE_IN_TRANSACTION_MS, and
+        the wait's drive would go on with a dead connection (tests/multibox froze an agent
+        in a readiness wait and its drive failed so). A plain read on SQLite."""
+        if self.dialect != "postgresql":
+            return self.read(fn)
+        with self.engine.connect() as conn:
+            with Session(bind=conn.execution_options(isolation_level="AUTOCOMMIT")) as s:
+                return fn(s)
+
     def _call(self, fn: Callable[[Session], T], readonly: bool) -> T:
         # The first try runs bare: tenacity's bookkeeping cost a tenth of a short
         # transaction, and only contention needs it.

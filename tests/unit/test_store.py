@@ -170,6 +170,21 @@ def test_foreign_keys_are_enforced(store: Store) -> None:
         store.write(orphan)
 
 
+@pytest.mark.postgresql_only("idle_in_transaction_session_timeout is PostgreSQL's")
+def test_a_glance_holds_no_transaction_open_between_its_statements(store: Store) -> None:
+    """A read repeated during a wait: a freeze between two statements (SIGSTOP, a paused
+    VM) must not leave the session idle in a transaction, which PostgreSQL ends after
+    10 s. Each statement of a glance is its own transaction; a read's share one."""
+    def two(s: Session) -> tuple[object, object]:
+        first = s.execute(text("SELECT pg_current_xact_id()")).scalar()
+        return first, s.execute(text("SELECT pg_current_xact_id()")).scalar()
+
+    a, b = store.read(two)
+    assert a == b  # one transaction (what a frozen read would hold open)
+    a, b = store.glance(two)
+    assert a != b, (a, b)
+
+
 @pytest.mark.postgresql_only("synchronous_commit is PostgreSQL's")
 def test_synchronous_off_maps_to_synchronous_commit_off(store: Store) -> None:
     def sync(s: Session) -> object:

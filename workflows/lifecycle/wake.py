@@ -366,7 +366,7 @@ class StoppedMeanwhile(Exception):
 
 
 def _stop_watch(ctx: Context, w: Wake) -> None:
-    stop = ctx.store.read(lambda s: s.execute(select(Stop.id).where(
+    stop = ctx.store.glance(lambda s: s.execute(select(Stop.id).where(
         Stop.host == w.host, Stop.state.in_(OPEN_STOP),
         (Stop.slot.is_(None)) | (Stop.slot == w.slot)).limit(1)).scalar())
     if stop is not None:
