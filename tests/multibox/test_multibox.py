@@ -122,8 +122,13 @@ def test_stopped_agent_loses_its_leases_and_acts_on_nothing(boxes) -> None:  # t
     pa = a.start()
     a.run("wake", "steady", "--wait", "--timeout", "60")
     a.run("wake", "slow")
-    wait_for(lambda: a.status("slow")["state"] == "waking" and a.app_procs().get("slow"), 30,
-             what="a health-checking slow")
+    # Its pid recorded: the drive is past its last write before the readiness wait, in
+    # which it only glances at the store (a freeze inside a write, which PostgreSQL ends
+    # after 10 s idle in a transaction, would fail the drive on its own connection).
+    wait_for(lambda: a.status("slow")["state"] == "waking" and a.app_procs().get("slow")
+             and a.store.read(lambda s: s.execute(select(Generation.pid).where(
+                 Generation.host == "slow", Generation.pid.is_not(None))).scalar()), 30,
+             what="a health-checking slow, its pid recorded")
     pa.send_signal(signal.SIGSTOP)
     stopped_at = utcnow()
     gate.touch()

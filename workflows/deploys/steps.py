@@ -208,7 +208,7 @@ def answer(ctx: Context, host: Host, gen: Generation, run: Run, *, walk: bool = 
     second of the wait: a stop or a newer attempt ends it (Cancelled, Stale) at once
     instead of after the health timeout."""
     found = check(ctx, host, gen, walk=walk,
-                  watch=lambda: ctx.store.read(lambda s: gate(s, ctx, run)))
+                  watch=lambda: ctx.store.glance(lambda s: gate(s, ctx, run)))
     if found.problem is not None:
         raise (BuildFailed if found.build_fault else Stale)(found.problem)
     return found.clean
