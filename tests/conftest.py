@@ -634,8 +634,10 @@ def naming(p: psutil.Process, dirs: list[str]) -> bool:
 
 
 def leftovers(dirs: list[str], since: float = 0.0) -> list[str]:
-    """Live (not zombie) processes started after `since` that name one of `dirs`: each
-    SIGKILLed by pid, and described (pid, parent, start time, command line)."""
+    """Live (not zombie) processes started after `since` that name one of `dirs`, and
+    their descendants (an nginx master names its prefix, its workers name nothing; killing
+    the master alone left the workers running): each SIGKILLed by pid, and described (pid,
+    parent, start time, command line)."""
     found = []
     for p in psutil.process_iter(["pid"]):
         try:
@@ -643,12 +645,17 @@ def leftovers(dirs: list[str], since: float = 0.0) -> list[str]:
                 continue
             if not naming(p, dirs):
                 continue
-            found.append(f"pid {p.pid} (parent {p.ppid()}, started "
-                         f"{time.strftime('%H:%M:%S', time.localtime(p.create_time()))}): "
-                         f"{' '.join(p.cmdline())[:300]}")
-            p.kill()
+            tree = [p, *p.children(recursive=True)]
         except (psutil.Error, OSError):
             continue
+        for q in tree:
+            try:
+                found.append(f"pid {q.pid} (parent {q.ppid()}, started "
+                             f"{time.strftime('%H:%M:%S', time.localtime(q.create_time()))}): "
+                             f"{' '.join(q.cmdline())[:300]}")
+                q.kill()
+            except (psutil.Error, OSError):
+                continue
     return found
 
 
