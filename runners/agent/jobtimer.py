@@ -51,9 +51,6 @@ class JobTimer:
         job may have been enabled)."""
         self.bell.set()
 
-    def close(self) -> None:
-        self.bell.set()  # the loop sees the agent's stop and ends
-
     def loop(self) -> None:
         pause = 0.0
         while True:

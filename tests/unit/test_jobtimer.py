@@ -79,7 +79,7 @@ def test_pokes_from_many_threads_make_one_turn_at_a_time_and_none_is_lost(
     wait_for(lambda: turns.starts and turns.starts[-1] > last_poke, 5,
              what="a turn after the last poke")
     stop.set()
-    timer.close()
+    timer.poke()  # the loop wakes, sees the agent's stop and ends
     assert turns.most == 1, f"{turns.most} turns at once"
     assert len(turns.starts) > 50, len(turns.starts)  # pokes coalesce, but turns keep coming
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
@@ -94,7 +94,7 @@ def test_with_nothing_due_it_waits_out_its_idle_backstop_and_ends_on_stop(
     timer.start()
     wait_for(lambda: len(turns.starts) == 1, 5, what="the first turn")
     stop.set()
-    timer.close()
+    timer.poke()  # the loop wakes, sees the agent's stop and ends
     alive = [t for t in threading.enumerate() if t.name == "jobs"]
     for t in alive:
         t.join(5)
